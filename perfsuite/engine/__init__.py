@@ -1,0 +1,41 @@
+"""Engines: pure-Python scheduling over one torch model runner.
+
+Importing this package does not import torch; ``model_runner`` and
+``reference`` do, and are imported only where a model is used.
+"""
+
+from perfsuite.engine.engine import Engine, inflight_engine, static_engine
+from perfsuite.engine.kv_cache import KVCacheManager
+from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
+from perfsuite.engine.types import (
+    EngineCounters,
+    FinishReason,
+    Request,
+    RequestRecord,
+    RunResult,
+    SamplingParams,
+    ScheduledChunk,
+    SchedulerOutput,
+    StepOutput,
+    StepTrace,
+)
+
+__all__ = [
+    "Engine",
+    "EngineCounters",
+    "FinishReason",
+    "InflightScheduler",
+    "KVCacheManager",
+    "Request",
+    "RequestRecord",
+    "RunResult",
+    "SamplingParams",
+    "ScheduledChunk",
+    "Scheduler",
+    "SchedulerOutput",
+    "StaticScheduler",
+    "StepOutput",
+    "StepTrace",
+    "inflight_engine",
+    "static_engine",
+]

@@ -1,0 +1,205 @@
+"""The engine loop: schedule, run the model, apply the results, record times.
+
+The engine records monotonic timestamps and nothing else; latencies and
+throughput are computed later from ``RunResult`` by ``perfsuite.metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from perfsuite.engine.kv_cache import KVCacheManager
+from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
+from perfsuite.engine.types import (
+    EngineCounters,
+    FinishReason,
+    Request,
+    RequestRecord,
+    RunResult,
+    SchedulerOutput,
+    StepOutput,
+    StepTrace,
+)
+
+
+class Runner(Protocol):
+    """What an engine needs from a model runner (the real one or a fake)."""
+
+    def new_kv_cache(self, num_slots: int, max_seq_len: int) -> Any: ...
+
+    def execute(self, output: SchedulerOutput, kv_cache: Any) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class _RecordBuilder:
+    request: Request
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    finished_time: float | None = None
+    finish_reason: FinishReason | None = None
+
+    def build(self) -> RequestRecord:
+        return RequestRecord(
+            request_id=self.request.request_id,
+            num_prompt_tokens=self.request.num_prompt_tokens,
+            output_token_ids=tuple(self.output_token_ids),
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            token_times=tuple(self.token_times),
+            finished_time=self.finished_time,
+            finish_reason=self.finish_reason,
+        )
+
+
+class Engine:
+    """One scheduler over one runner and a KV cache that the engine owns."""
+
+    def __init__(
+        self,
+        name: str,
+        runner: Runner,
+        scheduler: Scheduler,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.name = name
+        self.runner = runner
+        self.scheduler = scheduler
+        kv = scheduler.kv_cache
+        self.kv_cache = runner.new_kv_cache(kv.num_slots, kv.max_seq_len)
+        self._clock = clock
+        self._sleep = sleep
+        self._reset_accounting()
+
+    def _reset_accounting(self) -> None:
+        self._records: dict[str, _RecordBuilder] = {}
+        self._counters = EngineCounters()
+        self._steps: list[StepTrace] = []
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.scheduler.kv_cache.max_seq_len
+
+    # -- requests -----------------------------------------------------------
+
+    def add_request(self, request: Request, arrival_time: float | None = None) -> None:
+        """Queue a request; bad input raises ``ValueError`` and changes nothing."""
+        if request.request_id in self._records:
+            raise ValueError(
+                f"request_id {request.request_id!r} was already used in this run; give every request a unique id"
+            )
+        self.scheduler.add_request(request)
+        arrival = self._clock() if arrival_time is None else arrival_time
+        self._records[request.request_id] = _RecordBuilder(request, arrival)
+
+    def abort_request(self, request_id: str) -> bool:
+        aborted = self.scheduler.abort_request(request_id)
+        if aborted is None:
+            return False
+        builder = self._records[request_id]
+        builder.finished_time = self._clock()
+        builder.finish_reason = FinishReason.ABORT
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the loop -----------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            return []
+        start = self._clock()
+        for chunk in output.chunks:
+            builder = self._records.get(chunk.request_id)
+            if builder is not None and builder.first_scheduled_time is None:
+                builder.first_scheduled_time = start
+        sampled = self.runner.execute(output, self.kv_cache)
+        now = self._clock()
+        step_outputs = self.scheduler.update_from_output(output, sampled)
+        for step_output in step_outputs:
+            builder = self._records[step_output.request_id]
+            builder.token_times.append(now)
+            builder.output_token_ids.append(step_output.token_id)
+            if step_output.finished:
+                builder.finished_time = now
+                builder.finish_reason = step_output.finish_reason
+        self._counters = self._counters.plus(output)
+        self._steps.append(StepTrace(start, now, output.num_waiting, output.chunks))
+        return step_outputs
+
+    def run(self, requests: Iterable[Request]) -> RunResult:
+        """Serve ``requests``, each added once ``arrival_time`` seconds have passed."""
+        if self.has_unfinished_requests():
+            raise RuntimeError(f"engine {self.name!r} still has unfinished requests; finish or abort them first")
+        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+        _check_unique_ids(pending)
+        self._reset_accounting()
+        start = self._clock()
+        while pending or self.has_unfinished_requests():
+            elapsed = self._clock() - start
+            while pending and pending[0].arrival_time <= elapsed:
+                request = pending.popleft()
+                self.add_request(request, arrival_time=start + request.arrival_time)
+            if self.has_unfinished_requests():
+                self.step()
+            elif pending:
+                self._sleep(max(0.0, pending[0].arrival_time - (self._clock() - start)))
+        return self.result(start, self._clock())
+
+    def result(self, start_time: float, end_time: float) -> RunResult:
+        """Everything recorded since the last ``run`` started."""
+        return RunResult(
+            engine_name=self.name,
+            records=tuple(b.build() for b in self._records.values()),
+            start_time=start_time,
+            end_time=end_time,
+            counters=self._counters,
+            steps=tuple(self._steps),
+        )
+
+
+def _check_unique_ids(requests: Iterable[Request]) -> None:
+    seen: set[str] = set()
+    for request in requests:
+        if request.request_id in seen:
+            raise ValueError(
+                f"request_id {request.request_id!r} appears twice in the run; give every request a unique id"
+            )
+        seen.add(request.request_id)
+
+
+def static_engine(
+    runner: Runner, *, batch_size: int, max_seq_len: int, eos_token_id: int | None, **engine_kwargs
+) -> Engine:
+    kv = KVCacheManager(num_slots=batch_size, max_seq_len=max_seq_len)
+    return Engine("static", runner, StaticScheduler(kv, eos_token_id, batch_size), **engine_kwargs)
+
+
+def inflight_engine(
+    runner: Runner,
+    *,
+    decode_batch_size: int,
+    max_seq_len: int,
+    eos_token_id: int | None,
+    prefill_batch_size: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    **engine_kwargs,
+) -> Engine:
+    kv = KVCacheManager(num_slots=decode_batch_size, max_seq_len=max_seq_len)
+    scheduler = InflightScheduler(
+        kv,
+        eos_token_id,
+        decode_batch_size=decode_batch_size,
+        prefill_batch_size=prefill_batch_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    return Engine("inflight", runner, scheduler, **engine_kwargs)

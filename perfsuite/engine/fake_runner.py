@@ -1,0 +1,84 @@
+"""A deterministic stand-in for the model runner, in pure Python.
+
+The next token is a hash of the whole sequence so far, so any scheduling
+mistake (a token skipped, computed twice, or written to another request's
+slot) changes the outputs. It also enforces the cache contract directly: a
+chunk must start exactly where its slot's computed tokens end, so a running
+sequence's cache is never recomputed or overwritten by another request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from perfsuite.engine.types import SchedulerOutput
+
+
+def next_token(token_ids: Sequence[int], vocab_size: int) -> int:
+    value = 17
+    for token in token_ids:
+        value = (value * 1_000_003 + token + 1) % 2_147_483_647
+    return value % vocab_size
+
+
+@dataclass(slots=True)
+class FakeKVCache:
+    num_slots: int
+    max_seq_len: int
+    tokens: list[list[int]] = field(default_factory=list)
+    owners: list[str | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tokens = [[] for _ in range(self.num_slots)]
+        self.owners = [None] * self.num_slots
+
+
+class FakeRunner:
+    def __init__(self, vocab_size: int = 97, on_execute=None) -> None:
+        self.vocab_size = vocab_size
+        self.num_forward_passes = 0
+        self._on_execute = on_execute  # e.g. a sleep, to fake a slower model
+
+    def new_kv_cache(self, num_slots: int, max_seq_len: int) -> FakeKVCache:
+        return FakeKVCache(num_slots, max_seq_len)
+
+    def execute(self, output: SchedulerOutput, kv_cache: FakeKVCache) -> list[int]:
+        sampled = []
+        for chunk in output.chunks:
+            if chunk.is_padding:
+                continue
+            if chunk.start_position == 0:
+                kv_cache.tokens[chunk.slot] = []
+                kv_cache.owners[chunk.slot] = chunk.request_id
+            slot_tokens = kv_cache.tokens[chunk.slot]
+            if kv_cache.owners[chunk.slot] != chunk.request_id:
+                raise AssertionError(
+                    f"{chunk.request_id!r} wrote slot {chunk.slot} owned by {kv_cache.owners[chunk.slot]!r}"
+                )
+            if chunk.start_position != len(slot_tokens):
+                raise AssertionError(
+                    f"{chunk.request_id!r} chunk starts at {chunk.start_position} but slot {chunk.slot} "
+                    f"holds {len(slot_tokens)} computed tokens: the cache would be recomputed or skipped"
+                )
+            if chunk.start_position + chunk.num_tokens > kv_cache.max_seq_len:
+                raise AssertionError(f"{chunk.request_id!r} overflows slot {chunk.slot}")
+            slot_tokens.extend(chunk.token_ids)
+            if chunk.samples:
+                sampled.append(next_token(slot_tokens, self.vocab_size))
+        self.num_forward_passes += 1
+        if self._on_execute is not None:
+            self._on_execute(output)
+        return sampled
+
+
+def fake_reference(prompt: Sequence[int], params, eos_token_id: int | None, vocab_size: int) -> tuple[int, ...]:
+    """What an unbatched greedy decoder over the fake model produces."""
+    tokens = list(prompt)
+    output: list[int] = []
+    while True:
+        token = next_token(tokens, vocab_size)
+        tokens.append(token)
+        output.append(token)
+        if params.finish_reason(token, len(output), eos_token_id) is not None:
+            return tuple(output)

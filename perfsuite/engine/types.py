@@ -1,0 +1,213 @@
+"""Values that cross the engine's module boundaries.
+
+Everything here is a frozen dataclass and pure Python: the scheduler, the
+metrics and the tests use these types without importing torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Greedy decoding limits for one request.
+
+    ``ignore_eos`` keeps decoding past EOS but never changes which token is
+    chosen: the EOS logit is not masked (masking it, as ``min_new_tokens``
+    does, would change greedy choices). ``stop_token_ids`` still stop a request
+    that ignores EOS, as in vLLM.
+    """
+
+    max_new_tokens: int = 16
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(
+                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}; "
+                "ask for at least one new token"
+            )
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    def finish_reason(self, token_id: int, num_generated: int, eos_token_id: int | None) -> FinishReason | None:
+        """Why generation stops after ``token_id``, the ``num_generated``-th token; None to go on."""
+        if token_id in self.stop_token_ids:
+            return FinishReason.STOP
+        if not self.ignore_eos and eos_token_id is not None and token_id == eos_token_id:
+            return FinishReason.STOP
+        if num_generated >= self.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation request.
+
+    ``arrival_time`` is seconds after the start of a run: 0.0 for offline runs
+    where every request is there at t0.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        if not self.prompt_token_ids:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt_token_ids is empty; "
+                "a prompt needs at least one token (e.g. the BOS token)"
+            )
+        if self.arrival_time < 0:
+            raise ValueError(
+                f"request {self.request_id!r}: arrival_time must be >= 0 seconds "
+                f"after the run starts, got {self.arrival_time}"
+            )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling_params.max_new_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """Tokens of one request that one forward pass computes.
+
+    A prefill chunk carries several prompt tokens, a decode chunk carries the
+    last sampled token. ``samples`` is false for a prefill chunk that does not
+    reach the end of the prompt (chunked prefill) and for padding rows.
+    """
+
+    request_id: str
+    slot: int
+    token_ids: tuple[int, ...]
+    start_position: int
+    samples: bool
+    is_prefill: bool
+    is_padding: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What one engine step computes: one chunk per scheduled request."""
+
+    chunks: tuple[ScheduledChunk, ...]
+    num_waiting: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Real tokens only: padding rows are the cost of static batching, not work."""
+        return sum(c.num_tokens for c in self.chunks if not c.is_padding)
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if c.is_padding)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """A token produced for one request in one step."""
+
+    request_id: str
+    token_id: int
+    finish_reason: FinishReason | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Monotonic timestamps (``time.perf_counter`` seconds) of one request's life.
+
+    Metrics are computed from these later (``perfsuite.metrics``); the engine
+    records and never summarises.
+    """
+
+    request_id: str
+    num_prompt_tokens: int
+    output_token_ids: tuple[int, ...]
+    arrival_time: float
+    first_scheduled_time: float | None
+    token_times: tuple[float, ...]
+    finished_time: float | None
+    finish_reason: FinishReason | None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTrace:
+    """What the batch looked like during one step, for timelines."""
+
+    start_time: float
+    end_time: float
+    num_waiting: int
+    chunks: tuple[ScheduledChunk, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Exact, noise-free counts of the work a run did."""
+
+    num_forward_passes: int = 0
+    num_decode_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_padding_tokens: int = 0
+
+    def plus(self, output: SchedulerOutput) -> EngineCounters:
+        prefill = sum(c.num_tokens for c in output.chunks if c.is_prefill and not c.is_padding)
+        decode = sum(c.num_tokens for c in output.chunks if not c.is_prefill and not c.is_padding)
+        return EngineCounters(
+            num_forward_passes=self.num_forward_passes + 1,
+            num_decode_steps=self.num_decode_steps + (1 if decode else 0),
+            num_prefill_tokens=self.num_prefill_tokens + prefill,
+            num_decode_tokens=self.num_decode_tokens + decode,
+            num_padding_tokens=self.num_padding_tokens + output.num_padding_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Everything one ``Engine.run`` observed."""
+
+    engine_name: str
+    records: tuple[RequestRecord, ...]
+    start_time: float
+    end_time: float
+    counters: EngineCounters
+    steps: tuple[StepTrace, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return self.end_time - self.start_time
+
+    def outputs(self) -> dict[str, tuple[int, ...]]:
+        return {r.request_id: r.output_token_ids for r in self.records}

@@ -1,0 +1,139 @@
+"""Latency and throughput from recorded timestamps. Pure functions, no torch.
+
+Definitions follow vLLM's benchmark (all times in seconds, from
+``RequestRecord``'s monotonic clock):
+
+- TTFT: first token time minus arrival time (queueing included).
+- E2E latency: last token time minus arrival time.
+- TPOT: (E2E - TTFT) / (output tokens - 1); undefined for one-token outputs.
+- ITL: every gap between consecutive tokens of a request. Tokens that one step
+  produces together share a timestamp, so ITL is the step time seen by a request.
+- Output throughput: output tokens of completed requests / run duration.
+- Request throughput: completed requests / run duration.
+
+Aborted requests count in ``num_aborted`` but not in latencies or throughput.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from perfsuite.engine.types import FinishReason, RequestRecord, RunResult
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation (numpy's default method)."""
+    if not values:
+        raise ValueError("percentile of an empty sequence is undefined")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in 0..100, got {q}")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    count: int
+    mean: float
+    std: float
+    min: float
+    median: float
+    p90: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        if not values:
+            nan = math.nan
+            return cls(0, nan, nan, nan, nan, nan, nan, nan)
+        mean = math.fsum(values) / len(values)
+        variance = math.fsum((v - mean) ** 2 for v in values) / len(values)
+        return cls(
+            count=len(values),
+            mean=mean,
+            std=math.sqrt(variance),
+            min=min(values),
+            median=percentile(values, 50),
+            p90=percentile(values, 90),
+            p99=percentile(values, 99),
+            max=max(values),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    queue_time: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    itls: tuple[float, ...]
+
+
+def request_metrics(record: RequestRecord) -> RequestMetrics:
+    times = record.token_times
+    ttft = times[0] - record.arrival_time if times else None
+    e2e = times[-1] - record.arrival_time if times else None
+    tpot = (e2e - ttft) / (len(times) - 1) if len(times) >= 2 else None
+    queue = None if record.first_scheduled_time is None else record.first_scheduled_time - record.arrival_time
+    return RequestMetrics(
+        request_id=record.request_id,
+        num_prompt_tokens=record.num_prompt_tokens,
+        num_output_tokens=record.num_output_tokens,
+        queue_time=queue,
+        ttft=ttft,
+        tpot=tpot,
+        e2e=e2e,
+        itls=tuple(later - earlier for earlier, later in zip(times, times[1:])),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    engine_name: str
+    num_requests: int
+    num_completed: int
+    num_aborted: int
+    num_output_tokens: int
+    duration: float
+    output_throughput: float  # tokens/s
+    request_throughput: float  # requests/s
+    ttft: Distribution
+    tpot: Distribution
+    itl: Distribution
+    e2el: Distribution
+    requests: tuple[RequestMetrics, ...]
+
+
+def run_metrics(result: RunResult) -> RunMetrics:
+    completed = [
+        r for r in result.records if r.finish_reason is not None and r.finish_reason is not FinishReason.ABORT
+    ]
+    per_request = tuple(request_metrics(r) for r in completed)
+    num_output_tokens = sum(m.num_output_tokens for m in per_request)
+    duration = result.duration
+    return RunMetrics(
+        engine_name=result.engine_name,
+        num_requests=len(result.records),
+        num_completed=len(completed),
+        num_aborted=sum(1 for r in result.records if r.finish_reason is FinishReason.ABORT),
+        num_output_tokens=num_output_tokens,
+        duration=duration,
+        output_throughput=num_output_tokens / duration if duration > 0 else math.nan,
+        request_throughput=len(completed) / duration if duration > 0 else math.nan,
+        ttft=Distribution.of([m.ttft for m in per_request if m.ttft is not None]),
+        tpot=Distribution.of([m.tpot for m in per_request if m.tpot is not None]),
+        itl=Distribution.of([gap for m in per_request for gap in m.itls]),
+        e2el=Distribution.of([m.e2e for m in per_request if m.e2e is not None]),
+        requests=per_request,
+    )

@@ -1,0 +1,143 @@
+"""A Hypothesis state machine over both schedulers and the KV accounting.
+
+Rules are the primitive actions (add, step, abort); the invariants run after
+each one. The fake runner makes outputs a function of the whole sequence and
+refuses a chunk that does not start where its slot's cache ends, so a lost,
+repeated or misplaced token shows up as a failure that shrinks to a short
+program.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from perfsuite.engine import FinishReason, Request, SamplingParams, inflight_engine, static_engine
+from perfsuite.engine.fake_runner import FakeRunner, fake_reference
+from perfsuite.engine.sequence import SequenceStatus
+
+VOCAB = 53
+EOS = 7
+MAX_SEQ_LEN = 24
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        policy=st.sampled_from(["static", "inflight"]),
+        batch_size=st.integers(1, 4),
+        prefill_batch_size=st.integers(1, 4),
+        token_budget=st.integers(1, 30),
+    )
+    def build(self, policy, batch_size, prefill_batch_size, token_budget):
+        self.runner = FakeRunner(VOCAB)
+        if policy == "static":
+            self.engine = static_engine(self.runner, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, eos_token_id=EOS)
+            self.token_budget = None
+        else:
+            self.engine = inflight_engine(
+                self.runner,
+                decode_batch_size=batch_size,
+                prefill_batch_size=min(prefill_batch_size, batch_size),
+                max_num_batched_tokens=token_budget,
+                max_seq_len=MAX_SEQ_LEN,
+                eos_token_id=EOS,
+            )
+            self.token_budget = token_budget
+        self.scheduler = self.engine.scheduler
+        self.kv = self.scheduler.kv_cache
+        self.requests: dict[str, Request] = {}
+        self.aborted: set[str] = set()
+        self.outputs: dict[str, list[int]] = {}
+        self.finish: dict[str, FinishReason] = {}
+
+    @rule(
+        prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
+        max_new_tokens=st.integers(1, 12),
+        ignore_eos=st.booleans(),
+    )
+    def add(self, prompt, max_new_tokens, ignore_eos):
+        request = Request(f"r{len(self.requests)}", tuple(prompt), SamplingParams(max_new_tokens, ignore_eos=ignore_eos))
+        if request.max_total_tokens > MAX_SEQ_LEN:
+            try:
+                self.engine.add_request(request)
+            except ValueError as error:
+                assert "max_new_tokens" in str(error)
+                return
+            raise AssertionError("an over-long request was accepted")
+        self.engine.add_request(request)
+        self.requests[request.request_id] = request
+        self.outputs[request.request_id] = []
+
+    @precondition(lambda self: self.engine.has_unfinished_requests())
+    @rule()
+    def step(self):
+        output = self.scheduler.schedule()
+        if self.token_budget is not None:
+            assert output.num_scheduled_tokens <= self.token_budget
+        sampled = self.runner.execute(output, self.engine.kv_cache)
+        for step_output in self.scheduler.update_from_output(output, sampled):
+            self.outputs[step_output.request_id].append(step_output.token_id)
+            if step_output.finished:
+                self.finish[step_output.request_id] = step_output.finish_reason
+        assert not output.is_empty, "a step with unfinished requests scheduled nothing"
+
+    @precondition(lambda self: any(self.scheduler.is_active(r) for r in self.requests))
+    @rule(data=st.data())
+    def abort(self, data):
+        active = sorted(r for r in self.requests if self.scheduler.is_active(r))
+        request_id = data.draw(st.sampled_from(active))
+        assert self.scheduler.abort_request(request_id) is not None
+        self.aborted.add(request_id)
+        self.finish[request_id] = FinishReason.ABORT
+
+    @invariant()
+    def no_slot_leaked(self):
+        holders = {s.request_id for s in self.scheduler.running if s.slot is not None}
+        assert set(self.kv.owners()) == holders
+        assert self.kv.num_free_slots + self.kv.num_used_slots == self.kv.num_slots
+        assert sorted(self.kv.owners().values()) == sorted(set(self.kv.owners().values()))
+
+    @invariant()
+    def running_within_limit(self):
+        assert len(self.scheduler.running) <= self.kv.num_slots
+
+    @invariant()
+    def nobody_both_waiting_and_running(self):
+        waiting = {s.request_id for s in self.scheduler.waiting}
+        running = {s.request_id for s in self.scheduler.running if not s.is_finished}
+        assert not waiting & running
+        assert all(s.status is SequenceStatus.WAITING for s in self.scheduler.waiting)
+
+    @invariant()
+    def no_request_lost(self):
+        waiting = {s.request_id for s in self.scheduler.waiting}
+        running = {s.request_id for s in self.scheduler.running if not s.is_finished}
+        for request_id in self.requests:
+            places = (request_id in waiting) + (request_id in running) + (request_id in self.finish)
+            assert places == 1, f"{request_id} is in {places} places"
+
+    @invariant()
+    def finished_outputs_match_the_reference(self):
+        for request_id, reason in self.finish.items():
+            if reason is FinishReason.ABORT:
+                continue
+            request = self.requests[request_id]
+            expected = fake_reference(request.prompt_token_ids, request.sampling_params, EOS, VOCAB)
+            assert tuple(self.outputs[request_id]) == expected
+            if request.sampling_params.ignore_eos:
+                assert len(expected) == request.sampling_params.max_new_tokens
+
+    def teardown(self):
+        if not hasattr(self, "engine"):
+            return
+        for _ in range(1_000):
+            if not self.engine.has_unfinished_requests():
+                break
+            self.step()
+        assert self.kv.num_used_slots == 0, "slots still held after every request finished"
+        assert set(self.finish) == set(self.requests)
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(max_examples=150, stateful_step_count=40)
