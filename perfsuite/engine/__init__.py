@@ -4,7 +4,7 @@ Importing this package does not import torch; ``model_runner`` and
 ``reference`` do, and are imported only where a model is used.
 """
 
-from perfsuite.engine.engine import Engine, inflight_engine, static_engine
+from perfsuite.engine.engine import ENGINE_KINDS, Engine, build_engine, inflight_engine, static_engine
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
 from perfsuite.engine.types import (
@@ -21,6 +21,7 @@ from perfsuite.engine.types import (
 )
 
 __all__ = [
+    "ENGINE_KINDS",
     "Engine",
     "EngineCounters",
     "FinishReason",
@@ -36,6 +37,7 @@ __all__ = [
     "StaticScheduler",
     "StepOutput",
     "StepTrace",
+    "build_engine",
     "inflight_engine",
     "static_engine",
 ]

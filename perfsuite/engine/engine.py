@@ -136,8 +136,13 @@ class Engine:
         self._steps.append(StepTrace(start, now, output.num_waiting, output.chunks))
         return step_outputs
 
-    def run(self, requests: Iterable[Request]) -> RunResult:
-        """Serve ``requests``, each added once ``arrival_time`` seconds have passed."""
+    def run(
+        self, requests: Iterable[Request], on_step: Callable[[list[StepOutput]], None] | None = None
+    ) -> RunResult:
+        """Serve ``requests``, each added once ``arrival_time`` seconds have passed.
+
+        ``on_step`` sees each step's outputs (for progress); it is not timed separately.
+        """
         if self.has_unfinished_requests():
             raise RuntimeError(f"engine {self.name!r} still has unfinished requests; finish or abort them first")
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
@@ -150,7 +155,9 @@ class Engine:
                 request = pending.popleft()
                 self.add_request(request, arrival_time=start + request.arrival_time)
             if self.has_unfinished_requests():
-                self.step()
+                step_outputs = self.step()
+                if on_step is not None:
+                    on_step(step_outputs)
             elif pending:
                 self._sleep(max(0.0, pending[0].arrival_time - (self._clock() - start)))
         return self.result(start, self._clock())
@@ -203,3 +210,35 @@ def inflight_engine(
         max_num_batched_tokens=max_num_batched_tokens,
     )
     return Engine("inflight", runner, scheduler, **engine_kwargs)
+
+
+ENGINE_KINDS = ("static", "inflight")
+
+
+def build_engine(
+    kind: str,
+    runner: Runner,
+    *,
+    batch_size: int,
+    max_seq_len: int,
+    eos_token_id: int | None,
+    prefill_batch_size: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    **engine_kwargs,
+) -> Engine:
+    """An engine by name; ``batch_size`` is the static batch or the in-flight ``decode_batch_size``."""
+    if kind == "static":
+        return static_engine(
+            runner, batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id, **engine_kwargs
+        )
+    if kind == "inflight":
+        return inflight_engine(
+            runner,
+            decode_batch_size=batch_size,
+            max_seq_len=max_seq_len,
+            eos_token_id=eos_token_id,
+            prefill_batch_size=prefill_batch_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            **engine_kwargs,
+        )
+    raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

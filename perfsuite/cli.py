@@ -1,0 +1,159 @@
+"""``perfsuite`` command line: ``perfsuite run`` measures engines on a workload."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from perfsuite.engine import ENGINE_KINDS, RunResult, build_engine
+from perfsuite.metrics import RunMetrics, run_metrics
+from perfsuite.models import DEFAULT_MODEL
+from perfsuite.table import format_table
+from perfsuite.workload import MixedWorkload
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run the default mixed workload on static and in-flight engines and print a table",
+        description="Shipped prompts, max_new_tokens uniform in [min, max] (seeded), EOS ignored, all at t0.",
+    )
+    run.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory (default {DEFAULT_MODEL})")
+    run.add_argument(
+        "--engine",
+        action="append",
+        choices=ENGINE_KINDS,
+        help="engine to run; repeat for several (default: all)",
+    )
+    run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
+    run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
+    run.add_argument("--token-budget", type=positive_int, help="in-flight: max tokens per step (default: no limit)")
+    run.add_argument("--num-requests", type=positive_int, default=32, help="requests in the workload (32)")
+    run.add_argument("--min-new-tokens", type=positive_int, default=8, help="shortest output (8)")
+    run.add_argument("--max-new-tokens", type=positive_int, default=128, help="longest output (128)")
+    run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
+    run.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
+    run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, RuntimeError) as error:
+        print(f"perfsuite: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from perfsuite.engine.model_runner import ModelRunner
+    from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
+    from perfsuite.models import load_model
+
+    workload = MixedWorkload(args.num_requests, args.min_new_tokens, args.max_new_tokens, args.seed)
+    device = resolve_device(args.device)
+    threads = configure_threads(args.threads) if device == "cpu" else None
+    started = time.perf_counter()
+    loaded = load_model(args.model, device=device, dtype=args.dtype)
+    print(
+        f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
+        + (f" ({threads} threads)" if threads else "")
+        + f", loaded in {time.perf_counter() - started:.1f}s; {workload.num_requests} requests, "
+        f"max_new_tokens uniform {workload.min_new_tokens}..{workload.max_new_tokens} (seed {workload.seed}), "
+        f"B={args.batch_size}",
+        file=sys.stderr,
+    )
+    requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
+    runner = ModelRunner(loaded.model)
+    max_seq_len = max_seq_len_for(requests, loaded.max_context)
+    rows = []
+    for kind in args.engine or ENGINE_KINDS:
+        engine = build_engine(
+            kind,
+            runner,
+            batch_size=args.batch_size,
+            max_seq_len=max_seq_len,
+            eos_token_id=loaded.eos_token_id,
+            prefill_batch_size=args.prefill_batch_size,
+            max_num_batched_tokens=args.token_budget,
+        )
+        warm_up(engine, requests)
+        progress = None if args.no_progress else Progress(kind, len(requests))
+        result = timed_run(engine, requests, device, on_step=progress)
+        if progress:
+            progress.close()
+        rows.append(_row(result, run_metrics(result)))
+    print(format_table(HEADERS, rows))
+    return 0
+
+
+HEADERS = (
+    "engine", "tok/s", "req/s",
+    "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s", "E2E p99 s",
+    "forward passes", "padded slot-tokens",
+)  # fmt: skip
+
+
+def _row(result: RunResult, metrics: RunMetrics) -> list[object]:
+    return [
+        result.engine_name,
+        metrics.output_throughput,
+        metrics.request_throughput,
+        metrics.ttft.median * 1e3,
+        metrics.ttft.p99 * 1e3,
+        metrics.tpot.median * 1e3,
+        metrics.tpot.p99 * 1e3,
+        metrics.e2el.median,
+        metrics.e2el.p99,
+        result.counters.num_forward_passes,
+        result.counters.num_padding_tokens,
+    ]
+
+
+class Progress:
+    """Requests finished so far, on stderr: in place on a terminal, else every 10%."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label = label
+        self.total = total
+        self.done = 0
+        self.tokens = 0
+        self.started = time.perf_counter()
+        self._interactive = sys.stderr.isatty()
+        self._next_report = 0.1
+
+    def __call__(self, step_outputs) -> None:
+        self.tokens += len(step_outputs)
+        self.done += sum(1 for o in step_outputs if o.finished)
+        fraction = self.done / self.total
+        if self._interactive:
+            print(f"\r{self._line()}", end="", file=sys.stderr, flush=True)
+        elif fraction >= self._next_report:
+            print(self._line(), file=sys.stderr, flush=True)
+            while self._next_report <= fraction:
+                self._next_report += 0.1
+
+    def _line(self) -> str:
+        elapsed = time.perf_counter() - self.started
+        return f"[{self.label}] {self.done}/{self.total} requests, {self.tokens} tokens, {elapsed:.1f}s"
+
+    def close(self) -> None:
+        if self._interactive:
+            print(file=sys.stderr)

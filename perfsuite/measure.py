@@ -1,0 +1,82 @@
+"""Measurement hygiene shared by the CLI and the benchmarks.
+
+Warm-up runs are thrown away, the device is synced around the timed region,
+and ``time.perf_counter`` is the clock (gpt-fast's rules).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+from perfsuite.engine import Engine, Request, RunResult, SamplingParams
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for but CUDA is not available; use --device cpu or auto")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
+    return name
+
+
+def configure_threads(num_threads: int | None) -> int:
+    """One intra-op thread per core and one inter-op thread.
+
+    On a 2-core CPU this gives the steadiest step times: more threads than
+    cores oversubscribe and spread step times, and inter-op parallelism has
+    nothing to overlap in a decode step.
+    """
+    import torch
+
+    num_threads = num_threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(num_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only settable once, before any parallel work
+        pass
+    return num_threads
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def max_seq_len_for(requests: Sequence[Request], max_context: int) -> int:
+    """The smallest per-slot cache length that fits every request, rounded up to 64."""
+    longest = max(r.max_total_tokens for r in requests)
+    rounded = -(-longest // 64) * 64
+    if longest > max_context:
+        raise ValueError(
+            f"the longest request needs {longest} tokens but the model's context is {max_context}; "
+            "lower max_new_tokens or use shorter prompts"
+        )
+    return min(rounded, max_context)
+
+
+def warm_up(engine: Engine, requests: Sequence[Request], num_requests: int = 2, max_new_tokens: int = 4) -> None:
+    """A short throw-away run so allocation and thread start-up are not timed."""
+    short = [
+        Request(f"warmup-{i}", r.prompt_token_ids, SamplingParams(max_new_tokens, ignore_eos=True))
+        for i, r in enumerate(requests[:num_requests])
+    ]
+    engine.run(short)
+
+
+def timed_run(
+    engine: Engine,
+    requests: Sequence[Request],
+    device: str,
+    on_step: Callable | None = None,
+) -> RunResult:
+    synchronize(device)
+    result = engine.run(requests, on_step=on_step)
+    synchronize(device)
+    return result

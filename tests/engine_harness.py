@@ -1,0 +1,83 @@
+"""Shared pieces of the equivalence tests: scenarios, a step-driven loop, a cached oracle."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from perfsuite.engine import Request, SamplingParams, inflight_engine, static_engine
+
+
+@dataclass(frozen=True)
+class Scenario:
+    requests: tuple[Request, ...]
+    arrival_steps: tuple[int, ...]
+    batch_size: int
+    prefill_batch_size: int
+    token_budget: int
+
+    def engines(self, runner, eos_token_id, max_seq_len):
+        yield static_engine(runner, batch_size=self.batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id)
+        yield inflight_engine(
+            runner,
+            decode_batch_size=self.batch_size,
+            prefill_batch_size=self.prefill_batch_size,
+            max_num_batched_tokens=self.token_budget,
+            max_seq_len=max_seq_len,
+            eos_token_id=eos_token_id,
+        )
+
+
+@st.composite
+def scenarios(draw, vocab_size, max_requests=12, max_prompt_len=40, max_new_tokens=24, max_batch_size=6):
+    num_requests = draw(st.integers(1, max_requests))
+    requests, arrival_steps = [], []
+    for index in range(num_requests):
+        prompt = draw(st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=max_prompt_len))
+        params = SamplingParams(draw(st.integers(1, max_new_tokens)), ignore_eos=draw(st.booleans()))
+        requests.append(Request(f"r{index}", tuple(prompt), params))
+        arrival_steps.append(draw(st.integers(0, 2 * max_new_tokens)))
+    batch_size = draw(st.integers(1, max_batch_size))
+    return Scenario(
+        requests=tuple(requests),
+        arrival_steps=tuple(arrival_steps),
+        batch_size=batch_size,
+        prefill_batch_size=draw(st.integers(1, batch_size)),
+        token_budget=draw(st.integers(1, 2 * max_prompt_len)),
+    )
+
+
+def drive(engine, scenario: Scenario) -> dict[str, tuple[int, ...]]:
+    """Add each request at its arrival step and step until everything finished."""
+    arrivals = defaultdict(list)
+    for request, step in zip(scenario.requests, scenario.arrival_steps):
+        arrivals[step].append(request)
+    step = 0
+    while arrivals or engine.has_unfinished_requests():
+        for request in arrivals.pop(step, []):
+            engine.add_request(request)
+        engine.step()
+        step += 1
+    assert engine.scheduler.kv_cache.num_used_slots == 0, "a KV slot leaked"
+    return engine.result(0.0, 1.0).outputs()
+
+
+class CachedReference:
+    """The unbatched oracle, memoised: Hypothesis replays many identical requests."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self._cache = {}
+
+    def outputs(self, requests):
+        tokens, margins = {}, {}
+        for request in requests:
+            key = (request.prompt_token_ids, request.sampling_params)
+            if key not in self._cache:
+                self._cache[key] = self.decoder.generate(request)
+            reference = self._cache[key]
+            tokens[request.request_id] = reference.token_ids
+            margins[request.request_id] = reference.top2_margins
+        return tokens, margins

@@ -1,0 +1,27 @@
+"""Dependencies point one way: the pure-Python core never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PURE_MODULES = [
+    "perfsuite",
+    "perfsuite.engine",
+    "perfsuite.engine.scheduler",
+    "perfsuite.engine.kv_cache",
+    "perfsuite.engine.fake_runner",
+    "perfsuite.metrics",
+    "perfsuite.correctness",
+    "perfsuite.models",
+    "perfsuite.workload",
+]
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_module_does_not_import_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"], f"{module} imports torch or transformers at import time"

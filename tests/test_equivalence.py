@@ -1,0 +1,143 @@
+"""Batched engines compute exactly what unbatched greedy decoding computes.
+
+The oracle runs the Hugging Face model one request at a time; the engines run
+perfsuite's model runner over batches that requests join and leave. In
+float64 on ``tiny-random`` every token must be equal. SmolLM2 runs in float32,
+where a different batch shape can flip a genuine near-tie; the failure
+message gives the reference's top-1/top-2 margin so a reader can tell.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+
+from perfsuite.correctness import assert_outputs_equal, find_divergences
+from perfsuite.engine import Request, SamplingParams, inflight_engine
+from perfsuite.engine.model_runner import ModelRunner
+from perfsuite.engine.reference import ReferenceDecoder
+from perfsuite.models import load_model
+from engine_harness import CachedReference, Scenario, drive, scenarios
+
+TINY_MAX_SEQ_LEN = 64
+# float32 logits of SmolLM2 differ by ~1e-5 between batch shapes; a flip needs
+# the reference's own top-2 margin to be below this.
+FLOAT32_NEAR_TIE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    loaded = load_model("tiny-random", dtype="float64")
+    runner = ModelRunner(loaded.model)
+    return loaded, runner, CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+
+
+def check_scenario(scenario: Scenario, loaded, runner, reference, max_seq_len, near_tie_tolerance=0.0):
+    expected, margins = reference.outputs(scenario.requests)
+    near_ties = []
+    for engine in scenario.engines(runner, loaded.eos_token_id, max_seq_len):
+        actual = drive(engine, scenario)
+        near_ties += assert_outputs_equal(engine.name, expected, actual, margins, near_tie_tolerance)
+    return near_ties
+
+
+def _scenario(*lengths, batch_size=3, prefill_batch_size=2, token_budget=16, arrival_steps=None, prompt_len=9):
+    requests = tuple(
+        Request(f"r{i}", tuple((7 * i + 3 * j) % 250 + 3 for j in range(prompt_len + i)), SamplingParams(n, ignore_eos=True))
+        for i, n in enumerate(lengths)
+    )
+    return Scenario(
+        requests=requests,
+        arrival_steps=arrival_steps or tuple(0 for _ in lengths),
+        batch_size=batch_size,
+        prefill_batch_size=prefill_batch_size,
+        token_budget=token_budget,
+    )
+
+
+@settings(max_examples=200)
+@given(scenario=scenarios(vocab_size=320))
+@example(scenario=_scenario(5, 12, 3, 20, 7, batch_size=3, token_budget=4, arrival_steps=(0, 0, 2, 5, 5)))
+def test_tiny_random_float64_engines_equal_reference(tiny, scenario):
+    loaded, runner, reference = tiny
+    check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)
+
+
+# -- mutants: the property must catch bugs in positions, masks and slots ------
+
+
+class _PositionBug(ModelRunner):
+    def _prepare(self, chunks, max_seq_len):
+        batch = super()._prepare(chunks, max_seq_len)
+        shifted = torch.where(batch.positions > 4, batch.positions + 1, batch.positions)
+        return type(batch)(batch.input_ids, shifted.clamp(max=max_seq_len - 1), batch.token_slots,
+                           batch.sample_index, batch.groups)
+
+
+class _MaskBug(ModelRunner):
+    def _attention_group(self, offset_chunks):
+        group = super()._attention_group(offset_chunks)
+        leaky = group.mask.clone()
+        leaky[..., : group.max_key_len] |= torch.ones_like(leaky)  # every key visible, stale ones too
+        return type(group)(group.token_index, group.slots, group.num_rows, group.max_query_len,
+                           group.max_key_len, group.query_rows, group.query_cols, leaky)
+
+
+class _SlotBug(ModelRunner):
+    def _attention_group(self, offset_chunks):
+        group = super()._attention_group(offset_chunks)
+        if isinstance(group.slots, slice) or group.num_rows < 2:
+            return group
+        return type(group)(group.token_index, group.slots.flip(0), *_rest(group))
+
+
+def _rest(group):
+    return (group.num_rows, group.max_query_len, group.max_key_len, group.query_rows, group.query_cols, group.mask)
+
+
+@pytest.mark.parametrize("mutant", [_PositionBug, _MaskBug, _SlotBug], ids=["positions", "mask", "slot-index"])
+def test_a_runner_bug_breaks_the_property(tiny, mutant):
+    loaded, _, reference = tiny
+    broken = mutant(loaded.model)
+    # Slots 0 and 2 decode while slot 1 is free, so the decode group needs an index, not a slice.
+    scenario = _scenario(14, 2, 14, 6, batch_size=3, prefill_batch_size=3, token_budget=64)
+    expected, margins = reference.outputs(scenario.requests)
+    engine = inflight_engine(broken, decode_batch_size=3, max_seq_len=TINY_MAX_SEQ_LEN,
+                             eos_token_id=loaded.eos_token_id, prefill_batch_size=3, max_num_batched_tokens=64)
+    divergences = find_divergences("mutant", expected, drive(engine, scenario), margins)
+    assert divergences, f"{mutant.__name__} went unnoticed"
+    assert not all(d.is_near_tie(FLOAT32_NEAR_TIE) for d in divergences), "a real bug must not look like a near-tie"
+
+
+# -- the real model -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: make install")
+    try:
+        loaded = load_model("smollm2-135m", dtype="float32")
+    except Exception as error:  # the wheel is installed by `make`; say how when it is not
+        pytest.skip(f"SmolLM2 unavailable ({error})")
+    return loaded, ModelRunner(loaded.model), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+
+
+@pytest.mark.slow
+@settings(max_examples=8)
+@given(scenario=scenarios(vocab_size=49152, max_requests=5, max_prompt_len=24, max_new_tokens=10, max_batch_size=4))
+def test_smollm2_float32_engines_equal_reference(smollm2, scenario):
+    loaded, runner, reference = smollm2
+    near_ties = check_scenario(scenario, loaded, runner, reference, 64, near_tie_tolerance=FLOAT32_NEAR_TIE)
+    assert len(near_ties) <= 1, f"too many near-ties to be chance: {[d.describe() for d in near_ties]}"
+
+
+@pytest.mark.slow
+def test_smollm2_fun_fact_prompts_equal_reference(smollm2):
+    loaded, runner, reference = smollm2
+    prompt = tuple(loaded.tokenizer("Fun fact of the day: ")["input_ids"])
+    requests = tuple(
+        Request(f"fun-{n}", prompt, SamplingParams(n, ignore_eos=True)) for n in (3, 17, 9, 24, 1, 12)
+    )
+    scenario = Scenario(requests, (0, 0, 1, 3, 3, 8), batch_size=4, prefill_batch_size=2, token_budget=20)
+    check_scenario(scenario, loaded, runner, reference, 64, near_tie_tolerance=FLOAT32_NEAR_TIE)
