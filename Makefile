@@ -9,7 +9,7 @@ STAMP := $(VENV)/.perfsuite-installed
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: perf test bench install clean
+.PHONY: perf test run bench calibrate baselines install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,15 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The main job: the shipped perf tests on SmolLM2, ci profile, against baselines/.
 perf: $(STAMP)
+	$(BIN)/python -m pytest tests/perf --perf $(PYTEST_ARGS)
+
+# Record this machine's baselines for the ci profile (commit them deliberately).
+baselines: $(STAMP)
+	$(BIN)/python -m pytest tests/perf --perf --perf-save-baseline $(PYTEST_ARGS)
+
+run: $(STAMP)
 	$(BIN)/perfsuite run
 
 # pytest exits 5 when it collects nothing (e.g. a -k filter that matches no test).
@@ -31,6 +39,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/batching.py
+
+calibrate: $(STAMP)
+	$(BIN)/python bench/calibrate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -11,7 +11,7 @@ from perfsuite.engine import ENGINE_KINDS, RunResult, build_engine
 from perfsuite.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
 from perfsuite.table import format_table
-from perfsuite.workload import MixedWorkload
+from perfsuite.workload import mixed_workload
 
 
 def positive_int(text: str) -> int:
@@ -67,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
     from perfsuite.models import load_model
 
-    workload = MixedWorkload(args.num_requests, args.min_new_tokens, args.max_new_tokens, args.seed)
+    workload = mixed_workload(args.num_requests, args.min_new_tokens, args.max_new_tokens, args.seed)
     device = resolve_device(args.device)
     threads = configure_threads(args.threads) if device == "cpu" else None
     started = time.perf_counter()
@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
         + (f" ({threads} threads)" if threads else "")
         + f", loaded in {time.perf_counter() - started:.1f}s; {workload.num_requests} requests, "
-        f"max_new_tokens uniform {workload.min_new_tokens}..{workload.max_new_tokens} (seed {workload.seed}), "
+        f"max_new_tokens uniform {workload.lengths.low}..{workload.lengths.high} (seed {workload.seed}), "
         f"B={args.batch_size}",
         file=sys.stderr,
     )

@@ -75,8 +75,9 @@ def timed_run(
     requests: Sequence[Request],
     device: str,
     on_step: Callable | None = None,
+    max_concurrency: int | None = None,
 ) -> RunResult:
     synchronize(device)
-    result = engine.run(requests, on_step=on_step)
+    result = engine.run(requests, on_step=on_step, max_concurrency=max_concurrency)
     synchronize(device)
     return result

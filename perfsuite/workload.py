@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from perfsuite.engine.types import Request, SamplingParams
+
+LENGTH_KINDS = ("fixed", "uniform", "exponential")
 
 
 def shipped_prompts() -> tuple[str, ...]:
@@ -21,30 +23,81 @@ def shipped_prompts() -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class MixedWorkload:
-    """Shipped prompts with output lengths uniform in ``min_new_tokens..max_new_tokens``.
+class OutputLengths:
+    """How many new tokens each request asks for.
 
-    EOS is ignored so every request produces exactly its drawn length and
-    runs are comparable; every request arrives at t0 (an offline run).
+    - ``fixed``: every request asks for ``high``;
+    - ``uniform``: uniform in ``low..high``;
+    - ``exponential``: exponential with mean ``mean``, at least ``low`` and capped
+      at ``high`` (like Anyscale's benchmark: mean 64, cap 256).
+    """
+
+    kind: str = "uniform"
+    low: int = 8
+    high: int = 128
+    mean: float = 64.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in LENGTH_KINDS:
+            raise ValueError(f"lengths.kind must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}")
+        if not 1 <= self.low <= self.high:
+            raise ValueError(
+                f"output lengths need 1 <= low <= high, got low (min_new_tokens)={self.low}, "
+                f"high (max_new_tokens)={self.high}"
+            )
+        if self.mean <= 0:
+            raise ValueError(f"lengths.mean must be > 0, got {self.mean}")
+
+    def sample(self, rng: random.Random, count: int) -> list[int]:
+        if self.kind == "fixed":
+            return [self.high] * count
+        if self.kind == "uniform":
+            return [rng.randint(self.low, self.high) for _ in range(count)]
+        return [min(self.high, max(self.low, round(rng.expovariate(1 / self.mean)))) for _ in range(count)]
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """When requests arrive: all at t0 (``rate=None``) or a Poisson process of ``rate`` req/s."""
+
+    rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError(f"arrivals.rate must be > 0 requests/s or None for offline, got {self.rate}")
+
+    def times(self, rng: random.Random, count: int) -> list[float]:
+        if self.rate is None:
+            return [0.0] * count
+        now, times = 0.0, []
+        for _ in range(count):
+            times.append(now)
+            now += rng.expovariate(self.rate)
+        return times
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Shipped prompts, drawn output lengths and arrival times, all from one seed.
+
+    EOS is ignored so every request produces exactly its drawn length and runs
+    are comparable.
     """
 
     num_requests: int = 32
-    min_new_tokens: int = 8
-    max_new_tokens: int = 128
+    lengths: OutputLengths = field(default_factory=OutputLengths)
+    arrivals: Arrivals = field(default_factory=Arrivals)
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
-        if not 1 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
-                "need 1 <= min_new_tokens <= max_new_tokens, got "
-                f"min_new_tokens={self.min_new_tokens}, max_new_tokens={self.max_new_tokens}"
-            )
 
     def output_lengths(self) -> list[int]:
-        rng = random.Random(self.seed)
-        return [rng.randint(self.min_new_tokens, self.max_new_tokens) for _ in range(self.num_requests)]
+        return self.lengths.sample(random.Random(self.seed), self.num_requests)
+
+    def arrival_times(self) -> list[float]:
+        return self.arrivals.times(random.Random(self.seed + 1), self.num_requests)
 
     def requests(self, tokenize: Callable[[str], Sequence[int]], prompts: Sequence[str] | None = None) -> list[Request]:
         prompts = shipped_prompts() if prompts is None else tuple(prompts)
@@ -56,6 +109,12 @@ class MixedWorkload:
                 request_id=f"req-{index}",
                 prompt_token_ids=token_ids[index % len(prompts)],
                 sampling_params=SamplingParams(max_new_tokens=length, ignore_eos=True),
+                arrival_time=arrival,
             )
-            for index, length in enumerate(self.output_lengths())
+            for index, (length, arrival) in enumerate(zip(self.output_lengths(), self.arrival_times()))
         ]
+
+
+def mixed_workload(num_requests: int = 32, min_new_tokens: int = 8, max_new_tokens: int = 128, seed: int = 0) -> Workload:
+    """The default mixed workload: uniform 8..128 new tokens, all at t0."""
+    return Workload(num_requests, OutputLengths("uniform", min_new_tokens, max_new_tokens), seed=seed)

@@ -141,3 +141,29 @@ def test_smollm2_fun_fact_prompts_equal_reference(smollm2):
     )
     scenario = Scenario(requests, (0, 0, 1, 3, 3, 8), batch_size=4, prefill_batch_size=2, token_budget=20)
     check_scenario(scenario, loaded, runner, reference, 64, near_tie_tolerance=FLOAT32_NEAR_TIE)
+
+
+def test_ignoring_eos_never_changes_the_chosen_tokens(tiny):
+    loaded, runner, reference = tiny
+    prompt = tuple(range(40, 52))
+    free_run = reference.decoder.generate(Request("free", prompt, SamplingParams(20, ignore_eos=True))).token_ids
+    eos = free_run[5]  # pretend the sixth token is EOS
+    first_eos = free_run.index(eos)
+    requests = [
+        Request("stops", prompt, SamplingParams(20)),
+        Request("ignores", prompt, SamplingParams(20, ignore_eos=True)),
+    ]
+    result = inflight_engine(runner, decode_batch_size=2, max_seq_len=TINY_MAX_SEQ_LEN, eos_token_id=eos).run(requests)
+    outputs = result.outputs()
+    assert outputs["stops"] == free_run[: first_eos + 1]
+    assert outputs["ignores"] == free_run, "EOS must stay a candidate: masking it would change greedy choices"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; runs on GPU runners only")
+def test_cuda_engines_equal_reference():
+    loaded = load_model("tiny-random", device="cuda", dtype="float64")
+    runner = ModelRunner(loaded.model)
+    reference = CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    scenario = _scenario(5, 12, 3, 20, 7, batch_size=3, token_budget=4, arrival_steps=(0, 0, 2, 5, 5))
+    check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)

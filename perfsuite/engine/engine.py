@@ -137,12 +137,21 @@ class Engine:
         return step_outputs
 
     def run(
-        self, requests: Iterable[Request], on_step: Callable[[list[StepOutput]], None] | None = None
+        self,
+        requests: Iterable[Request],
+        on_step: Callable[[list[StepOutput]], None] | None = None,
+        max_concurrency: int | None = None,
     ) -> RunResult:
         """Serve ``requests``, each added once ``arrival_time`` seconds have passed.
 
-        ``on_step`` sees each step's outputs (for progress); it is not timed separately.
+        With ``max_concurrency`` the run is a closed loop, as a fixed number of
+        clients would make it: a request that has arrived waits outside the
+        engine until fewer than ``max_concurrency`` requests are in flight, and
+        its arrival is the moment it gets in. ``on_step`` sees each step's
+        outputs (for progress).
         """
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         if self.has_unfinished_requests():
             raise RuntimeError(f"engine {self.name!r} still has unfinished requests; finish or abort them first")
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
@@ -151,9 +160,10 @@ class Engine:
         start = self._clock()
         while pending or self.has_unfinished_requests():
             elapsed = self._clock() - start
-            while pending and pending[0].arrival_time <= elapsed:
+            while pending and pending[0].arrival_time <= elapsed and self._has_room(max_concurrency):
                 request = pending.popleft()
-                self.add_request(request, arrival_time=start + request.arrival_time)
+                arrival = None if max_concurrency else start + request.arrival_time
+                self.add_request(request, arrival_time=arrival)
             if self.has_unfinished_requests():
                 step_outputs = self.step()
                 if on_step is not None:
@@ -161,6 +171,12 @@ class Engine:
             elif pending:
                 self._sleep(max(0.0, pending[0].arrival_time - (self._clock() - start)))
         return self.result(start, self._clock())
+
+    def _has_room(self, max_concurrency: int | None) -> bool:
+        if max_concurrency is None:
+            return True
+        in_flight = self.scheduler.num_waiting + self.scheduler.num_running
+        return in_flight < max_concurrency
 
     def result(self, start_time: float, end_time: float) -> RunResult:
         """Everything recorded since the last ``run`` started."""

@@ -1,0 +1,143 @@
+"""The ``--perf-*`` options: one group, each also settable in ``[tool.pytest.ini_options]``.
+
+Values are parsed by ``type=`` functions, so a bad value fails while pytest
+parses its arguments; bad combinations raise ``pytest.UsageError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from perfsuite.profiles import PROFILES, Profile
+from perfsuite.stats import Policy
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def probability(text: str) -> float:
+    value = _float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number strictly between 0 and 1, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 (0.1 means 10%), got {text!r}")
+    return value
+
+
+def repeats(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a comparison needs at least 2 repeats, got {value}")
+    return value
+
+
+def profile_name(text: str) -> str:
+    if text not in PROFILES:
+        raise argparse.ArgumentTypeError(f"unknown profile {text!r}; choose {', '.join(PROFILES)}")
+    return text
+
+
+def dtype_name(text: str) -> str:
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
+    text = aliases.get(text, text)
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose {', '.join(DTYPES)}")
+    return text
+
+
+def device_name(text: str) -> str:
+    if text not in ("auto", "cpu") and not text.startswith("cuda"):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
+    return text
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+# name, parse, default, help
+_OPTIONS = (
+    ("perf_model", str, "smollm2-135m", "model name or local Hugging Face directory"),
+    ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
+    ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
+    ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
+    ("perf_repeats", repeats, None, "timed repeats per test (default: the profile's)"),
+    ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
+    ("perf_alpha", probability, "0.05", "significance level, after Holm's correction"),
+    ("perf_min_effect", fraction, "0.10", "smallest change of a median that can fail a test (0.10 = 10%)"),
+    ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perf", "perfsuite: LLM inference performance regression tests")
+    group.addoption("--perf", action="store_true", default=False, help="run the tests marked perf")
+    group.addoption(
+        "--perf-save-baseline",
+        action="store_true",
+        default=False,
+        help="store this run's samples as the baselines (a normal run never writes a baseline)",
+    )
+    for name, parse, default, help_text in _OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        group.addoption(flag, dest=name, type=parse, default=None, help=f"{help_text} (default: {default})")
+        parser.addini(name, help=f"{help_text} (default: {default})", default=default)
+
+
+@dataclass(frozen=True, slots=True)
+class PerfOptions:
+    enabled: bool
+    save_baseline: bool
+    model: str
+    device: str
+    dtype: str
+    profile: Profile
+    repeats: int
+    baseline_dir: Path
+    report_dir: Path
+    policy: Policy
+
+
+def read_options(config: pytest.Config) -> PerfOptions:
+    values = {}
+    for name, parse, default, _ in _OPTIONS:
+        value = config.getoption(name)
+        if value is None:
+            raw = config.getini(name)
+            try:
+                value = parse(raw) if raw not in (None, "") else (parse(default) if default is not None else None)
+            except argparse.ArgumentTypeError as error:
+                raise pytest.UsageError(f"[tool.pytest.ini_options] {name} = {raw!r}: {error}") from None
+        values[name] = value
+    enabled = config.getoption("perf")
+    save_baseline = config.getoption("perf_save_baseline")
+    if save_baseline and not enabled:
+        raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
+    profile = PROFILES[values["perf_profile"]]
+    rootdir = Path(config.rootpath)
+    return PerfOptions(
+        enabled=enabled,
+        save_baseline=save_baseline,
+        model=values["perf_model"],
+        device=values["perf_device"],
+        dtype=values["perf_dtype"],
+        profile=profile,
+        repeats=values["perf_repeats"] or profile.repeats,
+        baseline_dir=rootdir / values["perf_baseline_dir"],
+        report_dir=rootdir / values["perf_report_dir"],
+        policy=Policy(alpha=values["perf_alpha"], min_effect=values["perf_min_effect"]),
+    )

@@ -1,0 +1,196 @@
+"""perfsuite's pytest plugin: hooks and fixtures only.
+
+Registered through the ``pytest11`` entry point. The logic lives in
+``options``, ``session``, ``recorder``, ``stats`` and ``storage``; torch is
+imported inside fixtures, so a run without ``--perf`` never imports it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfsuite.options import add_options, read_options
+from perfsuite.session import METRICS, PerfSession
+from perfsuite.table import format_table
+
+SESSION_KEY = pytest.StashKey[PerfSession]()
+SKIP_REASON = "perf test: run it with `pytest --perf` (see README, 'pytest --perf')"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "perf: a performance test, run only with --perf")
+    config.stash[SESSION_KEY] = PerfSession(read_options(config), config.rootpath)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    session = config.stash[SESSION_KEY]
+    perf_items = [item for item in items if item.get_closest_marker("perf")]
+    if not session.options.enabled:
+        for item in perf_items:
+            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+    session.num_planned_tests = len(perf_items)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    perf_session = session.config.stash.get(SESSION_KEY, None)
+    if perf_session is None or not perf_session.options.enabled:
+        return
+    perf_session.finish()
+    if perf_session.late_regressions and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    perf_session = config.stash.get(SESSION_KEY, None)
+    if perf_session is None or not perf_session.options.enabled or not perf_session.results:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("perfsuite")
+    rows = []
+    for result in perf_session.results:
+        name = result.test_id.rpartition("::")[2]
+        if not result.comparisons:
+            rows.append([name, "output_throughput", "-", f"{result.summary['output_throughput']:.4g}",
+                         "-", "-", "-", result.baseline_status])
+        for c in result.comparisons:
+            rows.append([name, c.metric, f"{c.baseline_median:.4g}", f"{c.current_median:.4g}",
+                         f"{c.change_percent:+.1f}%", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]",
+                         f"{c.p_adjusted:.3g}", c.verdict.value])
+        for change in result.counter_changes:
+            rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "counter changed"])
+    write(format_table(["test", "metric", "baseline", "current", "change", "ratio CI", "p (Holm)", "verdict"], rows))
+    for warning in perf_session.warnings:
+        write(f"warning: {warning}", yellow=True)
+    for late in perf_session.late_regressions:
+        write(f"regression found by Holm's correction at session end: {late}", red=True, bold=True)
+    options = perf_session.options
+    write(
+        f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} (Holm over "
+        f"{perf_session.num_planned_comparisons} comparisons of {len(METRICS)} metrics), "
+        f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
+    )
+
+
+def perf_options(config: pytest.Config):
+    """The parsed ``--perf-*`` options, e.g. to parametrize tests from the profile."""
+    return config.stash[SESSION_KEY].options
+
+
+# -- fixtures ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def perf_session(request: pytest.FixtureRequest) -> PerfSession:
+    return request.config.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def perf_model(perf_session):
+    """The model under test, loaded once per session on the chosen device."""
+    from perfsuite.measure import configure_threads, resolve_device
+    from perfsuite.models import load_model
+
+    options = perf_session.options
+    device = resolve_device(options.device)
+    if device == "cpu":
+        configure_threads(None)
+    return load_model(options.model, device=device, dtype=options.dtype)
+
+
+@pytest.fixture(scope="session")
+def perf_backend(perf_model):
+    """Runner, tokenizer and limits. Override this fixture to measure another runner."""
+    from perfsuite.engine.model_runner import ModelRunner
+    from perfsuite.recorder import Backend
+
+    return Backend(
+        runner=ModelRunner(perf_model.model),
+        tokenize=lambda text: perf_model.tokenizer(text)["input_ids"],
+        eos_token_id=perf_model.eos_token_id,
+        max_context=perf_model.max_context,
+        device=str(perf_model.model.device),
+    )
+
+
+@pytest.fixture(scope="session")
+def _perf_environment(perf_session, perf_backend):
+    from perfsuite.environment import capture_environment, git_commit
+
+    options = perf_session.options
+    perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
+    perf_session.commit = git_commit(perf_session.rootdir)
+    return perf_session.environment
+
+
+@pytest.fixture(scope="session")
+def workload_factory(perf_session, perf_backend):
+    """``workload_factory(lengths="uniform", rate=None, num_requests=None)`` -> requests of the profile."""
+    from perfsuite.workload import Arrivals, Workload
+
+    profile = perf_session.options.profile
+
+    def make(lengths: str = "uniform", rate: float | None = None, num_requests: int | None = None, seed: int = 0):
+        if lengths not in profile.lengths:
+            raise ValueError(f"profile {profile.name!r} has no {lengths!r} lengths; choose {sorted(profile.lengths)}")
+        workload = Workload(num_requests or profile.num_requests, profile.lengths[lengths], Arrivals(rate), seed)
+        return workload.requests(perf_backend.tokenize)
+
+    return make
+
+
+@pytest.fixture
+def workload(workload_factory):
+    return workload_factory()
+
+
+@pytest.fixture(scope="session")
+def perf_max_seq_len(perf_session, perf_backend, workload_factory) -> int:
+    """One cache length that fits every workload of the profile."""
+    from perfsuite.measure import max_seq_len_for
+
+    profile = perf_session.options.profile
+    requests = [r for kind in profile.lengths for r in workload_factory(kind)]
+    return max_seq_len_for(requests, perf_backend.max_context)
+
+
+@pytest.fixture
+def engine_factory(perf_session, perf_backend, perf_max_seq_len):
+    """``engine_factory(kind, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> Engine."""
+    from perfsuite.engine import build_engine
+
+    default_batch = max(perf_session.options.profile.batch_sizes)
+
+    def make(kind: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None):
+        return build_engine(
+            kind,
+            perf_backend.runner,
+            batch_size=batch_size,
+            max_seq_len=perf_max_seq_len,
+            eos_token_id=perf_backend.eos_token_id,
+            prefill_batch_size=prefill_batch_size,
+            max_num_batched_tokens=token_budget,
+        )
+
+    return make
+
+
+@pytest.fixture
+def static_engine(engine_factory):
+    return engine_factory("static")
+
+
+@pytest.fixture
+def inflight_engine(engine_factory):
+    return engine_factory("inflight")
+
+
+@pytest.fixture
+def perf(request, benchmark, perf_session, perf_backend, _perf_environment):
+    """Record a run and assert no regression: ``perf.measure(engine, requests)``, ``perf.assert_no_regression()``."""
+    from perfsuite.recorder import PerfRecorder
+
+    return PerfRecorder(perf_session, request.node.nodeid, benchmark, perf_backend)

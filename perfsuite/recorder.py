@@ -1,0 +1,76 @@
+"""The ``perf`` fixture's object: measure an engine, then assert no regression."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from perfsuite.engine import Engine, Request, RunResult
+from perfsuite.session import PerfSession, TestResult, sizing_parameters
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """What the perf fixtures need from a model: a runner, a tokenizer and limits."""
+
+    runner: Any
+    tokenize: Any  # str -> list[int]
+    eos_token_id: int | None
+    max_context: int
+    device: str
+
+
+class PerfRecorder:
+    def __init__(self, session: PerfSession, test_id: str, benchmark, backend: Backend) -> None:
+        self.session = session
+        self.test_id = test_id
+        self.benchmark = benchmark
+        self.backend = backend
+        self.result: TestResult | None = None
+
+    def measure(
+        self,
+        engine: Engine,
+        requests: Sequence[Request],
+        *,
+        max_concurrency: int | None = None,
+        arrival_rate: float | None = None,
+    ) -> TestResult:
+        """Warm up (discarded), then time the profile's repeats through pytest-benchmark."""
+        from perfsuite.measure import timed_run
+
+        options = self.session.options
+        for _ in range(options.profile.warmup_runs):
+            engine.run(requests, max_concurrency=max_concurrency)
+        runs: list[RunResult] = []
+
+        def one_run() -> None:
+            runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
+
+        self.benchmark.pedantic(one_run, rounds=options.repeats, iterations=1, warmup_rounds=0)
+        while len(runs) < options.repeats:  # --benchmark-disable runs the target only once
+            one_run()
+        concurrency = max_concurrency or engine.scheduler.kv_cache.num_slots
+        parameters = sizing_parameters(requests, options.model, options.dtype, concurrency)
+        self.result = self.session.record(self.test_id, runs, parameters, arrival_rate)
+        self.benchmark.extra_info.update(
+            {
+                "engine": self.result.engine_name,
+                "parameters": dataclasses.asdict(self.result.parameters),
+                **self.result.summary,
+                "counters": self.result.counters,
+                "baseline": self.result.baseline_status,
+            }
+        )
+        return self.result
+
+    def assert_no_regression(self) -> None:
+        if self.result is None:
+            raise RuntimeError("call perf.measure(engine, requests) before perf.assert_no_regression()")
+        if self.result.regressions:
+            lines = "\n".join(f"  {c.describe()}" for c in self.result.regressions)
+            pytest.fail(f"performance regression in {self.test_id}:\n{lines}", pytrace=False)

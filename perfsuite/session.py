@@ -1,0 +1,271 @@
+"""One ``pytest --perf`` session: results, baselines, verdicts and results.json.
+
+Significance is corrected across every comparison of the session. A test
+must pass or fail while it runs, before the later p-values exist, so it is
+judged with the Bonferroni bound m * p, where m is the number of comparisons
+the collected perf tests will make. Bonferroni's adjusted p is never below
+Holm's, so whatever fails a test is also a Holm regression. At the end of the
+session the report shows the exact Holm-adjusted p-values; should Holm flag a
+regression that the bound let pass, the session's exit status is set to
+failed and the summary names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfsuite.engine.types import Request, RunResult
+from perfsuite.metrics import Distribution, RunMetrics, run_metrics
+from perfsuite.options import PerfOptions
+from perfsuite.stats import (
+    Comparison,
+    CounterChange,
+    Direction,
+    Verdict,
+    adjust,
+    compare,
+    compare_counters,
+    with_bonferroni_bound,
+)
+from perfsuite.storage import Baseline, BaselineStore, Environment, write_json_atomic
+
+RESULTS_SCHEMA_VERSION = 1
+
+# Per-repeat samples compared against the baseline. Repeats, not requests,
+# are the independent units: requests of one run share its conditions.
+METRICS: dict[str, Direction] = {
+    "output_throughput": Direction.HIGHER_IS_BETTER,
+    "request_throughput": Direction.HIGHER_IS_BETTER,
+    "median_ttft_ms": Direction.LOWER_IS_BETTER,
+    "median_tpot_ms": Direction.LOWER_IS_BETTER,
+    "median_e2el_ms": Direction.LOWER_IS_BETTER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SizingParameters:
+    """The six numbers a person sizing a deployment asks for first."""
+
+    model: str
+    precision: str
+    input_length: float  # mean prompt tokens
+    output_length: float  # mean requested new tokens
+    concurrency: int  # batch slots, or clients in a closed loop
+    tensor_parallelism: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TestResult:
+    test_id: str
+    engine_name: str
+    parameters: SizingParameters
+    arrival_rate: float | None
+    samples: dict[str, tuple[float, ...]]
+    counters: dict[str, int]
+    summary: dict[str, float]  # vLLM-style keys over every request of every repeat
+    baseline_status: str
+    comparisons: tuple[Comparison, ...] = ()
+    counter_changes: tuple[CounterChange, ...] = ()
+
+    @property
+    def regressions(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict is Verdict.REGRESSED]
+
+
+def repeat_samples(metrics: RunMetrics) -> dict[str, float]:
+    return {
+        "output_throughput": metrics.output_throughput,
+        "request_throughput": metrics.request_throughput,
+        "median_ttft_ms": 1e3 * metrics.ttft.median,
+        "median_tpot_ms": 1e3 * metrics.tpot.median,
+        "median_e2el_ms": 1e3 * metrics.e2el.median,
+    }
+
+
+def vllm_summary(runs: Sequence[RunMetrics]) -> dict[str, float]:
+    """vLLM's benchmark keys, pooled over the requests of every repeat."""
+    summary: dict[str, float] = {
+        "request_throughput": statistics.fmean(r.request_throughput for r in runs),
+        "output_throughput": statistics.fmean(r.output_throughput for r in runs),
+        "completed": sum(r.num_completed for r in runs),
+        "total_output_tokens": sum(r.num_output_tokens for r in runs),
+    }
+    pooled = {
+        "ttft": [m.ttft for r in runs for m in r.requests if m.ttft is not None],
+        "tpot": [m.tpot for r in runs for m in r.requests if m.tpot is not None],
+        "itl": [gap for r in runs for m in r.requests for gap in m.itls],
+        "e2el": [m.e2e for r in runs for m in r.requests if m.e2e is not None],
+    }
+    for name, values in pooled.items():
+        distribution = Distribution.of(values)
+        summary[f"mean_{name}_ms"] = 1e3 * distribution.mean
+        summary[f"median_{name}_ms"] = 1e3 * distribution.median
+        summary[f"std_{name}_ms"] = 1e3 * distribution.std
+        summary[f"p90_{name}_ms"] = 1e3 * distribution.p90
+        summary[f"p99_{name}_ms"] = 1e3 * distribution.p99
+    return summary
+
+
+def counters_of(result: RunResult) -> dict[str, int]:
+    return dataclasses.asdict(result.counters)
+
+
+def sizing_parameters(
+    requests: Sequence[Request], model: str, precision: str, concurrency: int
+) -> SizingParameters:
+    return SizingParameters(
+        model=model,
+        precision=precision,
+        input_length=statistics.fmean(r.num_prompt_tokens for r in requests),
+        output_length=statistics.fmean(r.sampling_params.max_new_tokens for r in requests),
+        concurrency=concurrency,
+    )
+
+
+@dataclass
+class PerfSession:
+    options: PerfOptions
+    rootdir: Path
+    environment: Environment | None = None
+    commit: str | None = None
+    num_planned_tests: int = 0
+    results: list[TestResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    late_regressions: list[str] = field(default_factory=list)
+
+    @property
+    def store(self) -> BaselineStore:
+        return BaselineStore(self.options.baseline_dir)
+
+    @property
+    def num_planned_comparisons(self) -> int:
+        return max(1, self.num_planned_tests * len(METRICS))
+
+    def record(
+        self,
+        test_id: str,
+        runs: Sequence[RunResult],
+        parameters: SizingParameters,
+        arrival_rate: float | None = None,
+    ) -> TestResult:
+        """Summarise a test's timed repeats and judge them against its baseline."""
+        assert self.environment is not None, "capture the environment before recording"
+        metrics = [run_metrics(run) for run in runs]
+        per_repeat = [repeat_samples(m) for m in metrics]
+        samples = {name: tuple(s[name] for s in per_repeat) for name in METRICS}
+        counters = counters_of(runs[-1])
+        result = TestResult(
+            test_id=test_id,
+            engine_name=runs[-1].engine_name,
+            parameters=parameters,
+            arrival_rate=arrival_rate,
+            samples=samples,
+            counters=counters,
+            summary=vllm_summary(metrics),
+            baseline_status="no baseline",
+        )
+        result = self._judge(result)
+        if self.options.save_baseline:
+            path = self.store.save(
+                Baseline(
+                    test_id=test_id,
+                    environment=self.environment,
+                    commit=self.commit,
+                    created_at=_now(),
+                    samples=samples,
+                    counters=counters,
+                    parameters=dataclasses.asdict(parameters),
+                )
+            )
+            result = dataclasses.replace(result, baseline_status=f"saved to {path.relative_to(self.rootdir)}")
+        self.results.append(result)
+        return result
+
+    def _judge(self, result: TestResult) -> TestResult:
+        baseline = self.store.load(result.test_id, self.environment)  # a corrupt file raises BaselineError
+        if baseline is None:
+            others = self.store.other_fingerprints(result.test_id, self.environment)
+            if others:
+                message = (
+                    f"{result.test_id}: baselines exist only for other environments ({', '.join(others)}); "
+                    f"not compared. This one is {self.environment.fingerprint()}: "
+                    "record its baseline with --perf-save-baseline"
+                )
+                self.warnings.append(message)
+                return dataclasses.replace(result, baseline_status="other environment only")
+            return result
+        policy = self.options.policy
+        comparisons = [
+            compare(name, baseline.samples[name], result.samples[name], direction, policy)
+            for name, direction in METRICS.items()
+            if name in baseline.samples
+        ]
+        bounded = with_bonferroni_bound(comparisons, self.num_planned_comparisons, policy)
+        return dataclasses.replace(
+            result,
+            baseline_status="compared",
+            comparisons=tuple(bounded),
+            counter_changes=tuple(compare_counters(baseline.counters, result.counters)),
+        )
+
+    def finish(self) -> None:
+        """Holm-adjust the whole session and write results.json."""
+        everything = [c for r in self.results for c in r.comparisons]
+        adjusted = iter(adjust(everything, self.options.policy))
+        final = []
+        for result in self.results:
+            comparisons = tuple(next(adjusted) for _ in result.comparisons)
+            for before, after in zip(result.comparisons, comparisons):
+                if after.verdict is Verdict.REGRESSED and before.verdict is not Verdict.REGRESSED:
+                    self.late_regressions.append(f"{result.test_id}: {after.describe()}")
+            final.append(dataclasses.replace(result, comparisons=comparisons))
+        self.results = final
+        if self.results:
+            write_json_atomic(self.options.report_dir / "results.json", self.results_json())
+
+    def results_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "created_at": _now(),
+            "commit": self.commit,
+            "environment": dataclasses.asdict(self.environment) if self.environment else None,
+            "fingerprint": self.environment.fingerprint() if self.environment else None,
+            "profile": self.options.profile.name,
+            "repeats": self.options.repeats,
+            "policy": {
+                "alpha": self.options.policy.alpha,
+                "min_effect": self.options.policy.min_effect,
+                "test": "one-sided Mann-Whitney U on per-repeat samples",
+                "correction": "holm",
+            },
+            "tests": [_result_json(r) for r in self.results],
+            "warnings": list(self.warnings),
+        }
+
+
+def _result_json(result: TestResult) -> dict[str, Any]:
+    return {
+        "test_id": result.test_id,
+        "engine": result.engine_name,
+        "parameters": dataclasses.asdict(result.parameters),
+        "arrival_rate": result.arrival_rate,
+        **result.summary,
+        "samples": {k: list(v) for k, v in result.samples.items()},
+        "counters": result.counters,
+        "baseline": result.baseline_status,
+        "comparisons": [
+            {**dataclasses.asdict(c), "direction": c.direction.value, "verdict": c.verdict.value}
+            for c in result.comparisons
+        ],
+        "counter_changes": [dataclasses.asdict(c) for c in result.counter_changes],
+    }
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

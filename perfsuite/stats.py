@@ -1,0 +1,223 @@
+"""Is the current run worse than the baseline? Pure functions over samples.
+
+A regression must be both statistically significant and large enough to
+matter (asv combines its Mann-Whitney U test with a factor threshold the same
+way):
+
+- significance: a one-sided Mann-Whitney U test that the current samples are
+  worse than the baseline's, with p-values adjusted across every comparison
+  of the session by Holm's step-down method;
+- size: the change of the median beyond ``min_effect`` (a fraction).
+
+Holm rather than Benjamini-Hochberg: a regression fails a CI job, so the
+quantity to control is the chance of *any* false alarm in a session (the
+family-wise error rate), which Holm bounds; Benjamini-Hochberg bounds only the
+expected share of false alarms among the flagged ones. Holm is uniformly more
+powerful than Bonferroni and needs no independence assumption.
+
+The confidence interval is a seeded percentile bootstrap of the ratio of
+medians, current over baseline.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from scipy.stats import mannwhitneyu
+
+
+class Direction(enum.Enum):
+    HIGHER_IS_BETTER = "higher"
+    LOWER_IS_BETTER = "lower"
+
+
+class Verdict(enum.Enum):
+    IMPROVED = "improved"
+    UNCHANGED = "unchanged"
+    REGRESSED = "regressed"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One metric of one test, baseline against current."""
+
+    metric: str
+    direction: Direction
+    n_baseline: int
+    n_current: int
+    baseline_median: float
+    current_median: float
+    change: float  # current median / baseline median - 1
+    ci_low: float  # bootstrap CI of current median / baseline median
+    ci_high: float
+    p_worse: float  # raw one-sided p: current worse than baseline
+    p_better: float  # raw one-sided p: current better than baseline
+    p_adjusted: float  # Holm-adjusted p of the side the verdict is about
+    verdict: Verdict
+
+    @property
+    def change_percent(self) -> float:
+        return 100 * self.change
+
+    def describe(self) -> str:
+        return (
+            f"{self.metric}: baseline median {self.baseline_median:.4g}, current median "
+            f"{self.current_median:.4g} ({self.change_percent:+.1f}%), ratio CI "
+            f"[{self.ci_low:.3f}, {self.ci_high:.3f}], adjusted p={self.p_adjusted:.3g} -> {self.verdict.value}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What counts as a regression."""
+
+    alpha: float = 0.05
+    min_effect: float = 0.10
+    min_samples: int = 3
+    confidence: float = 0.95
+    n_bootstrap: int = 2000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.min_effect < 0:
+            raise ValueError(f"min_effect must be >= 0, got {self.min_effect}")
+        if self.min_samples < 2:
+            raise ValueError(f"min_samples must be >= 2, got {self.min_samples}")
+
+
+def compare(
+    metric: str,
+    baseline: Sequence[float],
+    current: Sequence[float],
+    direction: Direction,
+    policy: Policy = Policy(),
+    seed: int = 0,
+) -> Comparison:
+    """Compare one metric; the verdict uses the raw p until ``adjust`` runs."""
+    baseline, current = [float(v) for v in baseline], [float(v) for v in current]
+    if not baseline or not current:
+        raise ValueError(f"{metric}: need samples on both sides, got {len(baseline)} baseline, {len(current)} current")
+    base_median, cur_median = statistics.median(baseline), statistics.median(current)
+    p_worse, p_better = _one_sided_p_values(baseline, current, direction)
+    ci_low, ci_high = bootstrap_ratio_ci(baseline, current, policy.confidence, policy.n_bootstrap, seed)
+    comparison = Comparison(
+        metric=metric,
+        direction=direction,
+        n_baseline=len(baseline),
+        n_current=len(current),
+        baseline_median=base_median,
+        current_median=cur_median,
+        change=_relative_change(base_median, cur_median),
+        ci_low=ci_low,
+        ci_high=ci_high,
+        p_worse=p_worse,
+        p_better=p_better,
+        p_adjusted=min(p_worse, p_better),
+        verdict=Verdict.INCONCLUSIVE,
+    )
+    return _with_verdict(comparison, p_worse, p_better, policy)
+
+
+def adjust(comparisons: Sequence[Comparison], policy: Policy = Policy()) -> list[Comparison]:
+    """Holm-adjust every comparison of a session and settle the verdicts."""
+    worse = holm([c.p_worse for c in comparisons])
+    better = holm([c.p_better for c in comparisons])
+    return [_with_verdict(c, w, b, policy) for c, w, b in zip(comparisons, worse, better)]
+
+
+def with_bonferroni_bound(
+    comparisons: Sequence[Comparison], num_comparisons: int, policy: Policy = Policy()
+) -> list[Comparison]:
+    """Verdicts from m * p, an upper bound of the Holm-adjusted p of any of m comparisons.
+
+    For judging one test before the rest of its family has been measured.
+    """
+    if num_comparisons < len(comparisons):
+        raise ValueError(f"num_comparisons {num_comparisons} is below the {len(comparisons)} given")
+    return [
+        _with_verdict(c, min(1.0, num_comparisons * c.p_worse), min(1.0, num_comparisons * c.p_better), policy)
+        for c in comparisons
+    ]
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def bootstrap_ratio_ci(
+    baseline: Sequence[float], current: Sequence[float], confidence: float, n_bootstrap: int, seed: int
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(current) / median(baseline)."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n_bootstrap):
+        base = statistics.median(rng.choices(baseline, k=len(baseline)))
+        cur = statistics.median(rng.choices(current, k=len(current)))
+        ratios.append(cur / base if base else math.inf if cur else 1.0)
+    ratios.sort()
+    tail = (1 - confidence) / 2
+    low = ratios[int(tail * (n_bootstrap - 1))]
+    high = ratios[int(math.ceil((1 - tail) * (n_bootstrap - 1)))]
+    return low, high
+
+
+def _one_sided_p_values(baseline: list[float], current: list[float], direction: Direction) -> tuple[float, float]:
+    if len(set(baseline) | set(current)) == 1:
+        return 1.0, 1.0  # every sample equal: no evidence either way
+    # "worse" means lower throughput or higher latency.
+    worse_alternative = "less" if direction is Direction.HIGHER_IS_BETTER else "greater"
+    better_alternative = "greater" if worse_alternative == "less" else "less"
+    p_worse = mannwhitneyu(current, baseline, alternative=worse_alternative).pvalue
+    p_better = mannwhitneyu(current, baseline, alternative=better_alternative).pvalue
+    return float(p_worse), float(p_better)
+
+
+def _relative_change(baseline_median: float, current_median: float) -> float:
+    if baseline_median == 0:
+        return 0.0 if current_median == 0 else math.copysign(math.inf, current_median)
+    return current_median / baseline_median - 1
+
+
+def _with_verdict(comparison: Comparison, p_worse: float, p_better: float, policy: Policy) -> Comparison:
+    if min(comparison.n_baseline, comparison.n_current) < policy.min_samples:
+        return replace(comparison, p_adjusted=min(p_worse, p_better), verdict=Verdict.INCONCLUSIVE)
+    signed = comparison.change if comparison.direction is Direction.HIGHER_IS_BETTER else -comparison.change
+    if p_worse < policy.alpha and signed < -policy.min_effect:
+        return replace(comparison, p_adjusted=p_worse, verdict=Verdict.REGRESSED)
+    if p_better < policy.alpha and signed > policy.min_effect:
+        return replace(comparison, p_adjusted=p_better, verdict=Verdict.IMPROVED)
+    return replace(comparison, p_adjusted=p_worse if signed < 0 else p_better, verdict=Verdict.UNCHANGED)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterChange:
+    """An exact counter (forward passes, padded slot-tokens...) that changed."""
+
+    name: str
+    baseline: int
+    current: int
+
+
+def compare_counters(baseline: dict[str, int], current: dict[str, int]) -> list[CounterChange]:
+    """Exact counters are noise-free: any difference is reported."""
+    names = sorted(set(baseline) | set(current))
+    return [
+        CounterChange(name, baseline.get(name, 0), current.get(name, 0))
+        for name in names
+        if baseline.get(name, 0) != current.get(name, 0)
+    ]

@@ -1,0 +1,16 @@
+"""Parametrize the shipped perf tests from the chosen ``--perf-profile``."""
+
+from perfsuite.engine import ENGINE_KINDS
+from perfsuite.plugin import perf_options
+
+
+def pytest_generate_tests(metafunc):
+    profile = perf_options(metafunc.config).profile
+    if "engine_kind" in metafunc.fixturenames:
+        metafunc.parametrize("engine_kind", ENGINE_KINDS)
+    if "batch_size" in metafunc.fixturenames:
+        metafunc.parametrize("batch_size", profile.batch_sizes, ids=[f"B{b}" for b in profile.batch_sizes])
+    if "lengths" in metafunc.fixturenames:
+        metafunc.parametrize("lengths", list(profile.lengths))
+    if "arrival_rate" in metafunc.fixturenames:
+        metafunc.parametrize("arrival_rate", profile.arrival_rates, ids=[f"{r:g}rps" for r in profile.arrival_rates])

@@ -1,0 +1,20 @@
+"""Latency (TTFT, TPOT, E2E) under Poisson arrivals and at fixed concurrency."""
+
+import pytest
+
+from perfsuite.plugin import perf_options
+
+
+@pytest.mark.perf
+def test_latency_poisson(perf, engine_factory, workload_factory, engine_kind, arrival_rate):
+    engine = engine_factory(engine_kind)
+    perf.measure(engine, workload_factory("uniform", rate=arrival_rate), arrival_rate=arrival_rate)
+    perf.assert_no_regression()
+
+
+@pytest.mark.perf
+def test_latency_fixed_concurrency(perf, engine_factory, workload_factory, engine_kind, request):
+    concurrency = perf_options(request.config).profile.concurrency
+    engine = engine_factory(engine_kind)
+    perf.measure(engine, workload_factory("uniform"), max_concurrency=concurrency)
+    perf.assert_no_regression()

@@ -1,0 +1,10 @@
+"""Offline throughput: every request at t0, over batch size x output lengths x engine."""
+
+import pytest
+
+
+@pytest.mark.perf
+def test_throughput(perf, engine_factory, workload_factory, engine_kind, batch_size, lengths):
+    engine = engine_factory(engine_kind, batch_size=batch_size)
+    perf.measure(engine, workload_factory(lengths))
+    perf.assert_no_regression()

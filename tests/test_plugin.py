@@ -1,0 +1,190 @@
+"""The pytest plugin, driven through pytester in subprocesses.
+
+The perf tests here run on a fake backend whose steps sleep a fixed time, so
+a "slower engine" is a longer sleep and nothing depends on this machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+import os, time, pytest
+from perfsuite.engine.fake_runner import FakeRunner
+from perfsuite.recorder import Backend
+
+@pytest.fixture(scope="session")
+def perf_backend():
+    delay = float(os.environ.get("FAKE_STEP_SECONDS", "0.004"))
+    runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(delay))
+    tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
+    return Backend(runner=runner, tokenize=tokenize, eos_token_id=None, max_context=512, device="cpu")
+"""
+
+PERF_TEST = """
+import pytest
+
+@pytest.mark.perf
+def test_speed(perf, inflight_engine, workload):
+    perf.measure(inflight_engine, workload)
+    perf.assert_no_regression()
+
+def test_plain():
+    assert 1 + 1 == 2
+"""
+
+# 6 repeats a side: the smallest one-sided p is 1/924, below alpha after the
+# correction for this session's 5 comparisons.
+COMPARE_ARGS = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "6", "-p", "no:randomly"]
+
+
+@pytest.fixture
+def project(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_speed=PERF_TEST)
+    return pytester
+
+
+def results_json(pytester) -> dict:
+    return json.loads((pytester.path / "reports" / "results.json").read_text())
+
+
+def test_perf_tests_skip_without_the_flag_and_torch_stays_unimported(project):
+    project.makepyfile(
+        test_imports="""
+        import sys
+        def test_torch_not_imported():
+            assert "torch" not in sys.modules
+        """
+    )
+    result = project.runpytest_subprocess("-rs", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*perf test: run it with `pytest --perf`*"])
+    assert not (project.path / "reports").exists()
+
+
+def test_perf_run_writes_results_with_vllm_keys(project):
+    result = project.runpytest_subprocess("--perf", "--perf-profile", "smoke")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*perfsuite*", "*test_speed*output_throughput*no baseline*"])
+    data = results_json(project)
+    [test] = data["tests"]
+    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms",
+                "median_e2el_ms", "request_throughput", "output_throughput"):
+        assert key in test and test[key] > 0, key
+    assert set(test["parameters"]) == {
+        "model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism"
+    }
+    assert len(test["samples"]["output_throughput"]) == 3  # the smoke profile's repeats
+    assert data["environment"]["num_threads"] >= 1
+    assert test["baseline"] == "no baseline"
+    assert not (project.path / "baselines").exists(), "a normal run never writes a baseline"
+
+
+def test_save_baseline_round_trip_then_a_50_percent_slower_engine_fails(project, monkeypatch):
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.004")
+    saved = project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline")
+    saved.assert_outcomes(passed=2)
+    [baseline_file] = (project.path / "baselines").glob("*/*.json")
+    stored = json.loads(baseline_file.read_text())
+    assert stored["schema_version"] == 1 and len(stored["samples"]["output_throughput"]) == 6
+    assert stored["test_id"].endswith("test_speed.py::test_speed")
+
+    unchanged = project.runpytest_subprocess(*COMPARE_ARGS)
+    unchanged.assert_outcomes(passed=2)
+    assert baseline_file.read_text() == json.dumps(stored, indent=2, sort_keys=True) + "\n", "baseline rewritten"
+
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")
+    slower = project.runpytest_subprocess(*COMPARE_ARGS)
+    slower.assert_outcomes(passed=1, failed=1)
+    slower.stdout.fnmatch_lines(
+        [
+            "*performance regression in test_speed.py::test_speed:*",
+            "*output_throughput: baseline median *, current median * (-*%), ratio CI [[]*], adjusted p=* -> regressed*",
+        ]
+    )
+    verdicts = {c["metric"]: c["verdict"] for c in results_json(project)["tests"][0]["comparisons"]}
+    assert verdicts["output_throughput"] == "regressed"
+
+
+def test_a_corrupt_baseline_is_a_clear_error(project):
+    project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline").assert_outcomes(passed=2)
+    [baseline_file] = (project.path / "baselines").glob("*/*.json")
+    baseline_file.write_text("{ not json")
+    result = project.runpytest_subprocess(*COMPARE_ARGS)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"*baseline {baseline_file}* is corrupt*--perf-save-baseline*"])
+
+
+def test_another_schema_version_is_a_clear_error(project):
+    project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline").assert_outcomes(passed=2)
+    [baseline_file] = (project.path / "baselines").glob("*/*.json")
+    data = json.loads(baseline_file.read_text())
+    baseline_file.write_text(json.dumps({**data, "schema_version": 99}))
+    result = project.runpytest_subprocess(*COMPARE_ARGS)
+    result.stdout.fnmatch_lines(["*schema_version 99*reads 1*--perf-save-baseline*"])
+
+
+def test_a_baseline_from_another_environment_is_not_compared(project):
+    other = project.path / "baselines" / "some-other-gpu-abc" / "test_speed.py__test_speed.json"
+    other.parent.mkdir(parents=True)
+    other.write_text("{}")
+    result = project.runpytest_subprocess("--perf", "--perf-profile", "smoke")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*warning: *baselines exist only for other environments (some-other-gpu-abc)*"])
+
+
+def test_benchmark_json_carries_the_metrics(project):
+    result = project.runpytest_subprocess("--perf", "--perf-profile", "smoke", "--benchmark-json=bench.json")
+    result.assert_outcomes(passed=2)
+    [bench] = json.loads((project.path / "bench.json").read_text())["benchmarks"]
+    assert bench["stats"]["rounds"] == 3
+    assert bench["extra_info"]["output_throughput"] > 0
+    assert bench["extra_info"]["parameters"]["concurrency"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--perf-alpha", "2"], "*--perf-alpha*strictly between 0 and 1*"),
+        (["--perf-profile", "huge"], "*unknown profile 'huge'*smoke, ci, full*"),
+        (["--perf-repeats", "1"], "*at least 2 repeats*"),
+        (["--perf-save-baseline"], "*--perf-save-baseline*needs --perf*"),
+    ],
+)
+def test_bad_options_are_usage_errors(project, args, message):
+    result = project.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_options_can_come_from_the_ini_file(project):
+    project.makeini("[pytest]\nperf_profile = smoke\nperf_report_dir = out\n")
+    result = project.runpytest_subprocess("--perf")
+    result.assert_outcomes(passed=2)
+    assert json.loads((project.path / "out" / "results.json").read_text())["profile"] == "smoke"
+
+
+def test_shipped_perf_suite_runs_in_smoke_mode_on_tiny_random(pytester):
+    """What CI exercises on every submission: the real fixtures, model runner and perf tests."""
+    from pathlib import Path
+
+    shipped = Path(__file__).parent / "perf"
+    for source in shipped.glob("*.py"):
+        (pytester.path / source.name).write_text(source.read_text())
+    result = pytester.runpytest_subprocess(
+        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=8)
+    tests = results_json(pytester)["tests"]
+    engines = {t["engine"] for t in tests}
+    assert engines == {"static", "inflight"}
+    assert all(t["output_throughput"] > 0 and t["parameters"]["model"] == "tiny-random" for t in tests)
+    poisson = [t for t in tests if t["arrival_rate"]]
+    assert poisson and all(t["arrival_rate"] == 50.0 for t in poisson)
+    static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
+    assert any(static_padding), "uneven lengths leave static slots idle"
