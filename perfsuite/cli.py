@@ -1,4 +1,4 @@
-"""``perfsuite`` command line: ``perfsuite run`` measures engines on a workload."""
+"""``perfsuite`` command line: ``run`` measures engines on a workload; ``report`` and ``compare`` read results."""
 
 from __future__ import annotations
 
@@ -6,22 +6,19 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from perfsuite.argtypes import positive_int
 from perfsuite.engine import ENGINE_KINDS, RunResult, build_engine
 from perfsuite.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
+from perfsuite.options import fraction, probability
 from perfsuite.table import format_table
 from perfsuite.workload import mixed_workload
 
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+if TYPE_CHECKING:
+    from perfsuite.report import VerdictRow
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,16 +47,96 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
     run.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
     run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
+    _add_report_commands(commands)
     return parser
+
+
+def _add_report_commands(commands) -> None:
+    report = commands.add_parser(
+        "report",
+        help="render the HTML report from a results.json",
+        description="Re-render the self-contained HTML report that `pytest --perf` writes, from its results.json.",
+    )
+    report.add_argument("results", type=Path, help="a results.json written by `pytest --perf`")
+    report.add_argument("-o", "--output", type=Path, help="HTML file to write (default: report.html beside RESULTS)")
+    report.add_argument("--history", type=Path, metavar="DIR", help="earlier results documents, e.g. reports/history")
+    compare = commands.add_parser(
+        "compare",
+        help="judge NEW against OLD and print the verdict table",
+        description="Compare every test present in both files per metric (one-sided Mann-Whitney U on the "
+        "per-repeat samples, Holm-adjusted over all comparisons). Exit status 1 when a metric regressed.",
+    )
+    compare.add_argument("old", type=Path, help="results.json of the baseline run")
+    compare.add_argument("new", type=Path, help="results.json of the run to judge")
+    compare.add_argument("-o", "--output", type=Path, help="also write the HTML report of NEW against OLD")
+    compare.add_argument("--alpha", type=probability, help="significance level after Holm (default: NEW's policy)")
+    compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"run": _run, "report": _report, "compare": _compare}
     try:
-        return _run(args)
+        return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
         print(f"perfsuite: error: {error}", file=sys.stderr)
         return 2
+
+
+def _report(args: argparse.Namespace) -> int:
+    from perfsuite.report import render_report
+    from perfsuite.results_file import ResultsFileError, read_history, read_results
+
+    results = read_results(args.results)
+    history: list[dict] = []
+    if args.history is not None:
+        if not args.history.is_dir():
+            raise ResultsFileError(f"{args.history}: no such directory; pass the history folder, e.g. reports/history")
+        history, problems = read_history(args.history)
+        if problems:
+            raise ResultsFileError(problems[0])
+    output = args.output or args.results.with_name("report.html")
+    output.write_text(render_report(results, history), encoding="utf-8")
+    print(f"wrote {output}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from perfsuite.rejudge import policy_of, rejudge
+    from perfsuite.report import overall_verdict, render_report, verdict_rows
+    from perfsuite.results_file import read_results
+
+    old, new = read_results(args.old), read_results(args.new)
+    judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
+    rows = verdict_rows(judged)
+    print(format_table(VERDICT_HEADERS, [_verdict_cells(row) for row in rows]))
+    for warning in judged["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    verdict = overall_verdict(rows)
+    print(f"overall: {verdict}")
+    if args.output is not None:
+        args.output.write_text(render_report(judged), encoding="utf-8")
+        print(f"wrote {args.output}")
+    return 1 if verdict == "regressed" else 0
+
+
+VERDICT_HEADERS = ("test", "metric", "baseline", "current", "change", "ratio CI", "p (Holm)", "verdict")
+
+
+def _verdict_cells(row: VerdictRow) -> list[object]:
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    return [
+        row.test_name,
+        row.metric,
+        number(row.baseline_median),
+        number(row.current_median),
+        "-" if row.change_percent is None else f"{row.change_percent:+.1f}%",
+        "-" if row.ci_low is None else f"[{row.ci_low:.3f}, {row.ci_high:.3f}]",
+        "-" if row.p_adjusted is None else f"{row.p_adjusted:.3g}",
+        row.verdict,
+    ]
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ and ``time.perf_counter`` is the clock (gpt-fast's rules).
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from collections.abc import Callable, Sequence
 
 from perfsuite.engine import Engine, Request, RunResult, SamplingParams
@@ -81,3 +83,32 @@ def timed_run(
     result = engine.run(requests, on_step=on_step, max_concurrency=max_concurrency)
     synchronize(device)
     return result
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_weight(device: str):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(32768, 512, generator=generator).to(device)  # 64 MiB in float32
+
+
+def machine_probe(device: str, iterations: int = 5) -> float:
+    """Seconds for a fixed, memory-bound matmul: how fast this machine is right now.
+
+    Timed next to each repeat and never touching the code under test, so a
+    slower machine (throttling, a noisy neighbour) shows up here too while a
+    slower engine does not. ``perfsuite.session`` uses it to put baseline and
+    current samples on the same machine speed.
+    """
+    import torch
+
+    weight = _probe_weight(device)
+    rows = torch.ones(8, weight.shape[1], device=device)
+    torch.nn.functional.linear(rows, weight)  # touch the weight first
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        torch.nn.functional.linear(rows, weight)
+    synchronize(device)
+    return time.perf_counter() - start

@@ -12,33 +12,27 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite.argtypes import integer_at_least, number
 from perfsuite.profiles import PROFILES, Profile
 from perfsuite.stats import Policy
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
+repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
+
+
 def probability(text: str) -> float:
-    value = _float(text)
+    value = number(text)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a number strictly between 0 and 1, got {text!r}")
     return value
 
 
 def fraction(text: str) -> float:
-    value = _float(text)
+    value = number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a fraction >= 0 (0.1 means 10%), got {text!r}")
-    return value
-
-
-def repeats(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a comparison needs at least 2 repeats, got {value}")
     return value
 
 
@@ -60,13 +54,6 @@ def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
     return text
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 # name, parse, default, help

@@ -7,13 +7,17 @@ imported inside fixtures, so a run without ``--perf`` never imports it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from perfsuite.options import add_options, read_options
+from perfsuite.report import write_report
 from perfsuite.session import METRICS, PerfSession
 from perfsuite.table import format_table
 
 SESSION_KEY = pytest.StashKey[PerfSession]()
+REPORT_KEY = pytest.StashKey[Path]()
 SKIP_REASON = "perf test: run it with `pytest --perf` (see README, 'pytest --perf')"
 
 
@@ -40,6 +44,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if perf_session is None or not perf_session.options.enabled:
         return
     perf_session.finish()
+    if perf_session.results:
+        session.config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
     if perf_session.late_regressions and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -73,6 +79,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         f"{perf_session.num_planned_comparisons} comparisons of {len(METRICS)} metrics), "
         f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
     )
+    if REPORT_KEY in config.stash:
+        write(f"report: {config.stash[REPORT_KEY]}")
 
 
 def perf_options(config: pytest.Config):

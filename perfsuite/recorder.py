@@ -41,14 +41,16 @@ class PerfRecorder:
         arrival_rate: float | None = None,
     ) -> TestResult:
         """Warm up (discarded), then time the profile's repeats through pytest-benchmark."""
-        from perfsuite.measure import timed_run
+        from perfsuite.measure import machine_probe, timed_run
 
         options = self.session.options
         for _ in range(options.profile.warmup_runs):
             engine.run(requests, max_concurrency=max_concurrency)
         runs: list[RunResult] = []
+        probes: list[float] = []
 
         def one_run() -> None:
+            probes.append(machine_probe(self.backend.device))
             runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
 
         self.benchmark.pedantic(one_run, rounds=options.repeats, iterations=1, warmup_rounds=0)
@@ -56,7 +58,7 @@ class PerfRecorder:
             one_run()
         concurrency = max_concurrency or engine.scheduler.kv_cache.num_slots
         parameters = sizing_parameters(requests, options.model, options.dtype, concurrency)
-        self.result = self.session.record(self.test_id, runs, parameters, arrival_rate)
+        self.result = self.session.record(self.test_id, runs, parameters, arrival_rate, probes)
         self.benchmark.extra_info.update(
             {
                 "engine": self.result.engine_name,

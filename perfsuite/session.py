@@ -48,6 +48,33 @@ METRICS: dict[str, Direction] = {
 }
 
 
+PROBE = "probe_seconds"
+
+
+def normalize_to_machine_speed(
+    baseline: dict[str, Sequence[float]], current: dict[str, Sequence[float]]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Put the current run on the baseline's machine speed.
+
+    Each repeat carries the machine probe timed next to it. If the current
+    run's median probe took k times the baseline's, the machine was k times
+    slower: current throughputs are multiplied and latencies divided by k.
+    Medians of the probes, not each repeat's probe, because one probe is
+    noisy (about 15% here) while the drift to cancel is slow. Without probes,
+    samples pass as they are.
+    """
+    base = {name: list(values) for name, values in baseline.items()}
+    cur = {name: list(values) for name, values in current.items()}
+    if not base.get(PROBE) or not cur.get(PROBE):
+        return base, cur
+    slowdown = statistics.median(cur[PROBE]) / statistics.median(base[PROBE])
+    for name, direction in METRICS.items():
+        if name in cur:
+            factor = slowdown if direction is Direction.HIGHER_IS_BETTER else 1 / slowdown
+            cur[name] = [value * factor for value in cur[name]]
+    return base, cur
+
+
 @dataclass(frozen=True, slots=True)
 class SizingParameters:
     """The six numbers a person sizing a deployment asks for first."""
@@ -70,6 +97,9 @@ class TestResult:
     counters: dict[str, int]
     summary: dict[str, float]  # vLLM-style keys over every request of every repeat
     baseline_status: str
+    request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, all repeats
+    timeline: dict[str, Any] = field(default_factory=dict)  # one timed run, for the report
+    baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     comparisons: tuple[Comparison, ...] = ()
     counter_changes: tuple[CounterChange, ...] = ()
 
@@ -110,6 +140,43 @@ def vllm_summary(runs: Sequence[RunMetrics]) -> dict[str, float]:
         summary[f"p90_{name}_ms"] = 1e3 * distribution.p90
         summary[f"p99_{name}_ms"] = 1e3 * distribution.p99
     return summary
+
+
+def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ...]]:
+    """TTFT, TPOT and E2E of every request of every repeat, in ms (for distributions)."""
+    requests = [m for r in runs for m in r.requests]
+    return {
+        "ttft_ms": tuple(1e3 * m.ttft for m in requests if m.ttft is not None),
+        "tpot_ms": tuple(1e3 * m.tpot for m in requests if m.tpot is not None),
+        "e2el_ms": tuple(1e3 * m.e2e for m in requests if m.e2e is not None),
+    }
+
+
+def timeline_of(run: RunResult) -> dict[str, Any]:
+    """Which request held which slot at every step, and the queue, relative to the run's start."""
+    t0 = run.start_time
+    return {
+        "duration": run.duration,
+        "num_slots": 1 + max((c.slot for step in run.steps for c in step.chunks), default=0),
+        "steps": [
+            {
+                "start": step.start_time - t0,
+                "end": step.end_time - t0,
+                "waiting": step.num_waiting,
+                "chunks": [[c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding] for c in step.chunks],
+            }
+            for step in run.steps
+        ],
+        "requests": [
+            {
+                "id": r.request_id,
+                "arrival": r.arrival_time - t0,
+                "first_token": r.token_times[0] - t0 if r.token_times else None,
+                "finished": r.finished_time - t0 if r.finished_time is not None else None,
+            }
+            for r in run.records
+        ],
+    }
 
 
 def counters_of(result: RunResult) -> dict[str, int]:
@@ -153,12 +220,18 @@ class PerfSession:
         runs: Sequence[RunResult],
         parameters: SizingParameters,
         arrival_rate: float | None = None,
+        probes: Sequence[float] = (),
     ) -> TestResult:
-        """Summarise a test's timed repeats and judge them against its baseline."""
+        """Summarise a test's timed repeats and judge them against its baseline.
+
+        ``probes`` are ``measure.machine_probe`` seconds, one per repeat.
+        """
         assert self.environment is not None, "capture the environment before recording"
         metrics = [run_metrics(run) for run in runs]
         per_repeat = [repeat_samples(m) for m in metrics]
         samples = {name: tuple(s[name] for s in per_repeat) for name in METRICS}
+        if probes:
+            samples[PROBE] = tuple(probes)
         counters = counters_of(runs[-1])
         result = TestResult(
             test_id=test_id,
@@ -169,6 +242,8 @@ class PerfSession:
             counters=counters,
             summary=vllm_summary(metrics),
             baseline_status="no baseline",
+            request_samples=per_request_samples(metrics),
+            timeline=timeline_of(runs[-1]),
         )
         result = self._judge(result)
         if self.options.save_baseline:
@@ -181,6 +256,7 @@ class PerfSession:
                     samples=samples,
                     counters=counters,
                     parameters=dataclasses.asdict(parameters),
+                    request_samples=result.request_samples,
                 )
             )
             result = dataclasses.replace(result, baseline_status=f"saved to {path.relative_to(self.rootdir)}")
@@ -201,17 +277,20 @@ class PerfSession:
                 return dataclasses.replace(result, baseline_status="other environment only")
             return result
         policy = self.options.policy
+        base, current = normalize_to_machine_speed(baseline.samples, result.samples)
         comparisons = [
-            compare(name, baseline.samples[name], result.samples[name], direction, policy)
+            compare(name, base[name], current[name], direction, policy)
             for name, direction in METRICS.items()
-            if name in baseline.samples
+            if name in base and name in current
         ]
         bounded = with_bonferroni_bound(comparisons, self.num_planned_comparisons, policy)
         return dataclasses.replace(
             result,
             baseline_status="compared",
+            baseline_request_samples=baseline.request_samples,
             comparisons=tuple(bounded),
-            counter_changes=tuple(compare_counters(baseline.counters, result.counters)),
+            # Wall-clock arrivals make step counts depend on speed; only step-driven runs are exact.
+            counter_changes=() if result.arrival_rate else tuple(compare_counters(baseline.counters, result.counters)),
         )
 
     def finish(self) -> None:
@@ -243,6 +322,7 @@ class PerfSession:
                 "min_effect": self.options.policy.min_effect,
                 "test": "one-sided Mann-Whitney U on per-repeat samples",
                 "correction": "holm",
+                "normalization": "current rescaled by its median machine probe over the baseline's",
             },
             "tests": [_result_json(r) for r in self.results],
             "warnings": list(self.warnings),
@@ -257,6 +337,9 @@ def _result_json(result: TestResult) -> dict[str, Any]:
         "arrival_rate": result.arrival_rate,
         **result.summary,
         "samples": {k: list(v) for k, v in result.samples.items()},
+        "request_samples": {k: list(v) for k, v in result.request_samples.items()},
+        "baseline_request_samples": {k: list(v) for k, v in result.baseline_request_samples.items()},
+        "timeline": result.timeline,
         "counters": result.counters,
         "baseline": result.baseline_status,
         "comparisons": [

@@ -61,11 +61,13 @@ class Baseline:
     samples: dict[str, tuple[float, ...]]  # metric -> one value per repeat
     counters: dict[str, int] = field(default_factory=dict)
     parameters: dict[str, Any] = field(default_factory=dict)  # the six sizing parameters
+    request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, for plots
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["samples"] = {k: list(v) for k, v in self.samples.items()}
+        data["request_samples"] = {k: list(v) for k, v in self.request_samples.items()}
         return data
 
     @classmethod
@@ -78,6 +80,7 @@ class Baseline:
             samples={k: tuple(float(x) for x in v) for k, v in data["samples"].items()},
             counters={k: int(v) for k, v in data.get("counters", {}).items()},
             parameters=dict(data.get("parameters", {})),
+            request_samples={k: tuple(float(x) for x in v) for k, v in data.get("request_samples", {}).items()},
             schema_version=data["schema_version"],
         )
 

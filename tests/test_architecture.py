@@ -17,6 +17,16 @@ PURE_MODULES = [
     "perfsuite.correctness",
     "perfsuite.models",
     "perfsuite.workload",
+    "perfsuite.stats",
+    "perfsuite.storage",
+    "perfsuite.session",
+    "perfsuite.options",
+    "perfsuite.plugin",
+    "perfsuite.report",
+    "perfsuite.plots",
+    "perfsuite.results_file",
+    "perfsuite.rejudge",
+    "perfsuite.cli",
 ]
 
 

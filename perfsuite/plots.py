@@ -1,0 +1,235 @@
+"""The report's figures: matplotlib figures returned as inline SVG strings.
+
+Pure drawing: every function takes plain typed values and returns an ``<svg>``
+element with no XML prolog, no doctype and no metadata, so the only URIs
+left in it are the SVG and XLink namespace names, which browsers never fetch.
+matplotlib is imported inside the functions, so importing this module is free.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Namespace names, not addresses: the report's "no external URL" rule allows exactly these.
+SVG_NAMESPACE_URIS = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")
+
+ENGINE_COLOURS = {"static": "#d95f02", "inflight": "#1b9e77"}
+LINE_STYLES = ("-", "--", ":", "-.")
+DISTRIBUTIONS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E latency"))
+PADDING_COLOUR = "#b0b0b0"
+EMPTY_COLOUR = "#ececec"
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One line of a line plot."""
+
+    label: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+    colour: str | None = None
+    style: str = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A stretch of time one batch slot spends on one thing."""
+
+    slot: int
+    start: float
+    end: float
+    kind: str  # "prefill", "decode", "padding" or "empty"
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """One run as lanes (slots) over time, with its queue and finished requests."""
+
+    title: str
+    duration: float
+    num_slots: int
+    spans: tuple[Span, ...]
+    queue: tuple[tuple[float, int], ...]  # (step start, requests waiting)
+    first_tokens: tuple[tuple[float, float], ...]  # (time, TTFT), both in seconds
+    finishes: tuple[tuple[float, float], ...]  # (time, E2E latency), both in seconds
+    request_order: tuple[str, ...]  # arrival order, for stable colours
+
+
+def throughput_figure(series: Sequence[Series], title: str) -> str:
+    """Output throughput against concurrency, one line per engine and length distribution."""
+    figure = _figure(7.5, 3.6)
+    axes = figure.add_subplot()
+    for line in series:
+        axes.plot(line.x, line.y, line.style, marker="o", color=line.colour, label=line.label)
+    concurrencies = sorted({x for line in series for x in line.x})
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(concurrencies, [f"{c:g}" for c in concurrencies])
+    axes.minorticks_off()
+    axes.set_xlabel("concurrency (batch slots)")
+    axes.set_ylabel("output tokens / s")
+    axes.set_ylim(bottom=0)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    return figure_to_svg(figure)
+
+
+def distribution_figure(current: Mapping[str, Sequence[float]], baseline: Mapping[str, Sequence[float]]) -> str:
+    """Empirical CDFs of TTFT, TPOT and E2E, the baseline's drawn under the current run's."""
+    # Fixed margins: this figure is drawn once per test, and constrained layout would double its cost.
+    figure = _figure(10, 2.6, layout=None)
+    figure.subplots_adjust(left=0.07, right=0.99, bottom=0.18, top=0.9, wspace=0.22)
+    for index, (key, name) in enumerate(DISTRIBUTIONS):
+        axes = figure.add_subplot(1, len(DISTRIBUTIONS), index + 1)
+        if baseline.get(key):
+            axes.ecdf(baseline[key], color="#7f7f7f", linestyle="--", label="baseline")
+        if current.get(key):
+            axes.ecdf(current[key], color="#1f77b4", label="current")
+        if not current.get(key) and not baseline.get(key):
+            axes.text(0.5, 0.5, "no samples", ha="center", va="center", transform=axes.transAxes)
+        axes.set_title(name, fontsize=10)
+        axes.set_xlabel("ms")
+        axes.grid(alpha=0.3)
+        if index == 0:
+            axes.set_ylabel("fraction of requests")
+            axes.legend(fontsize=8, loc="lower right")
+    return figure_to_svg(figure)
+
+
+def history_figure(series: Sequence[Series]) -> str:
+    """Small multiples: one metric per stored run, one panel per test."""
+    columns = min(3, len(series))
+    rows = -(-len(series) // columns)
+    figure = _figure(3.6 * columns, 2.0 * rows)
+    for index, line in enumerate(series):
+        axes = figure.add_subplot(rows, columns, index + 1)
+        axes.plot(line.x, line.y, "-o", markersize=3, color=line.colour or "#1f77b4")
+        axes.plot(line.x[-1:], line.y[-1:], "o", color="#d62728", markersize=5)
+        axes.set_title(line.label, fontsize=8)
+        axes.set_xticks(line.x)
+        axes.tick_params(labelsize=7)
+        axes.grid(alpha=0.3)
+    figure.supxlabel("run (oldest first; red: this run)", fontsize=8)
+    figure.supylabel("median output tokens / s", fontsize=8)
+    return figure_to_svg(figure)
+
+
+def timeline_figure(timelines: Sequence[Timeline]) -> str:
+    """Slots as lanes over time, queue depth and latency marks, runs side by side on one time axis."""
+    from matplotlib.patches import Patch
+
+    seconds = max(t.duration for t in timelines) or 1.0
+    scale, unit = (1e3, "ms") if seconds < 2 else (1.0, "s")
+    max_slots = max(t.num_slots for t in timelines)
+    lane_height = max(1.6, 0.32 * max_slots)
+    figure = _figure(7 * len(timelines), lane_height + 3.4)
+    grid = figure.add_gridspec(3, len(timelines), height_ratios=[lane_height, 1.2, 1.2], hspace=0.12)
+    max_waiting = max((w for t in timelines for _, w in t.queue), default=0)
+    for column, timeline in enumerate(timelines):
+        lanes = figure.add_subplot(grid[0, column])
+        queue = figure.add_subplot(grid[1, column], sharex=lanes)
+        marks = figure.add_subplot(grid[2, column], sharex=lanes)
+        _draw_lanes(lanes, timeline, scale)
+        lanes.set_xlim(0, seconds * scale)
+        lanes.set_ylim(max_slots - 0.5, -0.5)
+        lanes.set_title(timeline.title, fontsize=10)
+        _draw_queue(queue, timeline, scale, max_waiting)
+        _draw_latency_marks(marks, timeline, scale)
+        marks.set_xlabel(f"time since the run started ({unit})")
+        for axes in (lanes, queue):
+            axes.tick_params(labelbottom=False)
+    legend = [
+        Patch(facecolor="#8da0cb", hatch="////", edgecolor="#333333", label="prefill"),
+        Patch(facecolor="#8da0cb", label="decode (colour = request)"),
+        Patch(facecolor=PADDING_COLOUR, hatch="xx", edgecolor="#777777", label="padding row (static batch)"),
+        Patch(facecolor=EMPTY_COLOUR, edgecolor="#cccccc", label="empty slot"),
+    ]
+    figure.legend(handles=legend, loc="outside upper center", ncol=4, fontsize=8, frameon=False)
+    return figure_to_svg(figure)
+
+
+def _draw_lanes(axes: Any, timeline: Timeline, scale: float) -> None:
+    from matplotlib import colormaps
+
+    palette = colormaps["tab20"]
+    colour_of = {rid: palette(i % 20) for i, rid in enumerate(timeline.request_order)}
+    label_width = 0.06 * timeline.duration
+    for span in timeline.spans:
+        extent = [(span.start * scale, (span.end - span.start) * scale)]
+        lane = (span.slot - 0.4, 0.8)
+        if span.kind == "empty":
+            axes.broken_barh(extent, lane, facecolors=EMPTY_COLOUR, edgecolor="none")
+        elif span.kind == "padding":
+            axes.broken_barh(extent, lane, facecolors=PADDING_COLOUR, hatch="xx", edgecolor="#777777", linewidth=0)
+        else:
+            colour = colour_of.get(span.request_id, "#8da0cb")
+            hatch = "////" if span.kind == "prefill" else None
+            axes.broken_barh(extent, lane, facecolors=colour, hatch=hatch, edgecolor="#333333", linewidth=0.3)
+            if span.kind == "decode" and span.end - span.start >= label_width and timeline.num_slots <= 16:
+                middle = (span.start + span.end) / 2 * scale
+                axes.text(middle, span.slot, span.request_id, ha="center", va="center", fontsize=7)
+    axes.set_yticks(range(timeline.num_slots), [f"slot {s}" for s in range(timeline.num_slots)])
+    axes.tick_params(axis="y", labelsize=7)
+
+
+def _draw_queue(axes: Any, timeline: Timeline, scale: float, max_waiting: int) -> None:
+    if timeline.queue:
+        times = [t * scale for t, _ in timeline.queue] + [timeline.duration * scale]
+        waiting = [w for _, w in timeline.queue] + [timeline.queue[-1][1]]
+        axes.step(times, waiting, where="post", color="#7570b3")
+        axes.fill_between(times, waiting, step="post", color="#7570b3", alpha=0.25)
+    axes.set_ylim(0, max(1, max_waiting) * 1.15)
+    axes.set_ylabel("queue", fontsize=8)
+    axes.tick_params(labelsize=7)
+    axes.grid(alpha=0.3)
+
+
+def _draw_latency_marks(axes: Any, timeline: Timeline, scale: float) -> None:
+    if timeline.first_tokens:
+        x, y = zip(*timeline.first_tokens)
+        axes.scatter([t * scale for t in x], [v * 1e3 for v in y], marker="^", s=14, color="#e7298a", label="TTFT")
+    if timeline.finishes:
+        x, y = zip(*timeline.finishes)
+        axes.scatter([t * scale for t in x], [v * 1e3 for v in y], marker="o", s=14, color="#1f78b4", label="E2E")
+    axes.set_ylabel("latency ms", fontsize=8)
+    axes.set_ylim(bottom=0)
+    axes.tick_params(labelsize=7)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left")
+
+
+def _figure(width: float, height: float, layout: str | None = "constrained") -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout=layout)
+
+
+def figure_to_svg(figure: Any) -> str:
+    """The figure as an inline ``<svg>`` element; text stays text so the report is searchable."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    no_metadata = {"Date": None, "Creator": None, "Format": None, "Type": None}
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        figure.savefig(buffer, format="svg", metadata=no_metadata)
+    return inline_svg(buffer.getvalue())
+
+
+def inline_svg(document: str) -> str:
+    """Strip what only a standalone SVG file needs (the doctype names a DTD by URL)."""
+    start = document.find("<svg")
+    if start < 0:
+        raise ValueError("not an SVG document: no <svg> element")
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", document[start:], flags=re.S)
+    leftover = set(re.findall(r"https?://[^\s\"'<>)]+", svg)) - set(SVG_NAMESPACE_URIS)
+    if leftover:
+        raise ValueError(f"the SVG refers to external addresses {sorted(leftover)}")
+    return svg.strip()

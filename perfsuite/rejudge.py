@@ -1,0 +1,85 @@
+"""Judge one results document against another, as ``perfsuite compare`` does.
+
+The older run plays the baseline: every test present in both is compared per
+metric on its per-repeat samples (put on one machine speed where both carry
+the probe), and the p-values of all of them are Holm-adjusted together,
+exactly as a ``pytest --perf`` session does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from perfsuite.session import METRICS, normalize_to_machine_speed
+from perfsuite.stats import Comparison, Policy, adjust, compare, compare_counters
+
+
+def policy_of(results: dict[str, Any], alpha: float | None = None, min_effect: float | None = None) -> Policy:
+    """The policy a results document was judged under, with any override."""
+    stored, defaults = results.get("policy") or {}, Policy()
+    return Policy(
+        alpha=alpha if alpha is not None else float(stored.get("alpha", defaults.alpha)),
+        min_effect=min_effect if min_effect is not None else float(stored.get("min_effect", defaults.min_effect)),
+    )
+
+
+def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: str = "the old run") -> dict[str, Any]:
+    """``new`` with its comparisons, counter changes and baseline samples taken against ``old``."""
+    old_tests = {test["test_id"]: test for test in old["tests"]}
+    pairs = [(old_tests[test["test_id"]], test) for test in new["tests"] if test["test_id"] in old_tests]
+    raw = [_compare_samples(before, after, policy) for before, after in pairs]
+    adjusted = iter(adjust([c for comparisons in raw for c in comparisons], policy))
+    judged = {}
+    for (before, after), comparisons in zip(pairs, raw):
+        final = [next(adjusted) for _ in comparisons]
+        judged[after["test_id"]] = {
+            **after,
+            "baseline": f"compared with {old_name}",
+            "baseline_request_samples": before.get("request_samples") or {},
+            "comparisons": [comparison_json(c) for c in final],
+            "counter_changes": [
+                dataclasses.asdict(change)
+                for change in compare_counters(before.get("counters") or {}, after.get("counters") or {})
+            ],
+        }
+    unmatched = {
+        "baseline": f"not in {old_name}",
+        "comparisons": [],
+        "counter_changes": [],
+        "baseline_request_samples": {},
+    }
+    tests = [judged.get(test["test_id"], {**test, **unmatched}) for test in new["tests"]]
+    return {
+        **new,
+        "tests": tests,
+        "policy": {**(new.get("policy") or {}), "alpha": policy.alpha, "min_effect": policy.min_effect},
+        "warnings": list(new.get("warnings") or []) + _environment_warnings(old, new, old_name),
+    }
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    """The shape results.json stores a comparison in."""
+    return {
+        **dataclasses.asdict(comparison),
+        "direction": comparison.direction.value,
+        "verdict": comparison.verdict.value,
+    }
+
+
+def _compare_samples(before: dict[str, Any], after: dict[str, Any], policy: Policy) -> list[Comparison]:
+    old_samples, new_samples = normalize_to_machine_speed(before.get("samples") or {}, after.get("samples") or {})
+    return [
+        compare(metric, old_samples[metric], new_samples[metric], direction, policy)
+        for metric, direction in METRICS.items()
+        if old_samples.get(metric) and new_samples.get(metric)
+    ]
+
+
+def _environment_warnings(old: dict[str, Any], new: dict[str, Any], old_name: str) -> list[str]:
+    if old.get("fingerprint") == new.get("fingerprint"):
+        return []
+    return [
+        f"{old_name} ran on environment {old.get('fingerprint')}, this one on {new.get('fingerprint')}: "
+        "differences may come from the machine, not the code"
+    ]

@@ -1,0 +1,447 @@
+"""The HTML report: one self-contained file a reviewer can open offline.
+
+``render_report`` turns a results document (what ``PerfSession.results_json``
+wrote) into HTML through ``templates/report.html.j2``; the figures come from
+``perfsuite.plots`` as inline SVG, so the file makes no network request.
+``write_report`` is what the plugin calls after a session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfsuite import plots
+from perfsuite.results_file import archive_results, read_history, read_results
+
+VERDICTS = ("regressed", "improved", "unchanged", "inconclusive")
+PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
+MAX_HISTORY_RUNS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRow:
+    """One metric of one test, as the verdict table shows it."""
+
+    test_id: str
+    metric: str
+    baseline_median: float | None
+    current_median: float | None
+    change_percent: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_adjusted: float | None
+    verdict: str  # a Verdict value, or the baseline status when nothing was compared
+
+    @property
+    def test_name(self) -> str:
+        return self.test_id.rpartition("::")[2]
+
+    @property
+    def css_class(self) -> str:
+        return f"verdict-{self.verdict}" if self.verdict in VERDICTS else "verdict-none"
+
+    @property
+    def anchor(self) -> str:
+        return _anchor(self.test_id)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterRow:
+    name: str
+    current: int
+    baseline: int | None  # None: no baseline to say
+
+    @property
+    def change(self) -> int | None:
+        return None if self.baseline is None else self.current - self.baseline
+
+
+@dataclass(frozen=True, slots=True)
+class TestSection:
+    test_id: str
+    engine: str
+    verdict: str
+    baseline_status: str
+    facts: tuple[tuple[str, str], ...]  # sizing parameters and the summary, ready to show
+    counters: tuple[CounterRow, ...]
+    distributions_svg: str
+
+    @property
+    def anchor(self) -> str:
+        return _anchor(self.test_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    caption: str
+    svg: str
+
+
+def verdict_rows(results: dict[str, Any]) -> list[VerdictRow]:
+    """One row per test and metric compared; one row per test that was not compared."""
+    rows = []
+    for test in results["tests"]:
+        for c in test.get("comparisons") or []:
+            rows.append(
+                VerdictRow(
+                    test_id=test["test_id"],
+                    metric=c["metric"],
+                    baseline_median=c["baseline_median"],
+                    current_median=c["current_median"],
+                    change_percent=100 * c["change"],
+                    ci_low=c["ci_low"],
+                    ci_high=c["ci_high"],
+                    p_adjusted=c["p_adjusted"],
+                    verdict=c["verdict"],
+                )
+            )
+        if not test.get("comparisons"):
+            rows.append(
+                VerdictRow(test["test_id"], "output_throughput", None, test.get("output_throughput"),
+                           None, None, None, None, test.get("baseline") or "no baseline")
+            )  # fmt: skip
+    return rows
+
+
+def overall_verdict(rows: Sequence[VerdictRow]) -> str:
+    """The worst news first: any regression makes the whole run regressed."""
+    seen = {row.verdict for row in rows}
+    return next((verdict for verdict in VERDICTS if verdict in seen), "no baseline")
+
+
+def render_report(results: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> str:
+    """The report as one HTML string; ``history`` holds earlier results documents, in any order."""
+    tests = results["tests"]
+    rows = verdict_rows(results)
+    return _template().render(
+        verdict=overall_verdict(rows),
+        created_at=results.get("created_at") or "unknown date",
+        warnings=results.get("warnings") or [],
+        environment=_environment_facts(results),
+        sizing=_sizing_facts(tests),
+        run=_run_facts(results),
+        rows=rows,
+        verdicts=VERDICTS,
+        throughput_figures=_throughput_figures(tests),
+        timeline=_timeline_figure(tests),
+        history=_history_figure(results, history),
+        sections=[_section(test, rows) for test in tests],
+    )
+
+
+def write_report(report_dir: Path) -> Path:
+    """Render ``report_dir/results.json`` into ``report_dir/report.html``, keeping it in ``history/``."""
+    report_dir = Path(report_dir)
+    results = read_results(report_dir / "results.json")
+    archive_results(results, report_dir / "history")
+    history, problems = read_history(report_dir / "history", newest=MAX_HISTORY_RUNS)
+    if problems:
+        results = {**results, "warnings": [*results.get("warnings", []), *problems]}
+    path = report_dir / "report.html"
+    _write_text_atomic(path, render_report(results, history))
+    return path
+
+
+# -- header ----------------------------------------------------------------
+
+
+def _environment_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
+    environment = results.get("environment") or {}
+    labels = (
+        ("device_name", "device"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
+        ("torch_version", "torch"), ("transformers_version", "transformers"),
+        ("cpu_model", "CPU"), ("num_threads", "threads"),
+    )  # fmt: skip
+    facts = [(label, str(environment[key])) for key, label in labels if environment.get(key) is not None]
+    return facts + [("fingerprint", results.get("fingerprint") or "-")]
+
+
+def _run_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
+    policy = results.get("policy") or {}
+    facts = [
+        ("commit", results.get("commit") or "unknown"),
+        ("date", results.get("created_at") or "unknown"),
+        ("profile", f"{results.get('profile', '-')}, {results.get('repeats', '-')} repeats"),
+    ]
+    if policy:
+        facts.append(
+            (
+                "policy",
+                f"{policy.get('test', 'significance test')}; alpha {policy.get('alpha', '-')} after "
+                f"{policy.get('correction', 'correction')}; min effect {100 * float(policy.get('min_effect', 0)):.0f}%",
+            )
+        )
+    return facts
+
+
+def _sizing_facts(tests: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each sizing parameter once: its value when every test shares it, else its distinct values."""
+    facts = []
+    for name in PARAMETER_NAMES:
+        values = sorted({_format_value(t["parameters"].get(name)) for t in tests}, key=_natural_key)
+        facts.append((name.replace("_", " "), ", ".join(values) if values else "-"))
+    return facts
+
+
+# -- figures across tests ----------------------------------------------------
+
+
+def _throughput_figures(tests: Sequence[dict[str, Any]]) -> list[Figure]:
+    """Offline throughput against concurrency, per test function that varies the concurrency."""
+    by_function = defaultdict(list)
+    for test in tests:
+        offline = test.get("arrival_rate") is None and test["parameters"].get("concurrency") is not None
+        if offline and test.get("output_throughput") is not None:
+            by_function[_node_of(test["test_id"])].append(test)
+    figures = []
+    for node, group in by_function.items():
+        function = _function_of(node)
+        if len({t["parameters"]["concurrency"] for t in group}) < 2 and "throughput" not in function:
+            continue
+        points = defaultdict(list)
+        for test in group:
+            points[(test["engine"], _other_parameters(test))].append(
+                (test["parameters"]["concurrency"], test["output_throughput"])
+            )
+        variants = sorted({rest for _, rest in points})
+        series = [
+            plots.Series(
+                label=f"{engine} {rest}".strip(),
+                x=tuple(x for x, _ in sorted(values)),
+                y=tuple(y for _, y in sorted(values)),
+                colour=plots.ENGINE_COLOURS.get(engine),
+                style=plots.LINE_STYLES[variants.index(rest) % len(plots.LINE_STYLES)],
+            )
+            for (engine, rest), values in sorted(points.items())
+        ]
+        svg = plots.throughput_figure(series, title=f"{function}: static vs in-flight")
+        figures.append(Figure(f"{function}: output tokens/s against concurrency", svg))
+    return figures
+
+
+def _timeline_figure(tests: Sequence[dict[str, Any]]) -> Figure | None:
+    pair = _engine_pair(tests)
+    if pair is None:
+        return None
+    timelines = [_timeline_of(test) for test in pair]
+    caption = (
+        f"One timed run of {' and '.join(t['test_id'].rpartition('::')[2] for t in pair)}: "
+        "same parameters, only the engine differs."
+    )
+    return Figure(caption, plots.timeline_figure(timelines))
+
+
+def _engine_pair(tests: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], ...] | None:
+    """A static and an in-flight test that differ only by engine: the pair that shows a queue and most padding."""
+    groups: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for test in tests:
+        if (test.get("timeline") or {}).get("steps"):
+            key = (_without_engine(test), json.dumps(test["parameters"], sort_keys=True), test.get("arrival_rate"))
+            groups[key][test["engine"]] = test
+    pairs = [(g["static"], g["inflight"]) for g in groups.values() if {"static", "inflight"} <= g.keys()]
+    if not pairs:
+        return None
+
+    def clarity(pair: tuple[dict[str, Any], dict[str, Any]]) -> tuple:
+        static = pair[0]
+        # A closed loop keeps its clients' requests outside the engine, so its queue stays empty.
+        has_queue = any(step["waiting"] for step in static["timeline"]["steps"])
+        padding = (static.get("counters") or {}).get("num_padding_tokens", 0)
+        return static.get("arrival_rate") is None, has_queue, padding, static["parameters"].get("concurrency") or 0
+
+    return max(pairs, key=clarity)
+
+
+def _timeline_of(test: dict[str, Any]) -> plots.Timeline:
+    data = test["timeline"]
+    requests = data.get("requests") or []
+    return plots.Timeline(
+        title=f"{test['engine']}: {test['test_id'].rpartition('::')[2]}",
+        duration=float(data.get("duration") or 0.0),
+        num_slots=int(data.get("num_slots") or 1),
+        spans=tuple(_slot_spans(data["steps"], int(data.get("num_slots") or 1))),
+        queue=tuple((step["start"], step["waiting"]) for step in data["steps"]),
+        first_tokens=tuple(
+            (r["first_token"], r["first_token"] - r["arrival"]) for r in requests if r.get("first_token") is not None
+        ),
+        finishes=tuple(
+            (r["finished"], r["finished"] - r["arrival"]) for r in requests if r.get("finished") is not None
+        ),
+        request_order=tuple(r["id"] for r in requests),
+    )
+
+
+def _slot_spans(steps: Sequence[dict[str, Any]], num_slots: int) -> list[plots.Span]:
+    """Consecutive steps that keep a slot on the same thing merge into one span."""
+    done, open_spans = [], {}
+    for step in steps:
+        occupied = {}
+        for slot, request_id, _, is_prefill, is_padding in step["chunks"]:
+            kind = "padding" if is_padding else "prefill" if is_prefill else "decode"
+            occupied[slot] = (kind, None if is_padding else request_id)
+        for slot in range(num_slots):
+            kind, request_id = occupied.get(slot, ("empty", None))
+            span = open_spans.get(slot)
+            if span is not None and (span.kind, span.request_id) == (kind, request_id):
+                open_spans[slot] = plots.Span(slot, span.start, step["end"], kind, request_id)
+                continue
+            if span is not None:
+                done.append(span)
+            open_spans[slot] = plots.Span(slot, step["start"], step["end"], kind, request_id)
+    return done + list(open_spans.values())
+
+
+def _history_figure(results: dict[str, Any], history: Sequence[dict[str, Any]]) -> Figure | None:
+    """Median output throughput per stored run of this machine, up to this run, per test."""
+    created = results.get("created_at") or ""
+    runs = {
+        doc.get("created_at") or "": doc
+        for doc in history
+        if doc.get("fingerprint") == results.get("fingerprint") and (doc.get("created_at") or "") < created
+    }
+    ordered = [runs[key] for key in sorted(runs)][-(MAX_HISTORY_RUNS - 1) :] + [results]
+    series = []
+    for test in results["tests"]:
+        values = [_median_throughput(run, test["test_id"]) for run in ordered]
+        values = [v for v in values if v is not None]
+        if len(values) >= 2:
+            x = tuple(float(i) for i in range(1, len(values) + 1))
+            series.append(plots.Series(test["test_id"].rpartition("::")[2], x, tuple(values)))
+    if not series:
+        return None
+    caption = f"{len(ordered)} runs on this machine ({ordered[0].get('created_at')} to {created})"
+    return Figure(caption, plots.history_figure(series))
+
+
+def _median_throughput(results: dict[str, Any], test_id: str) -> float | None:
+    for test in results.get("tests", []):
+        if test["test_id"] == test_id:
+            samples = (test.get("samples") or {}).get("output_throughput")
+            return statistics.median(samples) if samples else test.get("output_throughput")
+    return None
+
+
+# -- one test ----------------------------------------------------------------
+
+
+def _section(test: dict[str, Any], rows: Sequence[VerdictRow]) -> TestSection:
+    own = [row for row in rows if row.test_id == test["test_id"]]
+    return TestSection(
+        test_id=test["test_id"],
+        engine=test["engine"],
+        verdict=overall_verdict(own) if test.get("comparisons") else (test.get("baseline") or "no baseline"),
+        baseline_status=test.get("baseline") or "no baseline",
+        facts=tuple(_test_facts(test)),
+        counters=tuple(_counter_rows(test)),
+        distributions_svg=plots.distribution_figure(
+            test.get("request_samples") or {}, test.get("baseline_request_samples") or {}
+        ),
+    )
+
+
+def _test_facts(test: dict[str, Any]) -> list[tuple[str, str]]:
+    facts = [(name.replace("_", " "), _format_value(test["parameters"].get(name))) for name in PARAMETER_NAMES]
+    if test.get("arrival_rate") is not None:
+        facts.append(("arrival rate", f"{test['arrival_rate']:g} req/s (Poisson)"))
+    summary = (
+        ("output_throughput", "output tok/s"), ("request_throughput", "req/s"),
+        ("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
+        ("median_tpot_ms", "TPOT p50 ms"), ("p99_tpot_ms", "TPOT p99 ms"),
+        ("median_e2el_ms", "E2E p50 ms"), ("p99_e2el_ms", "E2E p99 ms"),
+        ("completed", "requests completed"),
+    )  # fmt: skip
+    facts += [(label, _format_value(test[key])) for key, label in summary if test.get(key) is not None]
+    return facts
+
+
+def _counter_rows(test: dict[str, Any]) -> list[CounterRow]:
+    """Counters are exact: a compared test lists only the ones that changed, so the rest equal the baseline."""
+    changed = {c["name"]: c for c in test.get("counter_changes") or []}
+    compared = bool(test.get("comparisons")) or bool(changed)
+    rows = []
+    for name, current in sorted((test.get("counters") or {}).items()):
+        baseline = changed[name]["baseline"] if name in changed else current if compared else None
+        rows.append(CounterRow(name, current, baseline))
+    return rows
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _template() -> Any:
+    import jinja2
+    from markupsafe import Markup
+
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("perfsuite", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["number"] = lambda v: "-" if v is None else _format_value(v)
+    environment.filters["signed_percent"] = lambda v: "-" if v is None else f"{v:+.1f}%"
+    environment.filters["svg"] = Markup  # drawn by matplotlib, which escapes its own text
+    return environment.get_template("report.html.j2")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def _natural_key(text: str) -> tuple:
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def _node_of(test_id: str) -> str:
+    """The test function's node id, without its parameters."""
+    return test_id.partition("[")[0]
+
+
+def _function_of(test_id: str) -> str:
+    return _node_of(test_id).rpartition("::")[2]
+
+
+def _parameter_ids(test_id: str) -> list[str]:
+    inside = test_id.partition("[")[2].rstrip("]")
+    return inside.split("-") if inside else []
+
+
+def _without_engine(test: dict[str, Any]) -> tuple[str, ...]:
+    return (_node_of(test["test_id"]), *(p for p in _parameter_ids(test["test_id"]) if p != test["engine"]))
+
+
+def _other_parameters(test: dict[str, Any]) -> str:
+    """A test id's parameters besides the engine and the batch size, e.g. the length distribution."""
+    parts = _parameter_ids(test["test_id"])
+    return "-".join(p for p in parts if p != test["engine"] and not re.fullmatch(r"B\d+", p))
+
+
+def _anchor(test_id: str) -> str:
+    return "test-" + re.sub(r"[^A-Za-z0-9]+", "-", test_id).strip("-")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

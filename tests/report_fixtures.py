@@ -1,0 +1,127 @@
+"""Results documents for the report tests, made with the pure-Python fake runner (no torch).
+
+The runs are real engine runs whose steps sleep a millisecond, so timelines,
+queues and latencies have the shape of a measured session. Verdicts are set
+with ``perfsuite.stats.compare`` on chosen samples, as a session would.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+from perfsuite.engine import build_engine
+from perfsuite.engine.fake_runner import FakeRunner
+from perfsuite.options import PerfOptions
+from perfsuite.profiles import PROFILES
+from perfsuite.rejudge import comparison_json
+from perfsuite.session import METRICS, PerfSession, sizing_parameters
+from perfsuite.stats import Policy, adjust, compare
+from perfsuite.storage import Environment
+from perfsuite.workload import Arrivals, OutputLengths, Workload
+
+ENVIRONMENT = Environment(
+    device_name="cpu",
+    torch_version="2.13.0+cpu",
+    transformers_version="5.0.0",
+    dtype="float32",
+    model="fake",
+    cpu_model="Test CPU @ 2.0GHz",
+    num_threads=2,
+)
+LENGTHS = {"fixed": OutputLengths("fixed", 8, 8), "uniform": OutputLengths("uniform", 2, 14)}
+REPEATS = 3
+THROUGHPUT = "tests/perf/test_throughput.py::test_throughput[{engine}-B{batch}-{lengths}]"
+POISSON = "tests/perf/test_latency.py::test_latency_poisson[{engine}-400rps]"
+
+
+def fake_results(root: Path, step_seconds: float = 0.001) -> dict[str, Any]:
+    """A session's results.json: throughput tests over engine x batch size x lengths, and a Poisson test."""
+    session = _session(root)
+    runner = FakeRunner(on_execute=lambda output: time.sleep(step_seconds))
+    for engine_kind in ("static", "inflight"):
+        for batch_size in (2, 4):
+            for lengths in LENGTHS:
+                requests = Workload(8, LENGTHS[lengths], seed=3).requests(_tokenize)
+                test_id = THROUGHPUT.format(engine=engine_kind, batch=batch_size, lengths=lengths)
+                _record(session, test_id, engine_kind, runner, requests, batch_size)
+        requests = Workload(6, LENGTHS["uniform"], Arrivals(400.0), seed=3).requests(_tokenize)
+        _record(session, POISSON.format(engine=engine_kind), engine_kind, runner, requests, 4, arrival_rate=400.0)
+    session.finish()
+    results = session.results_json()
+    results["created_at"] = "2026-01-02T03:04:05+00:00"
+    return results
+
+
+def with_verdicts(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with a regressed, an improved and an inconclusive test, each named in ``VERDICT_TESTS``."""
+    results = copy.deepcopy(results)
+    tests = {test["test_id"]: test for test in results["tests"]}
+    baseline = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0]
+    chosen = {
+        "regressed": [70.0, 71.0, 72.0, 73.0, 74.0, 75.0, 76.0],
+        "improved": [130.0, 131.0, 132.0, 133.0, 134.0, 135.0, 136.0],
+        "inconclusive": [90.0, 91.0],  # below the policy's min_samples
+    }
+    raw = [
+        compare("output_throughput", baseline, current, METRICS["output_throughput"], Policy())
+        for current in chosen.values()
+    ]
+    for (verdict, _), comparison in zip(chosen.items(), adjust(raw, Policy())):
+        assert comparison.verdict.value == verdict, comparison
+        test = tests[VERDICT_TESTS[verdict]]
+        test["comparisons"] = [comparison_json(comparison)]
+        test["baseline"] = "compared"
+        test["baseline_request_samples"] = {k: [0.8 * v for v in vs] for k, vs in test["request_samples"].items()}
+    regressed = tests[VERDICT_TESTS["regressed"]]
+    passes = regressed["counters"]["num_forward_passes"]
+    regressed["counter_changes"] = [{"name": "num_forward_passes", "baseline": passes - 2, "current": passes}]
+    return results
+
+
+VERDICT_TESTS = {
+    "regressed": THROUGHPUT.format(engine="static", batch=4, lengths="uniform"),
+    "improved": THROUGHPUT.format(engine="inflight", batch=4, lengths="uniform"),
+    "inconclusive": THROUGHPUT.format(engine="static", batch=2, lengths="fixed"),
+}
+
+
+def earlier_run(results: dict[str, Any], created_at: str, throughput_factor: float) -> dict[str, Any]:
+    """A stored earlier run of the same tests, as ``reports/history/*.json`` holds."""
+    earlier = copy.deepcopy(results)
+    earlier["created_at"] = created_at
+    for test in earlier["tests"]:
+        test["samples"]["output_throughput"] = [v * throughput_factor for v in test["samples"]["output_throughput"]]
+    return earlier
+
+
+def _tokenize(text: str) -> list[int]:
+    return [3 + b % 90 for b in text.encode()][:12]
+
+
+def _session(root: Path) -> PerfSession:
+    options = PerfOptions(
+        enabled=True,
+        save_baseline=False,
+        model="fake",
+        device="cpu",
+        dtype="float32",
+        profile=PROFILES["smoke"],
+        repeats=REPEATS,
+        baseline_dir=root / "baselines",
+        report_dir=root / "reports",
+        policy=Policy(),
+    )
+    session = PerfSession(options, root)
+    session.environment = ENVIRONMENT
+    session.commit = "4f1de97c0ffee"
+    return session
+
+
+def _record(session, test_id, engine_kind, runner, requests, batch_size, arrival_rate=None) -> None:
+    engine = build_engine(engine_kind, runner, batch_size=batch_size, max_seq_len=64, eos_token_id=None)
+    runs = [engine.run(requests) for _ in range(REPEATS)]
+    parameters = sizing_parameters(requests, "fake", "float32", batch_size)
+    session.record(test_id, runs, parameters, arrival_rate)

@@ -1,0 +1,325 @@
+"""The HTML report: contents, self-containment, the CLI, the plugin hook, and a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfsuite.cli import main
+from perfsuite.plots import SVG_NAMESPACE_URIS
+from perfsuite.report import render_report, write_report
+from report_fixtures import VERDICT_TESTS, earlier_run, fake_results, with_verdicts
+
+pytest_plugins = ["pytester"]
+
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    """A fake session's results (no baselines yet)."""
+    return fake_results(tmp_path_factory.mktemp("session"))
+
+
+@pytest.fixture(scope="module")
+def judged(measured) -> dict:
+    return with_verdicts(measured)
+
+
+@pytest.fixture(scope="module")
+def html(judged) -> str:
+    history = [
+        earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9),
+        earlier_run(judged, "2025-12-31T00:00:00+00:00", 1.1),
+    ]
+    return render_report(judged, history)
+
+
+def external_references(html: str) -> list[str]:
+    """Everything in the page that would make a browser fetch something, or name an address."""
+    urls = [u for u in re.findall(r"(?:https?:)?//[^\s\"'<>)]+", html) if u not in SVG_NAMESPACE_URIS]
+    tags = re.findall(r"<script[^>]*\bsrc\s*=|<link\b[^>]*\bhref|<img\b|<iframe\b|@import", html, flags=re.I)
+    outside = [u for u in re.findall(r"url\(\s*['\"]?([^)'\"]*)", html) if not u.startswith("#")]
+    links = [h for h in re.findall(r"\bhref\s*=\s*['\"]([^'\"]*)", html) if not h.startswith("#")]
+    return urls + tags + outside + links
+
+
+def verdict_cells(html: str) -> dict[str, str]:
+    """Test name -> the class of its first verdict-table row."""
+    body = html.split('<table id="verdict-table">')[1].split("</table>")[0]
+    rows = re.findall(r'<tr class="([^"]+)"[^>]*>\s*<td[^>]*><a href="#[^"]*">([^<]+)</a>', body)
+    found: dict[str, str] = {}
+    for css, name in rows:
+        found.setdefault(name, css)
+    return found
+
+
+# -- contents --------------------------------------------------------------------
+
+
+def test_each_verdict_appears_in_its_colour(html):
+    rows = verdict_cells(html)
+    for verdict, test_id in VERDICT_TESTS.items():
+        name = test_id.rpartition("::")[2]
+        assert rows[name] == f"verdict-{verdict}", (name, rows[name])
+        assert f'<span class="badge verdict-{verdict}">{verdict}</span>' in html
+    for css in ("regressed", "improved", "inconclusive"):
+        assert re.search(rf"\.verdict-{css} \{{ background: var\(--{css}-bg\)", html), "each verdict has its colour"
+    assert rows["test_throughput[inflight-B2-fixed]"] == "verdict-none", "tests without a baseline say so"
+
+
+def test_header_carries_the_environment_sizing_parameters_commit_and_overall_verdict(html):
+    header = html.split("</header>")[0]
+    assert 'id="overall-verdict">regressed<' in header, "any regressed row makes the run regressed"
+    for fact in ("cpu", "2.13.0+cpu", "5.0.0", "Test CPU @ 2.0GHz", "4f1de97c0ffee", "2026-01-02T03:04:05+00:00"):
+        assert fact in header
+    for name in ("model", "precision", "input length", "output length", "concurrency", "tensor parallelism"):
+        assert f"<dt>{name}</dt>" in header
+    assert "<dt>concurrency</dt><dd>2, 4</dd>" in header
+
+
+def test_overall_verdict_without_baselines_says_so(measured):
+    page = render_report({**measured, "tests": measured["tests"][:1]})
+    assert 'id="overall-verdict">no baseline<' in page
+
+
+def test_figures_cover_throughput_distributions_timeline_and_history(html, judged):
+    assert html.count("<svg") == 1 + len(judged["tests"]) + 1 + 1, "throughput, one per test, timeline, history"
+    timeline = html.split('id="timeline-figure"')[1].split("</figure>")[0]
+    for text in (
+        "static: test_throughput[static-B4-uniform]",
+        "inflight: test_throughput[inflight-B4-uniform]",
+        "padding row (static batch)",
+        "empty slot",
+        "prefill",
+        "queue",
+        "TTFT",
+        "E2E",
+    ):
+        assert text in timeline, text
+    assert "test_throughput: static vs in-flight" in html
+    assert "3 runs on this machine" in html, "history counts the earlier runs and this one"
+
+
+def test_counters_show_the_exact_change(html, judged):
+    regressed = next(t for t in judged["tests"] if t["test_id"] == VERDICT_TESTS["regressed"])
+    passes = regressed["counters"]["num_forward_passes"]
+    assert re.search(
+        rf'<tr class="changed">\s*<td class="text">num_forward_passes</td>\s*<td>{passes - 2}</td>'
+        rf"\s*<td>{passes}</td>\s*<td>\+2</td>",
+        html,
+    )
+
+
+def test_history_needs_two_runs_of_this_machine(judged):
+    assert "Fewer than two stored runs" in render_report(judged)
+    other_machine = {**earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9), "fingerprint": "elsewhere"}
+    assert "Fewer than two stored runs" in render_report(judged, [other_machine])
+
+
+def test_the_page_makes_no_network_request(html):
+    assert external_references(html) == []
+    assert "<?xml" not in html and "<!DOCTYPE svg" not in html
+    assert html.count("<script>") == 1
+
+
+def test_the_url_check_catches_external_references():
+    page = '<svg xmlns="http://www.w3.org/2000/svg"></svg><script src="x.js"></script><link href="//cdn.x/a.css">'
+    page += "<style>@import 'a.css'; b { background: url(https://x/y.png) }</style><a href='#ok'></a>"
+    assert len(external_references(page)) == 7
+
+
+def test_report_modules_import_neither_torch_nor_plotting_libraries():
+    code = (
+        "import sys, perfsuite.report, perfsuite.plots, perfsuite.rejudge, perfsuite.results_file; "
+        "print(*[m in sys.modules for m in ('torch', 'transformers', 'matplotlib', 'jinja2')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"] * 4
+
+
+# -- write_report, the plugin's call ------------------------------------------------
+
+
+def test_write_report_keeps_each_run_in_history(tmp_path, judged):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    small = {**judged, "tests": judged["tests"][:2]}
+    for stamp in ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"):
+        (reports / "results.json").write_text(json.dumps({**small, "created_at": stamp}))
+        path = write_report(reports)
+    assert path == reports / "report.html"
+    assert sorted(p.name for p in (reports / "history").iterdir()) == [
+        "2026-01-01T00-00-00+00-00.json",
+        "2026-01-02T00-00-00+00-00.json",
+    ]
+    assert "2 runs on this machine" in path.read_text()
+
+
+def test_write_report_skips_a_corrupt_history_file_and_says_so(tmp_path, judged):
+    (tmp_path / "history").mkdir(parents=True)
+    (tmp_path / "history" / "broken.json").write_text("{")
+    (tmp_path / "results.json").write_text(json.dumps({**judged, "tests": judged["tests"][:1]}))
+    page = write_report(tmp_path).read_text()
+    assert "broken.json" in page and "delete it" in page
+
+
+def test_the_report_of_a_real_smoke_session(pytester):
+    """The shipped perf tests on tiny-random: the plugin writes report.html, and it renders again from results.json."""
+    shipped = Path(__file__).parent / "perf"
+    for source in shipped.glob("*.py"):
+        (pytester.path / source.name).write_text(source.read_text())
+    result = pytester.runpytest_subprocess(
+        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["report: */reports/report.html"])
+    reports = pytester.path / "reports"
+    written = (reports / "report.html").read_text()
+    assert 'id="verdict-table"' in written and 'id="timeline-figure"' in written
+    assert len(list((reports / "history").glob("*.json"))) == 1
+    results = json.loads((reports / "results.json").read_text())
+    page = render_report(results)
+    assert external_references(page) == []
+    assert 'id="overall-verdict">no baseline<' in page
+    assert "tiny-random" in page and "static vs in-flight" in page
+
+
+# -- CLI ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def results_file(tmp_path, judged) -> Path:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**judged, "tests": judged["tests"][:3]}))
+    return path
+
+
+def test_cli_report_renders_a_results_file(results_file, tmp_path, capsys):
+    output = tmp_path / "out.html"
+    assert main(["report", str(results_file), "-o", str(output)]) == 0
+    assert f"wrote {output}" in capsys.readouterr().out
+    assert 'id="verdict-table"' in output.read_text()
+
+
+def test_cli_report_reads_a_history_folder(results_file, tmp_path, judged):
+    history = tmp_path / "history"
+    history.mkdir()
+    earlier = earlier_run({**judged, "tests": judged["tests"][:3]}, "2025-12-30T00:00:00+00:00", 0.9)
+    (history / "a.json").write_text(json.dumps(earlier))
+    assert main(["report", str(results_file), "--history", str(history)]) == 0
+    assert "2 runs on this machine" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "no such file"), ("{not json", "not a readable JSON file"), ('{"schema_version": 99}', "schema_version")],
+)
+def test_cli_names_the_bad_file_and_the_fix(command, content, message, tmp_path, results_file, capsys):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    argv = ["report", str(bad)] if command == "report" else ["compare", str(results_file), str(bad)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and message in err and "pytest --perf" in err
+
+
+def test_cli_report_names_a_missing_history_folder(results_file, tmp_path, capsys):
+    assert main(["report", str(results_file), "--history", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err
+
+
+def test_cli_compare_prints_the_verdict_table_and_fails_on_a_regression(tmp_path, measured, capsys):
+    old, new = json.loads(json.dumps(measured)), json.loads(json.dumps(measured))
+    old["tests"], new["tests"] = old["tests"][:3], new["tests"][:3]
+    old["tests"][0]["samples"]["output_throughput"] = [100.0, 101, 102, 103, 104, 105, 106]
+    new["tests"][0]["samples"]["output_throughput"] = [70.0, 71, 72, 73, 74, 75, 76]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    output = tmp_path / "compare.html"
+    code = main(["compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "-o", str(output)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    header, _, first, *rest = out.splitlines()
+    assert header.split()[:4] == ["test", "metric", "baseline", "current"]
+    assert first.split()[:2] == [new["tests"][0]["test_id"].rpartition("::")[2], "output_throughput"]
+    assert first.split()[-1] == "regressed"
+    assert "overall: regressed" in out
+    assert sum(line.split()[-1] == "unchanged" for line in rest if "test_throughput[" in line) == 14
+    page = output.read_text()
+    assert 'class="verdict-regressed"' in page and external_references(page) == []
+
+
+def test_cli_compare_of_a_run_with_itself_is_unchanged(results_file, capsys):
+    assert main(["compare", str(results_file), str(results_file)]) == 0
+    assert "overall: unchanged" in capsys.readouterr().out
+
+
+# -- a real browser -------------------------------------------------------------------
+
+
+def chromium_binary() -> str:
+    """Debian's Chromium, installed on the spot where this runs as root with apt; else skip."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("headless Chromium is missing and cannot be installed here: run `apt-get install chromium`")
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            pytest.skip(f"could not install Chromium: `{' '.join(command)}` failed ({error})")
+        if done.returncode != 0:
+            pytest.skip(f"could not install Chromium: `{' '.join(command)}` failed: {done.stderr.strip()[-300:]}")
+    return shutil.which("chromium") or pytest.skip("apt-get installed chromium but it is not on PATH")
+
+
+def run_chromium(binary: str, profile: Path, *arguments: str) -> subprocess.CompletedProcess:
+    command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_a_real_browser_renders_the_report(html, tmp_path):
+    binary = chromium_binary()
+    page = tmp_path / "report.html"
+    page.write_text(html, encoding="utf-8")
+    dumped = run_chromium(
+        binary, tmp_path / "profile-dom", "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()
+    )
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    dom = dumped.stdout
+    assert 'data-ready="1"' in dom, "the inline script ran to its end"
+    assert "Uncaught" not in dumped.stderr, dumped.stderr[-2000:]
+    assert 'id="verdict-table"' in dom and 'id="timeline-figure"' in dom and "<svg" in dom
+    screenshot = tmp_path / "report.png"
+    shot = run_chromium(
+        binary,
+        tmp_path / "profile-shot",
+        f"--screenshot={screenshot}",
+        "--window-size=1400,3000",
+        "--hide-scrollbars",
+        page.as_uri(),
+    )
+    assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-2000:]
+    assert screenshot.stat().st_size > 50_000
+    from matplotlib.image import imread
+
+    pixels = imread(screenshot)[..., :3]
+    assert pixels.shape[0] >= 1000 and pixels.shape[1] >= 1000
+    assert pixels.std() > 0.05, "the screenshot is blank"
+    if os.environ.get("PERFSUITE_KEEP_SCREENSHOT"):
+        shutil.copy(screenshot, os.environ["PERFSUITE_KEEP_SCREENSHOT"])
