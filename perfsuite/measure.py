@@ -29,8 +29,11 @@ def resolve_device(name: str) -> str:
 def configure_threads(num_threads: int | None) -> int:
     """One intra-op thread per core and one inter-op thread.
 
-    On a 2-core CPU this gives the steadiest step times: more threads than
-    cores oversubscribe and spread step times, and inter-op parallelism has
+    Measured with bench/threads.py on the 2-core CI machine (SmolLM2, B=8):
+    2 threads 124 ms per decode step, 1 thread 152 ms, 4 threads 149 ms (more
+    threads than cores oversubscribe). The spread was 15-19% at every
+    setting: it comes from the VM, not the thread count, which is why
+    comparisons are normalised by a machine probe. Inter-op parallelism has
     nothing to overlap in a decode step.
     """
     import torch

@@ -38,7 +38,10 @@ def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: 
             "baseline": f"compared with {old_name}",
             "baseline_request_samples": before.get("request_samples") or {},
             "comparisons": [comparison_json(c) for c in final],
-            "counter_changes": [
+            # As in a session: wall-clock arrivals make step counts depend on speed.
+            "counter_changes": []
+            if after.get("arrival_rate")
+            else [
                 dataclasses.asdict(change)
                 for change in compare_counters(before.get("counters") or {}, after.get("counters") or {})
             ],
