@@ -171,14 +171,9 @@ def test_options_can_come_from_the_ini_file(project):
 
 def test_shipped_perf_suite_runs_in_smoke_mode_on_tiny_random(pytester):
     """What CI exercises on every submission: the real fixtures, model runner and perf tests."""
-    from pathlib import Path
+    from smoke_session import run_shipped_smoke_session
 
-    shipped = Path(__file__).parent / "perf"
-    for source in shipped.glob("*.py"):
-        (pytester.path / source.name).write_text(source.read_text())
-    result = pytester.runpytest_subprocess(
-        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu", "-p", "no:randomly"
-    )
+    result = run_shipped_smoke_session(pytester)
     result.assert_outcomes(passed=8)
     tests = results_json(pytester)["tests"]
     engines = {t["engine"] for t in tests}

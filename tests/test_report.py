@@ -16,6 +16,7 @@ from perfsuite.cli import main
 from perfsuite.plots import SVG_NAMESPACE_URIS
 from perfsuite.report import render_report, write_report
 from report_fixtures import VERDICT_TESTS, earlier_run, fake_results, with_verdicts
+from smoke_session import run_shipped_smoke_session
 
 pytest_plugins = ["pytester"]
 
@@ -176,12 +177,7 @@ def test_write_report_skips_a_corrupt_history_file_and_says_so(tmp_path, judged)
 
 def test_the_report_of_a_real_smoke_session(pytester):
     """The shipped perf tests on tiny-random: the plugin writes report.html, and it renders again from results.json."""
-    shipped = Path(__file__).parent / "perf"
-    for source in shipped.glob("*.py"):
-        (pytester.path / source.name).write_text(source.read_text())
-    result = pytester.runpytest_subprocess(
-        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu", "-p", "no:randomly"
-    )
+    result = run_shipped_smoke_session(pytester)
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines(["report: */reports/report.html"])
     reports = pytester.path / "reports"
