@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,15 +13,27 @@ from perfsuite.engine import Engine, Request, RunResult
 from perfsuite.session import PerfSession, TestResult, sizing_parameters
 
 
+def _machine_probe(device: str) -> float:
+    from perfsuite.measure import machine_probe
+
+    return machine_probe(device)
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
-    """What the perf fixtures need from a model: a runner, a tokenizer and limits."""
+    """What the perf fixtures need from a model: a runner, a tokenizer and limits.
+
+    ``probe`` times the machine before each repeat (see ``measure.machine_probe``);
+    a backend whose speed does not follow the machine's (a fake that sleeps)
+    sets it to None, and its runs are compared as they are.
+    """
 
     runner: Any
-    tokenize: Any  # str -> list[int]
+    tokenize: Callable[[str], Sequence[int]]
     eos_token_id: int | None
     max_context: int
     device: str
+    probe: Callable[[str], float] | None = _machine_probe
 
 
 class PerfRecorder:
@@ -41,7 +53,7 @@ class PerfRecorder:
         arrival_rate: float | None = None,
     ) -> TestResult:
         """Warm up (discarded), then time the profile's repeats through pytest-benchmark."""
-        from perfsuite.measure import machine_probe, timed_run
+        from perfsuite.measure import timed_run
 
         options = self.session.options
         for _ in range(options.profile.warmup_runs):
@@ -50,7 +62,8 @@ class PerfRecorder:
         probes: list[float] = []
 
         def one_run() -> None:
-            probes.append(machine_probe(self.backend.device))
+            if self.backend.probe is not None:
+                probes.append(self.backend.probe(self.backend.device))
             runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
 
         self.benchmark.pedantic(one_run, rounds=options.repeats, iterations=1, warmup_rounds=0)
