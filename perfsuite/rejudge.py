@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfsuite.session import METRICS, normalize_to_machine_speed
-from perfsuite.stats import Comparison, Policy, adjust, compare, compare_counters
+from perfsuite.session import METRICS, exact_counter_changes, normalize_to_machine_speed
+from perfsuite.stats import Comparison, Policy, adjust, compare
 
 
 def policy_of(results: dict[str, Any], alpha: float | None = None, min_effect: float | None = None) -> Policy:
@@ -38,12 +38,11 @@ def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: 
             "baseline": f"compared with {old_name}",
             "baseline_request_samples": before.get("request_samples") or {},
             "comparisons": [comparison_json(c) for c in final],
-            # As in a session: wall-clock arrivals make step counts depend on speed.
-            "counter_changes": []
-            if after.get("arrival_rate")
-            else [
+            "counter_changes": [
                 dataclasses.asdict(change)
-                for change in compare_counters(before.get("counters") or {}, after.get("counters") or {})
+                for change in exact_counter_changes(
+                    before.get("counters") or {}, after.get("counters") or {}, after.get("arrival_rate")
+                )
             ],
         }
     unmatched = {

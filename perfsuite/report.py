@@ -9,10 +9,8 @@ wrote) into HTML through ``templates/report.html.j2``; the figures come from
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from typing import Any
 
 from perfsuite import plots
 from perfsuite.results_file import archive_results, read_history, read_results
+from perfsuite.storage import write_text_atomic
 
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive")
 PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
@@ -147,7 +146,7 @@ def write_report(report_dir: Path) -> Path:
     if problems:
         results = {**results, "warnings": [*results.get("warnings", []), *problems]}
     path = report_dir / "report.html"
-    _write_text_atomic(path, render_report(results, history))
+    write_text_atomic(path, render_report(results, history))
     return path
 
 
@@ -433,15 +432,3 @@ def _other_parameters(test: dict[str, Any]) -> str:
 
 def _anchor(test_id: str) -> str:
     return "test-" + re.sub(r"[^A-Za-z0-9]+", "-", test_id).strip("-")
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -179,6 +179,17 @@ def timeline_of(run: RunResult) -> dict[str, Any]:
     }
 
 
+def exact_counter_changes(
+    baseline: dict[str, int], current: dict[str, int], arrival_rate: float | None
+) -> list[CounterChange]:
+    """Counter changes, where counters are exact.
+
+    With wall-clock arrivals the number of steps depends on the machine's
+    speed, so those runs' counters are not compared.
+    """
+    return [] if arrival_rate else compare_counters(baseline, current)
+
+
 def counters_of(result: RunResult) -> dict[str, int]:
     return dataclasses.asdict(result.counters)
 
@@ -289,8 +300,7 @@ class PerfSession:
             baseline_status="compared",
             baseline_request_samples=baseline.request_samples,
             comparisons=tuple(bounded),
-            # Wall-clock arrivals make step counts depend on speed; only step-driven runs are exact.
-            counter_changes=() if result.arrival_rate else tuple(compare_counters(baseline.counters, result.counters)),
+            counter_changes=tuple(exact_counter_changes(baseline.counters, result.counters, result.arrival_rate)),
         )
 
     def finish(self) -> None:

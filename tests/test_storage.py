@@ -52,7 +52,7 @@ def test_a_failed_write_leaves_the_old_baseline_and_no_temporary_file(tmp_path, 
     def explode(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(storage.json, "dump", explode)
+    monkeypatch.setattr(storage.os, "fsync", explode)  # the temporary file is written, not yet in place
     with pytest.raises(OSError, match="disk full"):
         store.save(make_baseline(commit="new"))
     assert path.read_text() == before
