@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfsuite.argtypes import positive_int
-from perfsuite.engine import ENGINE_KINDS, RunResult, build_engine
+from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
+from perfsuite.engine import RunResult
 from perfsuite.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
-from perfsuite.options import fraction, probability
+from perfsuite.options import engine_names, fraction, probability
 from perfsuite.table import format_table
 from perfsuite.workload import mixed_workload
 
@@ -31,10 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory (default {DEFAULT_MODEL})")
     run.add_argument(
-        "--engine",
-        action="append",
-        choices=ENGINE_KINDS,
-        help="engine to run; repeat for several (default: all)",
+        "--engines",
+        type=_known_engines,
+        default=DEFAULT_ENGINES,
+        help="comma-separated engines, e.g. static,inflight,hf-static,hf-cb (default: static,inflight)",
     )
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
@@ -49,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
     _add_report_commands(commands)
     return parser
+
+
+def _known_engines(text: str) -> tuple[str, ...]:
+    try:
+        return check_engine_names(engine_names(text))
+    except UnknownEngineError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _add_report_commands(commands) -> None:
@@ -140,7 +148,7 @@ def _verdict_cells(row: VerdictRow) -> list[object]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from perfsuite.engine.model_runner import ModelRunner
+    from perfsuite.adapters import Backend, EngineConfig, build_engine
     from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
     from perfsuite.models import load_model
 
@@ -158,19 +166,13 @@ def _run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
-    runner = ModelRunner(loaded.model)
-    max_seq_len = max_seq_len_for(requests, loaded.max_context)
+    backend = Backend.from_loaded(loaded)
+    config = EngineConfig(
+        args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
+    )
     rows = []
-    for kind in args.engine or ENGINE_KINDS:
-        engine = build_engine(
-            kind,
-            runner,
-            batch_size=args.batch_size,
-            max_seq_len=max_seq_len,
-            eos_token_id=loaded.eos_token_id,
-            prefill_batch_size=args.prefill_batch_size,
-            max_num_batched_tokens=args.token_budget,
-        )
+    for kind in args.engines:
+        engine = build_engine(kind, backend, config)
         warm_up(engine, requests)
         progress = None if args.no_progress else Progress(kind, len(requests))
         result = timed_run(engine, requests, device, on_step=progress)

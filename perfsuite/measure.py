@@ -11,7 +11,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from perfsuite.engine import Engine, Request, RunResult, SamplingParams
+from perfsuite.adapters.protocol import BatchingEngine
+from perfsuite.engine import Request, RunResult, SamplingParams
 
 
 def resolve_device(name: str) -> str:
@@ -66,7 +67,7 @@ def max_seq_len_for(requests: Sequence[Request], max_context: int) -> int:
     return min(rounded, max_context)
 
 
-def warm_up(engine: Engine, requests: Sequence[Request], num_requests: int = 2, max_new_tokens: int = 4) -> None:
+def warm_up(engine: BatchingEngine, requests: Sequence[Request], num_requests: int = 2, max_new_tokens: int = 4) -> None:
     """A short throw-away run so allocation and thread start-up are not timed."""
     short = [
         Request(f"warmup-{i}", r.prompt_token_ids, SamplingParams(max_new_tokens, ignore_eos=True))
@@ -76,7 +77,7 @@ def warm_up(engine: Engine, requests: Sequence[Request], num_requests: int = 2, 
 
 
 def timed_run(
-    engine: Engine,
+    engine: BatchingEngine,
     requests: Sequence[Request],
     device: str,
     on_step: Callable | None = None,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite.adapters.registry import UnknownEngineError, check_engine_names
 from perfsuite.argtypes import integer_at_least, number
 from perfsuite.profiles import PROFILES, Profile
 from perfsuite.stats import Policy
@@ -50,6 +51,14 @@ def dtype_name(text: str) -> str:
     return text
 
 
+def engine_names(text: str) -> tuple[str, ...]:
+    """Comma-separated names; whether they exist is checked once conftest files have registered theirs."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated engine names, e.g. static,inflight,hf-static")
+    return names
+
+
 def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
@@ -61,6 +70,8 @@ _OPTIONS = (
     ("perf_model", str, "smollm2-135m", "model name or local Hugging Face directory"),
     ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
+    ("perf_engines", engine_names, "static,inflight", "comma-separated engines to measure (see README)"),
+    ("perf_endpoint", str, None, "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None, "timed repeats per test (default: the profile's)"),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
@@ -92,6 +103,8 @@ class PerfOptions:
     model: str
     device: str
     dtype: str
+    engines: tuple[str, ...]
+    endpoint: str | None
     profile: Profile
     repeats: int
     baseline_dir: Path
@@ -114,6 +127,10 @@ def read_options(config: pytest.Config) -> PerfOptions:
     save_baseline = config.getoption("perf_save_baseline")
     if save_baseline and not enabled:
         raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
+    try:
+        check_engine_names(values["perf_engines"])
+    except UnknownEngineError as error:
+        raise pytest.UsageError(f"--perf-engines: {error}") from None
     profile = PROFILES[values["perf_profile"]]
     rootdir = Path(config.rootpath)
     return PerfOptions(
@@ -122,6 +139,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
         model=values["perf_model"],
         device=values["perf_device"],
         dtype=values["perf_dtype"],
+        engines=values["perf_engines"],
+        endpoint=values["perf_endpoint"],
         profile=profile,
         repeats=values["perf_repeats"] or profile.repeats,
         baseline_dir=rootdir / values["perf_baseline_dir"],

@@ -110,18 +110,11 @@ def perf_model(perf_session):
 
 
 @pytest.fixture(scope="session")
-def perf_backend(perf_model):
-    """Runner, tokenizer and limits. Override this fixture to measure another runner."""
-    from perfsuite.engine.model_runner import ModelRunner
-    from perfsuite.recorder import Backend
+def perf_backend(perf_session, perf_model):
+    """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner."""
+    from perfsuite.adapters import Backend
 
-    return Backend(
-        runner=ModelRunner(perf_model.model),
-        tokenize=lambda text: perf_model.tokenizer(text)["input_ids"],
-        eos_token_id=perf_model.eos_token_id,
-        max_context=perf_model.max_context,
-        device=str(perf_model.model.device),
-    )
+    return Backend.from_loaded(perf_model, endpoint=perf_session.options.endpoint)
 
 
 @pytest.fixture(scope="session")
@@ -167,21 +160,18 @@ def perf_max_seq_len(perf_session, perf_backend, workload_factory) -> int:
 
 @pytest.fixture
 def engine_factory(perf_session, perf_backend, perf_max_seq_len):
-    """``engine_factory(kind, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> Engine."""
-    from perfsuite.engine import build_engine
+    """``engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> a BatchingEngine.
+
+    ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
+    Override this fixture to hand the shipped tests an engine of your own.
+    """
+    from perfsuite.adapters import EngineConfig, build_engine
 
     default_batch = max(perf_session.options.profile.batch_sizes)
 
-    def make(kind: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None):
-        return build_engine(
-            kind,
-            perf_backend.runner,
-            batch_size=batch_size,
-            max_seq_len=perf_max_seq_len,
-            eos_token_id=perf_backend.eos_token_id,
-            prefill_batch_size=prefill_batch_size,
-            max_num_batched_tokens=token_budget,
-        )
+    def make(name: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None):
+        config = EngineConfig(batch_size, perf_max_seq_len, prefill_batch_size, token_budget)
+        return build_engine(name, perf_backend, config)
 
     return make
 

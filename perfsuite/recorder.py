@@ -3,37 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
 
-from perfsuite.engine import Engine, Request, RunResult
+from perfsuite.adapters.protocol import Backend, BatchingEngine
+from perfsuite.engine import Request, RunResult
 from perfsuite.session import PerfSession, TestResult, sizing_parameters
-
-
-def _machine_probe(device: str) -> float:
-    from perfsuite.measure import machine_probe
-
-    return machine_probe(device)
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """What the perf fixtures need from a model: a runner, a tokenizer and limits.
-
-    ``probe`` times the machine before each repeat (see ``measure.machine_probe``);
-    a backend whose speed does not follow the machine's (a fake that sleeps)
-    sets it to None, and its runs are compared as they are.
-    """
-
-    runner: Any
-    tokenize: Callable[[str], Sequence[int]]
-    eos_token_id: int | None
-    max_context: int
-    device: str
-    probe: Callable[[str], float] | None = _machine_probe
 
 
 class PerfRecorder:
@@ -46,7 +22,7 @@ class PerfRecorder:
 
     def measure(
         self,
-        engine: Engine,
+        engine: BatchingEngine,
         requests: Sequence[Request],
         *,
         max_concurrency: int | None = None,
@@ -69,7 +45,7 @@ class PerfRecorder:
         self.benchmark.pedantic(one_run, rounds=options.repeats, iterations=1, warmup_rounds=0)
         while len(runs) < options.repeats:  # --benchmark-disable runs the target only once
             one_run()
-        concurrency = max_concurrency or engine.scheduler.kv_cache.num_slots
+        concurrency = max_concurrency or engine.batch_size
         parameters = sizing_parameters(requests, options.model, options.dtype, concurrency)
         self.result = self.session.record(self.test_id, runs, parameters, arrival_rate, probes)
         self.benchmark.extra_info.update(

@@ -7,9 +7,14 @@ from pathlib import Path
 SHIPPED_PERF_TESTS = Path(__file__).parent / "perf"
 
 
-def run_shipped_smoke_session(pytester):
+def run_shipped_smoke_session(pytester, *extra_args, conftest_addition: str = ""):
+    """``conftest_addition`` is appended to the shipped conftest.py, as a user's project would add to its own."""
     for source in SHIPPED_PERF_TESTS.glob("*.py"):
-        (pytester.path / source.name).write_text(source.read_text())
+        text = source.read_text()
+        if source.name == "conftest.py":
+            text += "\n" + conftest_addition
+        (pytester.path / source.name).write_text(text)
     return pytester.runpytest_subprocess(
-        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu", "-p", "no:randomly"
+        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu", "-p", "no:randomly",
+        *extra_args,
     )

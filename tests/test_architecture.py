@@ -13,6 +13,9 @@ PURE_MODULES = [
     "perfsuite.engine.scheduler",
     "perfsuite.engine.kv_cache",
     "perfsuite.engine.fake_runner",
+    "perfsuite.adapters",
+    "perfsuite.adapters.builtin",
+    "perfsuite.recorder",
     "perfsuite.metrics",
     "perfsuite.correctness",
     "perfsuite.models",
@@ -35,3 +38,13 @@ def test_module_does_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"], f"{module} imports torch or transformers at import time"
+
+
+def test_the_engine_core_does_not_depend_on_adapters_or_the_plugin():
+    code = (
+        "import sys, perfsuite.engine, perfsuite.engine.engine, perfsuite.engine.scheduler; "
+        "print(sorted(m for m in sys.modules if m.startswith(('perfsuite.adapters', 'perfsuite.plugin', "
+        "'perfsuite.session', 'pytest'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"the engine core reaches outward: {out}"

@@ -22,7 +22,7 @@ def test_run_prints_a_row_per_engine_with_the_counters(capsys):
 
 
 def test_one_engine_can_be_chosen(capsys):
-    assert main(["run", "--model", "tiny-random", "--engine", "inflight", "--num-requests", "2",
+    assert main(["run", "--model", "tiny-random", "--engines", "inflight", "--num-requests", "2",
                  "--max-new-tokens", "8", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "inflight" in out and "static" not in out
@@ -34,7 +34,7 @@ def test_unknown_model_is_a_clear_error(capsys):
     assert "no-such-model" in err and "tiny-random" in err and "directory" in err
 
 
-@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--engine", "turbo"], ["--num-requests", "x"]])
+@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--engines", "turbo"], ["--num-requests", "x"]])
 def test_bad_arguments_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", *argv])

@@ -7,6 +7,7 @@ a "slower engine" is a longer sleep and nothing depends on this machine's speed.
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
@@ -15,7 +16,7 @@ pytest_plugins = ["pytester"]
 CONFTEST = """
 import os, time, pytest
 from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.recorder import Backend
+from perfsuite.adapters import Backend
 
 @pytest.fixture(scope="session")
 def perf_backend():
@@ -156,6 +157,7 @@ def test_benchmark_json_carries_the_metrics(project):
         (["--perf-profile", "huge"], "*unknown profile 'huge'*smoke, ci, full*"),
         (["--perf-repeats", "1"], "*at least 2 repeats*"),
         (["--perf-save-baseline"], "*--perf-save-baseline*needs --perf*"),
+        (["--perf-engines", "static,turbo"], "*unknown engine 'turbo'*choose from static, inflight*"),
     ],
 )
 def test_bad_options_are_usage_errors(project, args, message):
@@ -186,3 +188,36 @@ def test_shipped_perf_suite_runs_in_smoke_mode_on_tiny_random(pytester):
     assert poisson and all(t["arrival_rate"] == 50.0 for t in poisson)
     static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
     assert any(static_padding), "uneven lengths leave static slots idle"
+
+
+def test_shipped_perf_tests_run_unchanged_against_an_engine_registered_in_conftest(pytester):
+    """README, 'Test your own engine': register_engine in conftest.py, then --perf-engines picks it."""
+    from smoke_session import run_shipped_smoke_session
+
+    user_conftest = textwrap.dedent(
+        """
+        from perfsuite.adapters import register_engine
+        from perfsuite.adapters.builtin import build_static
+
+        class ReversedStatic:
+            name = "reversed-static"
+            greedy_equal = True
+
+            def __init__(self, backend, config):
+                self.inner = build_static(backend, config)
+
+            @property
+            def batch_size(self):
+                return self.inner.batch_size
+
+            def run(self, requests, on_step=None, max_concurrency=None):
+                result = self.inner.run(list(requests)[::-1], on_step, max_concurrency)
+                return dataclasses.replace(result, engine_name=self.name)
+
+        register_engine("reversed-static", ReversedStatic)
+        """
+    )
+    user_conftest = "import dataclasses\n" + user_conftest
+    result = run_shipped_smoke_session(pytester, "--perf-engines", "reversed-static", conftest_addition=user_conftest)
+    result.assert_outcomes(passed=4)
+    assert {t["engine"] for t in results_json(pytester)["tests"]} == {"reversed-static"}

@@ -1,13 +1,13 @@
 """Parametrize the shipped perf tests from the chosen ``--perf-profile``."""
 
-from perfsuite.engine import ENGINE_KINDS
 from perfsuite.plugin import perf_options
 
 
 def pytest_generate_tests(metafunc):
-    profile = perf_options(metafunc.config).profile
+    options = perf_options(metafunc.config)
+    profile = options.profile
     if "engine_kind" in metafunc.fixturenames:
-        metafunc.parametrize("engine_kind", ENGINE_KINDS)
+        metafunc.parametrize("engine_kind", options.engines)
     if "batch_size" in metafunc.fixturenames:
         metafunc.parametrize("batch_size", profile.batch_sizes, ids=[f"B{b}" for b in profile.batch_sizes])
     if "lengths" in metafunc.fixturenames:

@@ -1,0 +1,26 @@
+"""Engine adapters: one protocol for perfsuite's engines and peers alike."""
+
+from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
+from perfsuite.adapters.registry import (
+    DEFAULT_ENGINES,
+    ENTRY_POINT_GROUP,
+    UnknownEngineError,
+    available_engines,
+    build_engine,
+    check_engine_names,
+    register_engine,
+)
+
+__all__ = [
+    "Backend",
+    "BatchingEngine",
+    "DEFAULT_ENGINES",
+    "ENTRY_POINT_GROUP",
+    "EngineConfig",
+    "EngineFactory",
+    "UnknownEngineError",
+    "available_engines",
+    "build_engine",
+    "check_engine_names",
+    "register_engine",
+]

@@ -1,0 +1,23 @@
+"""perfsuite's own engines as factories of the adapter protocol."""
+
+from __future__ import annotations
+
+from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.engine import Engine, inflight_engine, static_engine
+
+
+def build_static(backend: Backend, config: EngineConfig) -> Engine:
+    return static_engine(
+        backend.runner, batch_size=config.batch_size, max_seq_len=config.max_seq_len, eos_token_id=backend.eos_token_id
+    )
+
+
+def build_inflight(backend: Backend, config: EngineConfig) -> Engine:
+    return inflight_engine(
+        backend.runner,
+        decode_batch_size=config.batch_size,
+        prefill_batch_size=config.prefill_batch_size,
+        max_num_batched_tokens=config.token_budget,
+        max_seq_len=config.max_seq_len,
+        eos_token_id=backend.eos_token_id,
+    )

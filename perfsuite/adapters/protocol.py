@@ -1,0 +1,118 @@
+"""The one protocol every measured engine implements, ours or a peer's.
+
+An engine takes requests (with arrival times in seconds after the start of
+the run) and returns a ``RunResult``: per-request token timestamps from which
+``perfsuite.metrics`` computes TTFT, TPOT, ITL and E2E latency. The harness
+never looks inside; the same perf and correctness tests run against any
+implementation.
+
+An engine is built by a factory, ``factory(backend, config) -> BatchingEngine``,
+registered by name (see ``perfsuite.adapters.registry``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from perfsuite.engine.types import Request, RunResult, StepOutput
+
+
+@runtime_checkable
+class BatchingEngine(Protocol):
+    """What the harness drives.
+
+    - ``name``: shown in results and reports;
+    - ``batch_size``: the most requests it computes at once (the concurrency
+      recorded for sizing);
+    - ``greedy_equal``: true if its outputs equal unbatched greedy decoding
+      token for token; the correctness tests then hold it to that;
+    - ``run``: serve every request, each once its ``arrival_time`` has passed;
+      with ``max_concurrency`` as a closed loop of that many clients. It must
+      return a record for every request (none is dropped) and leave the engine
+      ready for another run. ``on_step`` is called with the outputs of each
+      forward step where the engine can observe steps (progress only).
+    """
+
+    name: str
+    greedy_equal: bool
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def run(
+        self,
+        requests: Iterable[Request],
+        on_step: Callable[[list[StepOutput]], None] | None = None,
+        max_concurrency: int | None = None,
+    ) -> RunResult: ...
+
+
+def _machine_probe(device: str) -> float:
+    from perfsuite.measure import machine_probe
+
+    return machine_probe(device)
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One loaded model, as the engines and the perf fixtures see it.
+
+    ``runner`` is perfsuite's model runner over the model (or a fake);
+    ``model`` and ``tokenizer`` are the Hugging Face objects that peer
+    adapters drive (None for a fake backend). ``endpoint`` is the base URL
+    of an OpenAI-compatible server for the ``openai-http`` engine. ``probe`` times the machine
+    before each repeat (see ``measure.machine_probe``); a backend whose speed
+    does not follow the machine's (a fake that sleeps) sets it to None.
+    """
+
+    runner: Any
+    tokenize: Callable[[str], Sequence[int]]
+    eos_token_id: int | None
+    max_context: int
+    device: str
+    probe: Callable[[str], float] | None = _machine_probe
+    model: Any = None
+    tokenizer: Any = None
+    endpoint: str | None = None
+
+    @classmethod
+    def from_loaded(cls, loaded: Any, endpoint: str | None = None) -> Backend:
+        """The backend of a ``perfsuite.models.LoadedModel``, with perfsuite's runner over it."""
+        from perfsuite.engine.model_runner import ModelRunner
+
+        return cls(
+            runner=ModelRunner(loaded.model),
+            tokenize=lambda text: loaded.tokenizer(text)["input_ids"],
+            eos_token_id=loaded.eos_token_id,
+            max_context=loaded.max_context,
+            device=str(loaded.model.device),
+            model=loaded.model,
+            tokenizer=loaded.tokenizer,
+            endpoint=endpoint,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The knobs a test asks an engine for; an engine ignores what it does not have.
+
+    ``batch_size`` is the static batch, the in-flight ``decode_batch_size`` or a
+    peer's batch/concurrency limit. ``max_seq_len`` is the longest
+    prompt + output any request of the session needs.
+    """
+
+    batch_size: int
+    max_seq_len: int
+    prefill_batch_size: int | None = None
+    token_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+
+
+EngineFactory = Callable[[Backend, EngineConfig], BatchingEngine]

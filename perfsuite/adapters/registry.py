@@ -1,0 +1,103 @@
+"""Engines by name: perfsuite's own, the shipped peer adapters, and users' plugins.
+
+A package registers its engine under the ``perfsuite.engines`` entry point
+group, pointing at a factory ``(Backend, EngineConfig) -> BatchingEngine``::
+
+    [project.entry-points."perfsuite.engines"]
+    my-engine = "my_package.perf:build_engine"
+
+An engine that lives in a project's own code is registered from its
+``conftest.py`` instead::
+
+    from perfsuite.adapters import register_engine
+    register_engine("my-engine", build_my_engine)
+
+Names are listed without importing anything (torch stays unimported until an
+engine is built).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
+
+ENTRY_POINT_GROUP = "perfsuite.engines"
+DEFAULT_ENGINES = ("static", "inflight")
+
+BUILTIN_ENGINES: dict[str, str] = {
+    "static": "perfsuite.adapters.builtin:build_static",
+    "inflight": "perfsuite.adapters.builtin:build_inflight",
+    "hf-static": "perfsuite.adapters.hf_static:build",
+    "hf-cb": "perfsuite.adapters.hf_cb:build",
+    "openai-http": "perfsuite.adapters.openai_http:build",
+}
+
+
+_REGISTERED: dict[str, EngineFactory] = {}
+
+
+class UnknownEngineError(ValueError):
+    pass
+
+
+def register_engine(name: str, factory: EngineFactory) -> None:
+    """Make ``factory`` available as ``--perf-engines name`` (call it at import time of a conftest.py)."""
+    if name in BUILTIN_ENGINES or name in _plugin_engines():
+        raise UnknownEngineError(f"engine name {name!r} is taken; register your engine under another name")
+    if not callable(factory):
+        raise TypeError(f"register_engine({name!r}, ...) needs a factory (backend, config) -> engine, got {factory!r}")
+    _REGISTERED[name] = factory
+
+
+def _plugin_engines() -> dict[str, str]:
+    found = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in BUILTIN_ENGINES:
+            raise UnknownEngineError(
+                f"the {ENTRY_POINT_GROUP!r} entry point {entry.name!r} ({entry.value}) clashes with perfsuite's own "
+                f"engine of that name; register it under another name"
+            )
+        found[entry.name] = entry.value
+    return found
+
+
+def available_engines() -> dict[str, str | EngineFactory]:
+    """Every engine name and what builds it: a ``module:factory`` path or a registered factory."""
+    return {**BUILTIN_ENGINES, **_plugin_engines(), **_REGISTERED}
+
+
+def check_engine_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` unchanged if every one is known, else an error listing the choices."""
+    known = available_engines()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UnknownEngineError(
+            f"unknown engine {', '.join(map(repr, unknown))}; choose from {', '.join(known)} "
+            f"or register one under the {ENTRY_POINT_GROUP!r} entry point group (README, 'Test your own engine')"
+        )
+    if len(set(names)) != len(names):
+        raise UnknownEngineError(f"engine names repeat in {', '.join(names)}; give each once")
+    return names
+
+
+def load_factory(name: str) -> EngineFactory:
+    target = available_engines().get(name)
+    if target is None:
+        check_engine_names((name,))
+    if callable(target):
+        return target
+    module_name, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def build_engine(name: str, backend: Backend, config: EngineConfig) -> BatchingEngine:
+    """The engine registered as ``name``, built over ``backend``; checked against the protocol."""
+    engine = load_factory(name)(backend, config)
+    if not isinstance(engine, BatchingEngine):
+        raise TypeError(
+            f"engine factory {name!r} returned {type(engine).__name__}, which lacks the BatchingEngine protocol "
+            "(name, greedy_equal, batch_size, run); see perfsuite.adapters.protocol"
+        )
+    return engine
