@@ -97,13 +97,15 @@ def _probe_weight(device: str):
     return torch.randn(32768, 512, generator=generator).to(device)  # 64 MiB in float32
 
 
-def machine_probe(device: str, iterations: int = 5) -> float:
-    """Seconds for a fixed, memory-bound matmul: how fast this machine is right now.
+def machine_probe(device: str, iterations: int = 20) -> float:
+    """Seconds per iteration of a fixed, memory-bound matmul: how fast this machine is right now.
 
-    Timed next to each repeat and never touching the code under test, so a
+    Timed before each repeat and never touching the code under test, so a
     slower machine (throttling, a noisy neighbour) shows up here too while a
     slower engine does not. ``perfsuite.session`` uses it to put baseline and
-    current samples on the same machine speed.
+    current samples on the same machine speed. 20 iterations (about 0.3 s on
+    the 2-core CI machine): a 5-iteration probe was too short to say how fast
+    the next few seconds would run (bench/calibrate.py).
     """
     import torch
 
@@ -115,4 +117,4 @@ def machine_probe(device: str, iterations: int = 5) -> float:
     for _ in range(iterations):
         torch.nn.functional.linear(rows, weight)
     synchronize(device)
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / iterations

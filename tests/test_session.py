@@ -41,6 +41,17 @@ def test_a_slower_engine_on_the_same_machine_still_regresses():
                    METRICS["median_e2el_ms"]).verdict is Verdict.REGRESSED
 
 
+def test_each_repeat_is_put_on_the_baselines_machine_speed():
+    # The machine speed changes from repeat to repeat; the engine does not.
+    speeds = [1.0, 1.25, 0.8, 1.1, 0.9]
+    baseline = samples([100 / k for k in speeds], [10 * k for k in speeds], speeds)
+    current = samples([100 / k for k in reversed(speeds)], [10 * k for k in reversed(speeds)], reversed(speeds))
+    base, cur = normalize_to_machine_speed(baseline, current)
+    for name in METRICS:
+        expected = 100 if METRICS[name].value == "higher" else 10
+        assert base[name] == pytest.approx([expected] * 5) and cur[name] == pytest.approx([expected] * 5), name
+
+
 def test_without_probes_samples_pass_unchanged():
     baseline = {"output_throughput": [1.0, 2.0]}
     current = {"output_throughput": [3.0, 4.0], PROBE: [1.0, 1.0]}
