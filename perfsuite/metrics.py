@@ -10,6 +10,9 @@ Definitions follow vLLM's benchmark (all times in seconds, from
   produces together share a timestamp, so ITL is the step time seen by a request.
 - Output throughput: output tokens of completed requests / run duration.
 - Request throughput: completed requests / run duration.
+- Goodput: completed requests that meet every SLO / run duration (DistServe's
+  definition, as vLLM's ``--goodput``). TPOT is not defined for a one-token
+  output, so it cannot miss a TPOT SLO.
 
 Aborted requests count in ``num_aborted`` but not in latencies or throughput.
 """
@@ -66,6 +69,63 @@ class Distribution:
             p99=percentile(values, 99),
             max=max(values),
         )
+
+
+SLO_METRICS = ("ttft", "tpot", "e2el")
+_UNITS = {"ms": 1e-3, "s": 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Service-level objectives, in seconds; None where a metric has no objective."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2el: float | None = None
+
+    def __post_init__(self) -> None:
+        limits = {name: getattr(self, name) for name in SLO_METRICS}
+        if all(value is None for value in limits.values()):
+            raise ValueError("an SLO needs at least one of ttft, tpot, e2el, e.g. ttft=500ms,tpot=50ms")
+        for name, value in limits.items():
+            if value is not None and not value > 0:
+                raise ValueError(f"SLO {name} must be a positive time, got {value}")
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """``ttft=500ms,tpot=50ms,e2el=2s`` (units ms or s)."""
+        limits: dict[str, float] = {}
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            name, sep, value = (piece.strip() for piece in item.partition("="))
+            if not sep or name not in SLO_METRICS:
+                raise ValueError(f"SLO item {item!r}: expected one of {', '.join(SLO_METRICS)} as name=value")
+            if name in limits:
+                raise ValueError(f"SLO {name} is given twice")
+            unit = next((u for u in ("ms", "s") if value.endswith(u)), None)
+            try:
+                number = float(value[: -len(unit)] if unit else value)
+            except ValueError:
+                number = math.nan
+            if unit is None or math.isnan(number):
+                raise ValueError(f"SLO {name}={value!r}: expected a time with a unit, e.g. 500ms or 2s")
+            limits[name] = number * _UNITS[unit]
+        return cls(**limits)
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{n}={1e3 * getattr(self, n):g}ms" for n in SLO_METRICS if getattr(self, n) is not None)
+
+    def is_met_by(self, request: RequestMetrics) -> bool:
+        checks = ((self.ttft, request.ttft), (self.tpot, request.tpot), (self.e2el, request.e2e))
+        return all(limit is None or value is None or value <= limit for limit, value in checks)
+
+
+def goodput(metrics: RunMetrics, slo: SLO) -> float:
+    """Requests per second that met every objective."""
+    good = sum(1 for request in metrics.requests if slo.is_met_by(request))
+    return good / metrics.duration if metrics.duration > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)

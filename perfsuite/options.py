@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.adapters.registry import UnknownEngineError, check_engine_names
+from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import integer_at_least, number
+from perfsuite.metrics import SLO
 from perfsuite.profiles import PROFILES, Profile
 from perfsuite.stats import Policy
+from perfsuite.sweep import Sweep, load_sweep
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -59,6 +61,20 @@ def engine_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def slo_spec(text: str) -> SLO:
+    try:
+        return SLO.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def sweep_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"sweep config {text!r} does not exist; see examples/sweep.toml")
+    return path
+
+
 def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
@@ -75,6 +91,8 @@ _OPTIONS = (
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None, "timed repeats per test (default: the profile's)"),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
+    ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
+    ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),
     ("perf_alpha", probability, "0.05", "significance level, after Holm's correction"),
     ("perf_min_effect", fraction, "0.10", "smallest change of a median that can fail a test (0.10 = 10%)"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
@@ -103,13 +121,15 @@ class PerfOptions:
     model: str
     device: str
     dtype: str
-    engines: tuple[str, ...]
-    endpoint: str | None
     profile: Profile
     repeats: int
     baseline_dir: Path
     report_dir: Path
     policy: Policy
+    engines: tuple[str, ...] = DEFAULT_ENGINES
+    endpoint: str | None = None
+    sweep: Sweep | None = None
+    slo: SLO | None = None
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -131,6 +151,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         check_engine_names(values["perf_engines"])
     except UnknownEngineError as error:
         raise pytest.UsageError(f"--perf-engines: {error}") from None
+    sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
     profile = PROFILES[values["perf_profile"]]
     rootdir = Path(config.rootpath)
     return PerfOptions(
@@ -141,9 +162,20 @@ def read_options(config: pytest.Config) -> PerfOptions:
         dtype=values["perf_dtype"],
         engines=values["perf_engines"],
         endpoint=values["perf_endpoint"],
+        sweep=sweep,
+        slo=values["perf_slo"],
         profile=profile,
         repeats=values["perf_repeats"] or profile.repeats,
         baseline_dir=rootdir / values["perf_baseline_dir"],
         report_dir=rootdir / values["perf_report_dir"],
         policy=Policy(alpha=values["perf_alpha"], min_effect=values["perf_min_effect"]),
     )
+
+
+def _load_sweep(path: Path) -> Sweep:
+    try:
+        sweep = load_sweep(path)
+        check_engine_names(tuple(sweep.engines))
+    except ValueError as error:  # UnknownEngineError is one
+        raise pytest.UsageError(f"--perf-config: {error}") from None
+    return sweep

@@ -13,7 +13,7 @@ import pytest
 
 from perfsuite.options import add_options, read_options
 from perfsuite.report import write_report
-from perfsuite.session import METRICS, PerfSession
+from perfsuite.session import PerfSession
 from perfsuite.table import format_table
 
 SESSION_KEY = pytest.StashKey[PerfSession]()
@@ -33,10 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash[SESSION_KEY]
     perf_items = [item for item in items if item.get_closest_marker("perf")]
+    runnable = [item for item in perf_items if not item.get_closest_marker("skip")]
     if not session.options.enabled:
         for item in perf_items:
             item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
-    session.num_planned_tests = len(perf_items)
+    session.num_planned_tests = len(runnable)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -76,7 +77,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     options = perf_session.options
     write(
         f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} (Holm over "
-        f"{perf_session.num_planned_comparisons} comparisons of {len(METRICS)} metrics), "
+        f"{perf_session.num_planned_comparisons} comparisons of {len(perf_session.compared_metrics)} metrics), "
         f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
     )
     if REPORT_KEY in config.stash:
@@ -128,7 +129,22 @@ def _perf_environment(perf_session, perf_backend):
 
 
 @pytest.fixture(scope="session")
-def workload_factory(perf_session, perf_backend):
+def requests_for(perf_backend):
+    """``requests_for(workload)`` -> the workload's requests, tokenized for the model under test."""
+    from perfsuite.workload import Vocab
+
+    vocab = None
+    if perf_backend.vocab_size:
+        vocab = Vocab(perf_backend.vocab_size, perf_backend.special_token_ids)
+
+    def make(workload):
+        return workload.requests(perf_backend.tokenize, vocab=vocab)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def workload_factory(perf_session, requests_for):
     """``workload_factory(lengths="uniform", rate=None, num_requests=None)`` -> requests of the profile."""
     from perfsuite.workload import Arrivals, Workload
 
@@ -138,7 +154,7 @@ def workload_factory(perf_session, perf_backend):
         if lengths not in profile.lengths:
             raise ValueError(f"profile {profile.name!r} has no {lengths!r} lengths; choose {sorted(profile.lengths)}")
         workload = Workload(num_requests or profile.num_requests, profile.lengths[lengths], Arrivals(rate), seed)
-        return workload.requests(perf_backend.tokenize)
+        return requests_for(workload)
 
     return make
 
@@ -149,12 +165,14 @@ def workload(workload_factory):
 
 
 @pytest.fixture(scope="session")
-def perf_max_seq_len(perf_session, perf_backend, workload_factory) -> int:
-    """One cache length that fits every workload of the profile."""
+def perf_max_seq_len(perf_session, perf_backend, workload_factory, requests_for) -> int:
+    """One cache length that fits every workload of the profile and of the sweep config."""
     from perfsuite.measure import max_seq_len_for
 
-    profile = perf_session.options.profile
-    requests = [r for kind in profile.lengths for r in workload_factory(kind)]
+    options = perf_session.options
+    requests = [r for kind in options.profile.lengths for r in workload_factory(kind)]
+    if options.sweep is not None:
+        requests += [r for case in options.sweep.cases() for r in requests_for(case.workload)]
     return max_seq_len_for(requests, perf_backend.max_context)
 
 

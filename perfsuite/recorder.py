@@ -27,11 +27,13 @@ class PerfRecorder:
         *,
         max_concurrency: int | None = None,
         arrival_rate: float | None = None,
+        repeats: int | None = None,
     ) -> TestResult:
-        """Warm up (discarded), then time the profile's repeats through pytest-benchmark."""
+        """Warm up (discarded), then time ``repeats`` (default: the profile's) through pytest-benchmark."""
         from perfsuite.measure import timed_run
 
         options = self.session.options
+        repeats = repeats or options.repeats
         for _ in range(options.profile.warmup_runs):
             engine.run(requests, max_concurrency=max_concurrency)
         runs: list[RunResult] = []
@@ -42,8 +44,8 @@ class PerfRecorder:
                 probes.append(self.backend.probe(self.backend.device))
             runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
 
-        self.benchmark.pedantic(one_run, rounds=options.repeats, iterations=1, warmup_rounds=0)
-        while len(runs) < options.repeats:  # --benchmark-disable runs the target only once
+        self.benchmark.pedantic(one_run, rounds=repeats, iterations=1, warmup_rounds=0)
+        while len(runs) < repeats:  # --benchmark-disable runs the target only once
             one_run()
         concurrency = max_concurrency or engine.batch_size
         parameters = sizing_parameters(requests, options.model, options.dtype, concurrency)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfsuite.session import METRICS, exact_counter_changes, normalize_to_machine_speed
+from perfsuite.session import ALL_METRICS, GOODPUT, exact_counter_changes, normalize_to_machine_speed
 from perfsuite.stats import Comparison, Policy, adjust, compare
 
 
@@ -28,7 +28,8 @@ def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: 
     """``new`` with its comparisons, counter changes and baseline samples taken against ``old``."""
     old_tests = {test["test_id"]: test for test in old["tests"]}
     pairs = [(old_tests[test["test_id"]], test) for test in new["tests"] if test["test_id"] in old_tests]
-    raw = [_compare_samples(before, after, policy) for before, after in pairs]
+    same_slo = old.get("slo") == new.get("slo")
+    raw = [_compare_samples(before, after, policy, same_slo) for before, after in pairs]
     adjusted = iter(adjust([c for comparisons in raw for c in comparisons], policy))
     judged = {}
     for (before, after), comparisons in zip(pairs, raw):
@@ -69,12 +70,14 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
-def _compare_samples(before: dict[str, Any], after: dict[str, Any], policy: Policy) -> list[Comparison]:
+def _compare_samples(
+    before: dict[str, Any], after: dict[str, Any], policy: Policy, same_slo: bool
+) -> list[Comparison]:
     old_samples, new_samples = normalize_to_machine_speed(before.get("samples") or {}, after.get("samples") or {})
     return [
         compare(metric, old_samples[metric], new_samples[metric], direction, policy)
-        for metric, direction in METRICS.items()
-        if old_samples.get(metric) and new_samples.get(metric)
+        for metric, direction in ALL_METRICS.items()
+        if old_samples.get(metric) and new_samples.get(metric) and (metric != GOODPUT or same_slo)
     ]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.engine.types import Request, RunResult
-from perfsuite.metrics import Distribution, RunMetrics, run_metrics
+from perfsuite.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
 from perfsuite.options import PerfOptions
 from perfsuite.stats import (
     Comparison,
@@ -50,6 +50,11 @@ METRICS: dict[str, Direction] = {
 }
 
 
+GOODPUT = "request_goodput"
+# Goodput is compared too when the session has an SLO (--perf-slo) and the
+# baseline was measured against the same SLO.
+ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
+
 PROBE = "probe_seconds"
 
 
@@ -73,7 +78,7 @@ def normalize_to_machine_speed(
     reference = statistics.median(base[PROBE])
     for side in (base, cur):
         slowdowns = [probe / reference for probe in side[PROBE]]
-        for name, direction in METRICS.items():
+        for name, direction in ALL_METRICS.items():
             if name in side and len(side[name]) == len(slowdowns):
                 side[name] = [
                     value * k if direction is Direction.HIGHER_IS_BETTER else value / k
@@ -115,17 +120,20 @@ class TestResult:
         return [c for c in self.comparisons if c.verdict is Verdict.REGRESSED]
 
 
-def repeat_samples(metrics: RunMetrics) -> dict[str, float]:
-    return {
+def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, float]:
+    samples = {
         "output_throughput": metrics.output_throughput,
         "request_throughput": metrics.request_throughput,
         "median_ttft_ms": 1e3 * metrics.ttft.median,
         "median_tpot_ms": 1e3 * metrics.tpot.median,
         "median_e2el_ms": 1e3 * metrics.e2el.median,
     }
+    if slo is not None:
+        samples[GOODPUT] = goodput(metrics, slo)
+    return samples
 
 
-def vllm_summary(runs: Sequence[RunMetrics]) -> dict[str, float]:
+def vllm_summary(runs: Sequence[RunMetrics], slo: SLO | None = None) -> dict[str, float]:
     """vLLM's benchmark keys, pooled over the requests of every repeat."""
     summary: dict[str, float] = {
         "request_throughput": statistics.fmean(r.request_throughput for r in runs),
@@ -133,6 +141,8 @@ def vllm_summary(runs: Sequence[RunMetrics]) -> dict[str, float]:
         "completed": sum(r.num_completed for r in runs),
         "total_output_tokens": sum(r.num_output_tokens for r in runs),
     }
+    if slo is not None:
+        summary[GOODPUT] = statistics.fmean(goodput(r, slo) for r in runs)
     pooled = {
         "ttft": [m.ttft for r in runs for m in r.requests if m.ttft is not None],
         "tpot": [m.tpot for r in runs for m in r.requests if m.tpot is not None],
@@ -229,8 +239,12 @@ class PerfSession:
         return BaselineStore(self.options.baseline_dir)
 
     @property
+    def compared_metrics(self) -> dict[str, Direction]:
+        return ALL_METRICS if self.options.slo is not None else METRICS
+
+    @property
     def num_planned_comparisons(self) -> int:
-        return max(1, self.num_planned_tests * len(METRICS))
+        return max(1, self.num_planned_tests * len(self.compared_metrics))
 
     def record(
         self,
@@ -245,9 +259,10 @@ class PerfSession:
         ``probes`` are ``measure.machine_probe`` seconds, one per repeat.
         """
         assert self.environment is not None, "capture the environment before recording"
+        slo = self.options.slo
         metrics = [run_metrics(run) for run in runs]
-        per_repeat = [repeat_samples(m) for m in metrics]
-        samples = {name: tuple(s[name] for s in per_repeat) for name in METRICS}
+        per_repeat = [repeat_samples(m, slo) for m in metrics]
+        samples = {name: tuple(s[name] for s in per_repeat) for name in self.compared_metrics}
         if probes:
             samples[PROBE] = tuple(probes)
         counters = counters_of(runs[-1])
@@ -258,7 +273,7 @@ class PerfSession:
             arrival_rate=arrival_rate,
             samples=samples,
             counters=counters,
-            summary=vllm_summary(metrics),
+            summary=vllm_summary(metrics, slo),
             baseline_status="no baseline",
             request_samples=per_request_samples(metrics),
             timeline=timeline_of(runs[-1]),
@@ -273,7 +288,7 @@ class PerfSession:
                     created_at=_now(),
                     samples=samples,
                     counters=counters,
-                    parameters=dataclasses.asdict(parameters),
+                    parameters={**dataclasses.asdict(parameters), "slo": slo.label if slo else None},
                     request_samples=result.request_samples,
                 )
             )
@@ -296,9 +311,16 @@ class PerfSession:
             return result
         policy = self.options.policy
         base, current = normalize_to_machine_speed(baseline.samples, result.samples)
+        slo = self.options.slo.label if self.options.slo else None
+        if GOODPUT in base and GOODPUT in current and baseline.parameters.get("slo") != slo:
+            self.warnings.append(
+                f"{result.test_id}: the baseline's goodput counts SLO {baseline.parameters.get('slo')}, this run's "
+                f"{slo}; goodput not compared (re-record the baseline with --perf-save-baseline --perf-slo {slo})"
+            )
+            del base[GOODPUT]
         comparisons = [
             compare(name, base[name], current[name], direction, policy)
-            for name, direction in METRICS.items()
+            for name, direction in self.compared_metrics.items()
             if name in base and name in current
         ]
         bounded = with_bonferroni_bound(comparisons, self.num_planned_comparisons, policy)
@@ -339,8 +361,9 @@ class PerfSession:
                 "min_effect": self.options.policy.min_effect,
                 "test": "one-sided Mann-Whitney U on per-repeat samples",
                 "correction": "holm",
-                "normalization": "current rescaled by its median machine probe over the baseline's",
+                "normalization": "each repeat rescaled by its machine probe over the baseline's median probe",
             },
+            "slo": self.options.slo.label if self.options.slo else None,
             "tests": [_result_json(r) for r in self.results],
             "warnings": list(self.warnings),
         }

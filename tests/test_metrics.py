@@ -89,3 +89,38 @@ def test_percentile_rejects_bad_input():
         percentile([], 50)
     with pytest.raises(ValueError, match="0..100"):
         percentile([1.0], 101)
+
+
+def _record(request_id, arrival, token_times):
+    from perfsuite.engine.types import FinishReason, RequestRecord
+
+    return RequestRecord(request_id, 4, tuple(range(len(token_times))), arrival, arrival, tuple(token_times),
+                         token_times[-1], FinishReason.LENGTH)
+
+
+def test_goodput_counts_requests_that_meet_every_slo():
+    from perfsuite.engine.types import EngineCounters, RunResult
+    from perfsuite.metrics import SLO, goodput, run_metrics
+
+    records = (
+        _record("fast", 0.0, [0.1, 0.2, 0.3]),  # ttft 0.1, tpot 0.1
+        _record("slow-first", 0.0, [0.9, 1.0]),  # ttft 0.9
+        _record("slow-decode", 0.0, [0.1, 0.6, 1.1]),  # tpot 0.5
+        _record("one-token", 0.0, [0.2]),  # no tpot: cannot miss a tpot SLO
+    )
+    metrics = run_metrics(RunResult("e", records, 0.0, 2.0, EngineCounters()))
+    assert goodput(metrics, SLO.parse("ttft=500ms,tpot=200ms")) == pytest.approx(2 / 2.0)
+    assert goodput(metrics, SLO.parse("ttft=1s")) == pytest.approx(4 / 2.0)
+    assert goodput(metrics, SLO.parse("e2el=250ms")) == pytest.approx(1 / 2.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("ttft=5", "unit"), ("speed=5ms", "one of ttft, tpot, e2el"), ("ttft=-1ms", "positive"),
+     ("", "at least one"), ("ttft=1ms,ttft=2ms", "twice")],
+)
+def test_bad_slos_name_the_problem(text, message):
+    from perfsuite.metrics import SLO
+
+    with pytest.raises(ValueError, match=message):
+        SLO.parse(text)

@@ -178,7 +178,7 @@ def test_shipped_perf_suite_runs_in_smoke_mode_on_tiny_random(pytester):
     from smoke_session import run_shipped_smoke_session
 
     result = run_shipped_smoke_session(pytester)
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=8, skipped=1)  # the sweep test waits for --perf-config
     tests = results_json(pytester)["tests"]
     engines = {t["engine"] for t in tests}
     assert engines == {"static", "inflight"}
@@ -219,5 +219,58 @@ def test_shipped_perf_tests_run_unchanged_against_an_engine_registered_in_confte
     )
     user_conftest = "import dataclasses\n" + user_conftest
     result = run_shipped_smoke_session(pytester, "--perf-engines", "reversed-static", conftest_addition=user_conftest)
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=4, skipped=1)
     assert {t["engine"] for t in results_json(pytester)["tests"]} == {"reversed-static"}
+
+
+SWEEP = """
+[sweep]
+engines = ["static", "inflight"]
+batch_sizes = [2]
+prompts = [6]
+output_lengths = [3]
+arrivals = ["offline", {concurrency = 1}]
+num_requests = 3
+repeats = 2
+"""
+
+
+def test_a_sweep_config_expands_into_perf_tests_with_goodput(pytester):
+    from smoke_session import run_shipped_smoke_session
+
+    pytester.path.joinpath("sweep.toml").write_text(SWEEP)
+    result = run_shipped_smoke_session(pytester, "--perf-config", "sweep.toml", "--perf-slo", "ttft=10s,tpot=5s", "-v")
+    result.assert_outcomes(passed=12)
+    result.stdout.fnmatch_lines(["*test_sweep*static-B2-in6-out3-offline*PASSED*", "*test_sweep*inflight-B2-in6-out3-c1*"])
+    data = results_json(pytester)
+    assert data["slo"] == "ttft=10000ms,tpot=5000ms"
+    sweep_tests = [t for t in data["tests"] if "test_sweep" in t["test_id"]]
+    assert len(sweep_tests) == 4
+    for test in sweep_tests:
+        assert test["parameters"]["input_length"] == 6 and test["parameters"]["output_length"] == 3
+        assert len(test["samples"]["request_goodput"]) == 2, "the sweep's own repeats"
+        assert test["request_goodput"] == pytest.approx(test["request_throughput"]), "every request meets a loose SLO"
+    closed = [t for t in sweep_tests if t["test_id"].endswith("c1]")]
+    assert all(t["parameters"]["concurrency"] == 1 for t in closed)
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("[sweep]\nengines = ['turbo']\nbatch_sizes = [2]\noutput_lengths = [3]\nnum_requests = 2\n",
+         "*--perf-config*unknown engine 'turbo'*"),
+        ("[sweep]\nengines = ['static']\nbatch_sizes = [2]\noutput_lengths = [3]\nnum_request = 2\n",
+         "*--perf-config*num_request*"),
+    ],
+)
+def test_a_bad_sweep_config_is_a_usage_error(project, sweep, message):
+    project.path.joinpath("sweep.toml").write_text(sweep)
+    result = project.runpytest_subprocess("--perf", "--perf-config", "sweep.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_a_bad_slo_is_a_usage_error(project):
+    result = project.runpytest_subprocess("--perf", "--perf-slo", "ttft=fast")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perf-slo*ttft='fast'*500ms*"])

@@ -76,6 +76,8 @@ class Backend:
     model: Any = None
     tokenizer: Any = None
     endpoint: str | None = None
+    vocab_size: int | None = None  # ids synthetic prompts may use: 0..vocab_size-1
+    special_token_ids: tuple[int, ...] = ()  # never drawn into a synthetic prompt
 
     @classmethod
     def from_loaded(cls, loaded: Any, endpoint: str | None = None) -> Backend:
@@ -91,6 +93,8 @@ class Backend:
             model=loaded.model,
             tokenizer=loaded.tokenizer,
             endpoint=endpoint,
+            vocab_size=min(len(loaded.tokenizer), loaded.model.config.vocab_size),
+            special_token_ids=tuple(loaded.tokenizer.all_special_ids),
         )
 
 

@@ -1,5 +1,7 @@
 """Parametrize the shipped perf tests from the chosen ``--perf-profile``."""
 
+import pytest
+
 from perfsuite.plugin import perf_options
 
 
@@ -14,3 +16,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("lengths", list(profile.lengths))
     if "arrival_rate" in metafunc.fixturenames:
         metafunc.parametrize("arrival_rate", profile.arrival_rates, ids=[f"{r:g}rps" for r in profile.arrival_rates])
+    if "sweep_case" in metafunc.fixturenames:
+        if options.sweep is None:
+            skip = pytest.mark.skip(reason="no sweep config: run it with --perf-config examples/sweep.toml")
+            metafunc.parametrize("sweep_case", [pytest.param(None, marks=skip)], ids=["no-config"])
+        else:
+            cases = options.sweep.cases()
+            metafunc.parametrize("sweep_case", cases, ids=[case.id for case in cases])

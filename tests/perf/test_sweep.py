@@ -1,0 +1,17 @@
+"""The cases of a TOML sweep config (``--perf-config``): engines x batch sizes x workloads."""
+
+import pytest
+
+
+@pytest.mark.perf
+def test_sweep(perf, engine_factory, requests_for, sweep_case):
+    workload = sweep_case.workload
+    engine = engine_factory(sweep_case.engine, batch_size=sweep_case.batch_size)
+    perf.measure(
+        engine,
+        requests_for(workload),
+        max_concurrency=workload.max_concurrency,
+        arrival_rate=workload.arrivals.rate,
+        repeats=sweep_case.repeats,
+    )
+    perf.assert_no_regression()
