@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfsuite.argtypes import positive_int
+from perfsuite.argtypes import integer_at_least, positive_int
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.engine import RunResult
 from perfsuite.metrics import RunMetrics, run_metrics
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
     run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
     _add_report_commands(commands)
+    _add_serve_command(commands)
     return parser
 
 
@@ -81,14 +82,49 @@ def _add_report_commands(commands) -> None:
     compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
 
 
+def _add_serve_command(commands) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve the in-flight engine over an OpenAI-compatible HTTP API",
+        description="POST /v1/completions (streamed or not, greedy), GET /health and GET /v1/models. "
+        "Measure it with `pytest --perf --perf-engines openai-http --perf-endpoint http://HOST:PORT`.",
+    )
+    serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory ({DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=integer_at_least(0, "a TCP port"), default=8000, help="0 for any free (8000)")
+    serve.add_argument("--batch-size", type=positive_int, default=8, help="in-flight decode batch (8)")
+    serve.add_argument("--max-seq-len", type=positive_int, help="prompt + output tokens (min(2048, context))")
+    serve.add_argument("--max-open-requests", type=positive_int, default=256, help="more get HTTP 429 (256)")
+    serve.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    serve.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
+    serve.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": _run, "report": _report, "compare": _compare}
+    commands = {"run": _run, "report": _report, "compare": _compare, "serve": _serve}
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
         print(f"perfsuite: error: {error}", file=sys.stderr)
         return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from perfsuite.serve import ServeOptions, serve
+
+    options = ServeOptions(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        batch_size=args.batch_size,
+        max_seq_len=args.max_seq_len,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        max_open_requests=args.max_open_requests,
+    )
+    return serve(options)
 
 
 def _report(args: argparse.Namespace) -> int:
