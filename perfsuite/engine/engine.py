@@ -117,6 +117,19 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def forget_finished(self) -> list[RequestRecord]:
+        """Return the records of finished and aborted requests, and drop them.
+
+        A long-lived caller (a server) that never starts a ``run`` calls this
+        to keep its memory flat. Once no request is left in flight, the
+        counters and step traces start over too, as a new run would start them.
+        """
+        finished_ids = [rid for rid, builder in self._records.items() if builder.finished_time is not None]
+        records = [self._records.pop(rid).build() for rid in finished_ids]
+        if not self._records:
+            self._reset_accounting()
+        return records
+
     # -- the loop -----------------------------------------------------------
 
     def step(self) -> list[StepOutput]:

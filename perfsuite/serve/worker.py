@@ -1,0 +1,203 @@
+"""The engine's one thread: adds, aborts and steps, and each request's token stream.
+
+The engine is not thread-safe, so every engine call (add, abort, step) runs on
+one worker thread, a single-thread executor. The asyncio loop owns the HTTP
+side; its engine-loop task submits one ``step`` at a time while the engine has
+work, and hands each step's tokens to the waiting handlers. Adds and aborts
+are submitted to the same executor, so they run between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from perfsuite.engine import Engine, Request, RequestRecord, StepOutput
+from perfsuite.serve.errors import EngineFailure, invalid_request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """The engine's occupancy after its latest call, for ``/health``."""
+
+    num_running: int
+    num_waiting: int
+    num_free_slots: int
+    num_slots: int
+
+
+class TokenStream:
+    """One request's step outputs, passed from the engine loop to its HTTP handler.
+
+    The queue is unbounded in type but not in use: the engine produces at most
+    ``max_tokens`` outputs per request.
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[StepOutput | EngineFailure] = asyncio.Queue()
+
+    def put(self, output: StepOutput) -> None:
+        self._queue.put_nowait(output)
+
+    def fail(self, failure: EngineFailure) -> None:
+        self._queue.put_nowait(failure)
+
+    async def outputs(self) -> AsyncIterator[StepOutput]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, EngineFailure):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+
+class EngineWorker:
+    """Owns the engine: its one thread, the stepping task and the open streams."""
+
+    def __init__(self, engine: Engine, num_recent_records: int) -> None:
+        self._engine = engine
+        self._executor: ThreadPoolExecutor | None = None
+        self._drive_task: asyncio.Task | None = None
+        self._has_work = asyncio.Event()
+        self._streams: dict[str, TokenStream] = {}
+        # Touched only on the engine thread:
+        self._client_ids: dict[str, str] = {}
+        # Written on the engine thread, read anywhere:
+        self._load = self._current_load()
+        self._recent_records: deque[RequestRecord] = deque(maxlen=num_recent_records)
+        self._records_lock = threading.Lock()
+        if not engine.has_unfinished_requests():
+            engine.forget_finished()  # earlier runs (a warm-up) are not this server's requests
+
+    # -- the asyncio side ---------------------------------------------------
+
+    async def start(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perfsuite-engine")
+        self._drive_task = asyncio.create_task(self._drive())
+
+    async def stop(self) -> None:
+        if self._drive_task is not None:
+            self._drive_task.cancel()
+            await asyncio.gather(self._drive_task, return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    @property
+    def load(self) -> EngineLoad:
+        return self._load
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._streams)
+
+    def recent_records(self) -> tuple[RequestRecord, ...]:
+        """The engine's records of recently finished requests, named by their ``X-Request-Id`` when sent."""
+        with self._records_lock:
+            return tuple(self._recent_records)
+
+    async def open(self, request: Request, client_id: str | None) -> TokenStream:
+        """Add ``request`` to the running batch; its outputs arrive on the returned stream."""
+        stream = TokenStream()
+        self._streams[request.request_id] = stream
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._add, request, client_id)
+        except ValueError as error:
+            del self._streams[request.request_id]
+            raise invalid_request(str(error)) from None
+        self._has_work.set()
+        return stream
+
+    def close(self, request_id: str) -> None:
+        """Forget a request; one still unfinished is aborted so its slot is freed."""
+        if self._streams.pop(request_id, None) is not None:
+            self._submit_abort(request_id)
+
+    def _submit_abort(self, request_id: str) -> None:
+        try:
+            self._executor.submit(self._abort, request_id)
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            pass
+
+    async def _drive(self) -> None:
+        # Clearing before each step cannot lose a wake-up: an add submitted
+        # after this step runs after it (one thread, FIFO) and sets the event.
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._has_work.wait()
+            self._has_work.clear()
+            try:
+                outputs, is_busy = await loop.run_in_executor(self._executor, self._step)
+            except Exception as error:
+                log.exception("engine step failed; aborting its %d open requests", len(self._streams))
+                self._fail_open_requests(EngineFailure(f"the engine failed: {type(error).__name__}: {error}"))
+                continue
+            self._deliver(outputs)
+            if is_busy:
+                self._has_work.set()
+
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:  # closed while its step ran; its abort is queued
+                continue
+            stream.put(output)
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _fail_open_requests(self, failure: EngineFailure) -> None:
+        for request_id, stream in list(self._streams.items()):
+            stream.fail(failure)
+            self.close(request_id)
+
+    # -- the engine thread --------------------------------------------------
+
+    def _add(self, request: Request, client_id: str | None) -> None:
+        self._engine.add_request(request)
+        if client_id is not None:
+            self._client_ids[request.request_id] = client_id
+        self._settle()
+
+    def _abort(self, request_id: str) -> None:
+        try:
+            self._engine.abort_request(request_id)
+        except Exception:
+            log.exception("aborting request %s failed", request_id)
+        self._settle()
+
+    def _step(self) -> tuple[list[StepOutput], bool]:
+        outputs = self._engine.step()
+        self._settle()
+        return outputs, self._engine.has_unfinished_requests()
+
+    def _settle(self) -> None:
+        self._load = self._current_load()
+        if not self._engine.has_unfinished_requests():
+            self._archive_records()
+
+    def _archive_records(self) -> None:
+        # The engine keeps a record per request until told to forget it; an
+        # idle server takes them all, so its memory stays flat.
+        records = self._engine.forget_finished()
+        if not records:
+            return
+        named = [replace(r, request_id=self._client_ids.pop(r.request_id, r.request_id)) for r in records]
+        self._client_ids.clear()
+        with self._records_lock:
+            self._recent_records.extend(named)
+
+    def _current_load(self) -> EngineLoad:
+        scheduler = self._engine.scheduler
+        return EngineLoad(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_free_slots=scheduler.kv_cache.num_free_slots,
+            num_slots=scheduler.kv_cache.num_slots,
+        )
