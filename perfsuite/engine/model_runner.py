@@ -82,6 +82,12 @@ class ModelRunner:
 
     The runner holds the weights; every engine built on it shares them and
     brings its own ``KVCache`` from ``new_kv_cache``.
+
+    ``pad_rows``: on CPU, a projection over 2..7 packed token rows is padded
+    to 8 rows, because oneDNN runs those shapes slower than 8 rows
+    (bench/gemm_rows.py). In-flight batching meets them whenever few requests
+    are running; static batching never does, as its finished rows stay in
+    the batch as padding. None computes exactly the rows there are.
     """
 
     def __init__(self, model, *, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> None:
@@ -99,6 +105,7 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.rms_norm_eps = config.rms_norm_eps
         self.num_forward_passes = 0
+        self.pad_rows: int | None = 8 if self.device.type == "cpu" else None
         self._load_weights(model)
         self._build_rotary_tables(model)
 
@@ -175,7 +182,7 @@ class ModelRunner:
     def _decoder_layer(self, layer: _LayerWeights, k_cache, v_cache, hidden, batch: _Batch, cos, sin):
         num_tokens = hidden.shape[0]
         normed = self._rms_norm(hidden, layer.input_norm)
-        qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
+        qkv = self._linear(normed, layer.qkv, layer.qkv_bias)
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
@@ -188,10 +195,16 @@ class ModelRunner:
         attended = torch.empty_like(q)  # [T, heads, head_dim]
         for group in batch.groups:
             attended[group.token_index] = self._attend(group, q, k_cache, v_cache)
-        hidden = hidden + F.linear(attended.view(num_tokens, q_size), layer.out)
+        hidden = hidden + self._linear(attended.view(num_tokens, q_size), layer.out)
         normed = self._rms_norm(hidden, layer.post_norm)
-        gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
-        return hidden + F.linear(F.silu(gate) * up, layer.down)
+        gate, up = self._linear(normed, layer.gate_up).chunk(2, dim=-1)
+        return hidden + self._linear(F.silu(gate) * up, layer.down)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.shape[0]
+        if self.pad_rows is None or not 1 < rows < self.pad_rows:
+            return F.linear(x, weight, bias)
+        return F.linear(F.pad(x, (0, 0, 0, self.pad_rows - rows)), weight, bias)[:rows]
 
     def _attend(self, group: _AttentionGroup, q, k_cache, v_cache) -> torch.Tensor:
         keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
