@@ -25,6 +25,10 @@ import torch.nn.functional as F
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 
 SUPPORTED_MODEL_TYPES = ("llama",)
+# packed: every step as packed tokens. static: decode-only steps over all
+# slots with static shapes (perfsuite.engine.static_decode). cuda-graph: the
+# static step captured once and replayed.
+DECODE_MODES = ("packed", "static", "cuda-graph")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +92,19 @@ class ModelRunner:
     (bench/gemm_rows.py). In-flight batching meets them whenever few requests
     are running; static batching never does, as its finished rows stay in
     the batch as padding. None computes exactly the rows there are.
+
+    ``decode_mode`` picks how steps whose chunks are all one token run (see
+    ``DECODE_MODES``); other steps always take the packed path.
     """
 
-    def __init__(self, model, *, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        decode_mode: str = "packed",
+    ) -> None:
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -108,6 +122,7 @@ class ModelRunner:
         self.pad_rows: int | None = 8 if self.device.type == "cpu" else None
         self._load_weights(model)
         self._build_rotary_tables(model)
+        self.static_decode = self._static_decode_step(decode_mode)
 
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         if num_slots < 1:
@@ -124,6 +139,15 @@ class ModelRunner:
         )
 
     # -- set-up -------------------------------------------------------------
+
+    def _static_decode_step(self, decode_mode: str):
+        if decode_mode not in DECODE_MODES:
+            raise ValueError(f"unknown decode_mode {decode_mode!r}; choose one of {', '.join(DECODE_MODES)}")
+        if decode_mode == "packed":
+            return None
+        from perfsuite.engine.static_decode import StaticDecodeStep  # it imports this module
+
+        return StaticDecodeStep(self, use_cuda_graph=decode_mode == "cuda-graph")
 
     def _tensor(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=self.dtype)
@@ -165,6 +189,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput, kv_cache: KVCache) -> list[int]:
         """Run every chunk; return the greedy token of each sampling chunk, in order."""
+        if self.static_decode is not None and self.static_decode.handles(output.chunks):
+            self.num_forward_passes += 1
+            return self.static_decode(output.chunks, kv_cache)
         batch = self._prepare(output.chunks, kv_cache.max_seq_len)
         hidden = self.embed[batch.input_ids]  # [T, hidden]
         cos = self.cos_table[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
