@@ -17,6 +17,7 @@ PURE_MODULES = [
     "perfsuite.adapters.builtin",
     "perfsuite.recorder",
     "perfsuite.adapters.openai_http",
+    "perfsuite.adapters.peer_support",
     "perfsuite.serve",
     "perfsuite.sweep",
     "perfsuite.metrics",

@@ -1,0 +1,188 @@
+"""perfsuite's engines against Hugging Face's, measured side by side on one machine.
+
+    python bench/peers.py [--model smollm2-135m] [--num-requests 20] [--repeats 2]
+                          [--batch-sizes 8,32] [--workloads mixed,exponential]
+                          [--engines static,inflight,hf-static,hf-cb]
+
+Every engine is built by name through ``perfsuite.adapters.build_engine`` over
+one loaded model and serves the same seeded requests, all at t0:
+
+- ``mixed``: the default workload, max_new_tokens uniform 8..128;
+- ``exponential``: max_new_tokens exponential with mean 64, in 1..256.
+
+Both ignore EOS, so every engine produces the same tokens. Each engine gets a
+throw-away warm-up run first. Each repeat then runs every engine once,
+alternating the order between repeats, and a ratio is taken per repeat, so
+slow drift of a noisy machine hits the engines alike. What is timed is
+``engine.run``: for ``hf-cb`` the manager's set-up (building its paged cache)
+and shut-down are outside it, as perfsuite's engines allocate their caches
+when built.
+
+The defaults take about 12-15 minutes on a quiet 2-core CPU (perfsuite's
+engines make ~40-55 tok/s there at B=8, about twice that at B=32); the time
+grows with --num-requests x --repeats. With 20 requests, B=32 holds them all
+in one batch, so that cell measures one batch draining, not a steady state.
+For each workload and batch size it prints
+output tok/s per engine and the median per-repeat ratios inflight/hf-static,
+inflight/hf-cb and inflight/static. The last line is the first workload at the
+first batch size (the default workload at B=8 by default):
+
+    inflight/hf-static=<x> inflight/hf-cb=<y> inflight/static=<z> overhead=<pct>%
+
+where overhead is the in-flight engine's host overhead: the share of its run's
+wall time spent outside the model's forward compute (as in bench/batching.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from batching import ProfiledRunner  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, build_engine, check_engine_names  # noqa: E402
+from perfsuite.argtypes import positive_int  # noqa: E402
+from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
+from perfsuite.metrics import run_metrics  # noqa: E402
+from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
+from perfsuite.table import format_table  # noqa: E402
+from perfsuite.workload import OutputLengths, Workload, mixed_workload  # noqa: E402
+
+WORKLOADS: dict[str, Callable[[int], Workload]] = {
+    "mixed": mixed_workload,
+    "exponential": lambda num_requests: Workload(num_requests, OutputLengths("exponential", 1, 256, mean=64)),
+}
+ENGINES = ("static", "inflight", "hf-static", "hf-cb")
+BASELINE = "inflight"
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One workload at one batch size: output tok/s per engine and repeat, in-flight overheads."""
+
+    workload: str
+    batch_size: int
+    throughput: dict[str, list[float]]
+    overheads: list[float]
+
+    def ratio(self, other: str) -> float | None:
+        """Median over repeats of in-flight's tok/s over ``other``'s in the same repeat."""
+        if BASELINE not in self.throughput or other not in self.throughput:
+            return None
+        pairs = zip(self.throughput[BASELINE], self.throughput[other])
+        return statistics.median(ours / theirs for ours, theirs in pairs)
+
+    @property
+    def overhead(self) -> float | None:
+        return statistics.median(self.overheads) if self.overheads else None
+
+
+def measure_cell(
+    loaded, backend: Backend, workload: str, batch_size: int, args: argparse.Namespace, device: str
+) -> CellResult:
+    requests = WORKLOADS[workload](args.num_requests).requests(backend.tokenize)
+    config = EngineConfig(batch_size, max_seq_len_for(requests, loaded.max_context))
+    engines = {name: build_engine(name, backend, config) for name in args.engines}
+    for engine in engines.values():
+        warm_up(engine, requests)
+    runner = backend.runner
+    throughput: dict[str, list[float]] = {name: [] for name in engines}
+    overheads: list[float] = []
+    for repeat in range(args.repeats):
+        order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
+        for name in order:
+            runner.reset()
+            result = timed_run(engines[name], requests, device)
+            throughput[name].append(run_metrics(result).output_throughput)
+            if name == BASELINE:
+                overheads.append(1 - runner.compute_seconds / result.duration)
+            tokens_per_second = throughput[name][-1]
+            print(f"  {workload} B={batch_size} repeat {repeat}: {name:9s} {tokens_per_second:8.1f} tok/s", flush=True)
+    return CellResult(workload, batch_size, throughput, overheads)
+
+
+def _format(value: float | None, suffix: str = "", scale: float = 1.0, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value * scale:.{digits}f}{suffix}"
+
+
+def ratio_line(cell: CellResult) -> str:
+    ratios = " ".join(f"{BASELINE}/{other}={_format(cell.ratio(other))}" for other in ("hf-static", "hf-cb", "static"))
+    return f"{ratios} overhead={_format(cell.overhead, '%', 100, 1)}"
+
+
+def report(cell: CellResult) -> None:
+    rows = [
+        [name, statistics.median(values), min(values), max(values), _format(cell.ratio(name))]
+        for name, values in cell.throughput.items()
+    ]
+    print(f"{cell.workload} B={cell.batch_size}:")
+    print(format_table(["engine", "tok/s median", "min", "max", f"{BASELINE}/engine"], rows))
+    print(ratio_line(cell), flush=True)
+
+
+def comma_list(parse: Callable[[str], object]) -> Callable[[str], tuple]:
+    def parse_list(text: str) -> tuple:
+        return tuple(parse(item.strip()) for item in text.split(",") if item.strip())
+
+    return parse_list
+
+
+def workload_name(text: str) -> str:
+    if text not in WORKLOADS:
+        raise argparse.ArgumentTypeError(f"unknown workload {text!r}; choose from {', '.join(WORKLOADS)}")
+    return text
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--num-requests", type=positive_int, default=20)
+    parser.add_argument("--repeats", type=positive_int, default=2)
+    parser.add_argument("--batch-sizes", type=comma_list(positive_int), default=(8, 32))
+    parser.add_argument("--workloads", type=comma_list(workload_name), default=tuple(WORKLOADS))
+    parser.add_argument("--engines", type=comma_list(str), default=ENGINES)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if not args.batch_sizes or not args.workloads or not args.engines:
+        parser.error("--batch-sizes, --workloads and --engines each need at least one value")
+    try:
+        check_engine_names(args.engines)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    threads = configure_threads(args.threads) if device == "cpu" else None
+    loaded = load_model(args.model, device=device, dtype=args.dtype)
+    backend = dataclasses.replace(Backend.from_loaded(loaded), runner=ProfiledRunner(loaded.model))
+    print(
+        f"model={loaded.spec.name} dtype={args.dtype} device={device} threads={threads} "
+        f"requests={args.num_requests} repeats={args.repeats} engines={','.join(args.engines)}",
+        flush=True,
+    )
+    cells = []
+    for workload in args.workloads:
+        for batch_size in args.batch_sizes:
+            started = time.perf_counter()
+            cells.append(measure_cell(loaded, backend, workload, batch_size, args, device))
+            report(cells[-1])
+            print(f"  ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(f"headline: {cells[0].workload} B={cells[0].batch_size}")
+    print(ratio_line(cells[0]))
+
+
+if __name__ == "__main__":
+    main()

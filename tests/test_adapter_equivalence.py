@@ -1,0 +1,82 @@
+"""Every registered engine that claims ``greedy_equal`` computes unbatched greedy decoding, token for token.
+
+The engines are driven the way the harness drives them: built by name through
+the registry and served with ``engine.run`` (all requests at t0). perfsuite's
+own engines are also covered step by step in test_equivalence.py; running them
+here checks the protocol path. An engine that cannot be built over a local
+model (``openai-http`` needs a server) is skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from perfsuite.adapters import DEFAULT_ENGINES, Backend, EngineConfig, available_engines, build_engine
+from perfsuite.correctness import assert_outputs_equal
+from perfsuite.engine.reference import ReferenceDecoder
+from perfsuite.models import load_model
+from engine_harness import CachedReference, Scenario, scenarios
+
+MAX_SEQ_LEN = 64
+# Smaller than test_equivalence.py's scenarios: a Hugging Face step costs
+# milliseconds of Python, and a scenario with B=1 runs every request alone.
+SMALL_SCENARIOS = scenarios(vocab_size=320, max_requests=6, max_prompt_len=24, max_new_tokens=12, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    loaded = load_model("tiny-random", dtype="float64")
+    return Backend.from_loaded(loaded), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+
+
+def engine_config(scenario: Scenario) -> EngineConfig:
+    return EngineConfig(scenario.batch_size, MAX_SEQ_LEN, scenario.prefill_batch_size, scenario.token_budget)
+
+
+@pytest.fixture(scope="module", params=sorted(available_engines()))
+def engine_name(request, tiny):
+    try:
+        engine = build_engine(request.param, tiny[0], EngineConfig(2, MAX_SEQ_LEN))
+    except Exception as error:  # noqa: BLE001 - any engine that needs more than a local model
+        pytest.skip(f"{request.param} cannot be built over a local model: {error}")
+    if not engine.greedy_equal:
+        pytest.skip(f"{request.param} does not claim greedy_equal")
+    return request.param
+
+
+@settings(max_examples=15)
+@given(scenario=SMALL_SCENARIOS)
+def test_greedy_equal_engines_reproduce_the_reference(tiny, engine_name, scenario):
+    backend, reference = tiny
+    expected, margins = reference.outputs(scenario.requests)
+    engine = build_engine(engine_name, backend, engine_config(scenario))
+    result = engine.run(scenario.requests)
+    assert_outputs_equal(engine_name, expected, result.outputs(), margins)
+
+
+# float32 logits of SmolLM2 differ by ~1e-5 between batch shapes (see test_equivalence.py)
+FLOAT32_NEAR_TIE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: make install")
+    try:
+        loaded = load_model("smollm2-135m", dtype="float32")
+    except Exception as error:  # the wheel is installed by `make`; say how when it is not
+        pytest.skip(f"SmolLM2 unavailable ({error})")
+    return Backend.from_loaded(loaded), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+
+
+@pytest.mark.slow
+@settings(max_examples=4)
+@given(scenario=scenarios(vocab_size=49152, max_requests=5, max_prompt_len=24, max_new_tokens=10, max_batch_size=4))
+def test_greedy_equal_engines_reproduce_smollm2_float32(smollm2, engine_name, scenario):
+    if engine_name in DEFAULT_ENGINES:
+        pytest.skip("perfsuite's engines meet SmolLM2 in test_equivalence.py")
+    backend, reference = smollm2
+    expected, margins = reference.outputs(scenario.requests)
+    result = build_engine(engine_name, backend, engine_config(scenario)).run(scenario.requests)
+    near_ties = assert_outputs_equal(engine_name, expected, result.outputs(), margins, FLOAT32_NEAR_TIE)
+    assert len(near_ties) <= 1, f"too many near-ties to be chance: {[d.describe() for d in near_ties]}"
