@@ -1,6 +1,6 @@
 """How often does the ci profile cry wolf, and how often does it catch a slowdown?
 
-    python bench/calibrate.py [--model smollm2-135m] [--rounds 6]
+    python bench/calibrate.py [--model smollm2-135m] [--rounds 5]
 
 One representative perf test of the ci profile (in-flight engine, largest
 batch, uniform lengths) is measured in blocks of R repeats, as a test run
@@ -8,16 +8,22 @@ measures it. Each round measures one block of the unchanged runner and one of
 the runner slowed by 10%, 25% and 50% (each step busy-waits that fraction of
 its own compute time), in a rotating order so drift hits every condition alike.
 
-Blocks are then compared exactly as ``pytest --perf`` judges a test: every
-metric's one-sided Mann-Whitney U test, bounded for the whole ci session's
-comparisons, plus the minimum effect. A comparison "fails" when any metric
-regresses. Rates are given on raw samples and on samples normalised by the
-machine probe timed before each repeat (what the plugin does).
+Blocks are then judged exactly as ``pytest --perf`` judges them: each repeat
+put on the machine speed by its probe, every metric's one-sided Mann-Whitney
+U test, the session-wide correction and the minimum effect. Two rates:
 
-- false alarm: unchanged block vs another unchanged block (every pair);
-- detectN: unchanged block as baseline vs an N%-slowed block (every pair).
+- one test: a baseline block against a current block, judged as the first
+  test of a ci session (the other comparisons not measured yet count as p=1);
+  every pair of blocks;
+- session: what CI sees. A simulated ci session draws each of its tests'
+  (baseline, current) block pairs at random from the measured blocks, judges
+  them in order as the plugin does (the bound at test time, the exact
+  adjustment at the end) and fails if any test regresses. A/A sessions use
+  unchanged blocks on both sides; a slowed session slows every test, as a
+  slower kernel would. Benjamini-Hochberg (what the plugin uses) and Holm are
+  both shown. The draws reuse few blocks, so read these as estimates.
 
-The last line reads
+The last line gives the session rates with Benjamini-Hochberg:
 ``false_alarm=<pct>% detect10=<pct>% detect25=<pct>% detect50=<pct>%``.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -39,7 +46,7 @@ from perfsuite.metrics import run_metrics  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
 from perfsuite.profiles import PROFILES  # noqa: E402
 from perfsuite.session import METRICS, PROBE, normalize_to_machine_speed, repeat_samples  # noqa: E402
-from perfsuite.stats import Policy, Verdict, compare, with_bonferroni_bound  # noqa: E402
+from perfsuite.stats import Policy, Verdict, adjust, adjust_interim, benjamini_hochberg, compare, holm  # noqa: E402
 from perfsuite.table import format_table  # noqa: E402
 from perfsuite.workload import Workload  # noqa: E402
 
@@ -75,12 +82,36 @@ def measure_block(engine, runner, requests, slowdown, repeats):
     return {**{name: [s[name] for s in samples] for name in METRICS}, PROBE: probes}
 
 
-def fails(baseline, current, policy, num_comparisons, normalize):
-    if normalize:
-        baseline, current = normalize_to_machine_speed(baseline, current)
-    comparisons = [compare(name, baseline[name], current[name], direction, policy) for name, direction in METRICS.items()]
-    bounded = with_bonferroni_bound(comparisons, num_comparisons, policy)
-    return any(c.verdict is Verdict.REGRESSED for c in bounded)
+_COMPARED: dict[tuple[int, int, Policy], list] = {}
+
+
+def comparisons_of(baseline, current, policy):
+    """Raw comparisons of two blocks; simulated sessions draw the same pairs again and again."""
+    key = (id(baseline), id(current), policy)
+    if key not in _COMPARED:
+        base, cur = normalize_to_machine_speed(baseline, current)
+        _COMPARED[key] = [compare(name, base[name], cur[name], direction, policy) for name, direction in METRICS.items()]
+    return _COMPARED[key]
+
+
+def regressed(comparisons) -> bool:
+    return any(c.verdict is Verdict.REGRESSED for c in comparisons)
+
+
+def first_test_fails(baseline, current, policy, num_comparisons) -> bool:
+    return regressed(adjust_interim(comparisons_of(baseline, current, policy), [], num_comparisons, policy))
+
+
+def session_fails(pairs, policy, correction) -> bool:
+    """Judge a simulated session's tests in order, as PerfSession does; True if anything regressed."""
+    num_comparisons = len(pairs) * len(METRICS)
+    earlier = []
+    for baseline, current in pairs:
+        raw = comparisons_of(baseline, current, policy)
+        if regressed(adjust_interim(raw, earlier, num_comparisons, policy, correction)):
+            return True
+        earlier += raw
+    return regressed(adjust(earlier, policy, correction))
 
 
 def main() -> None:
@@ -89,9 +120,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=PROFILES["ci"].repeats)
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.05])
-    parser.add_argument("--min-effect", type=float, nargs="+", default=[0.05, 0.10, 0.15, 0.20, 0.25])
+    parser.add_argument("--min-effect", type=float, nargs="+", default=[0.05, 0.10, 0.20])
+    parser.add_argument("--sessions", type=int, default=200, help="simulated ci sessions per condition (200)")
     parser.add_argument("--save", type=Path, help="write the measured blocks to this JSON file")
     parser.add_argument("--load", type=Path, help="re-analyse blocks saved by --save instead of measuring")
+    parser.add_argument(
+        "--analyse-repeats", type=int, help="judge only the first N repeats of each block (what R=N would give)"
+    )
     args = parser.parse_args()
     if args.load:
         saved = json.loads(args.load.read_text())
@@ -134,25 +169,34 @@ def main() -> None:
 
 
 def report(blocks, args) -> None:
+    if args.analyse_repeats:
+        n = args.analyse_repeats
+        blocks = {s: [{name: values[:n] for name, values in b.items()} for b in bs] for s, bs in blocks.items()}
+        print(f"judging the first {n} repeats of each block")
     num_comparisons = CI_SESSION_TESTS * len(METRICS)
+    rng = random.Random(0)
+    unchanged = blocks[0.0]
+    aa_pairs = list(itertools.permutations(unchanged, 2))
+    slowed_pairs = {s: [(a, b) for a in unchanged for b in blocks[s]] for s in SLOWDOWNS[1:]}
+    sessions = {"false_alarm": [[rng.choice(aa_pairs) for _ in range(CI_SESSION_TESTS)] for _ in range(args.sessions)]}
+    for slowdown, pairs in slowed_pairs.items():
+        sessions[f"detect{round(slowdown * 100)}"] = [
+            [rng.choice(pairs) for _ in range(CI_SESSION_TESTS)] for _ in range(args.sessions)
+        ]
     rows, chosen = [], None
-    for normalize, alpha, min_effect in itertools.product((False, True), args.alpha, args.min_effect):
+    for alpha, min_effect in itertools.product(args.alpha, args.min_effect):
         policy = Policy(alpha=alpha, min_effect=min_effect)
-        aa_pairs = list(itertools.permutations(blocks[0.0], 2))
-        rates = {
-            "false_alarm": sum(fails(a, b, policy, num_comparisons, normalize) for a, b in aa_pairs) / len(aa_pairs)
-        }
-        for slowdown in SLOWDOWNS[1:]:
-            pairs = [(a, b) for a in blocks[0.0] for b in blocks[slowdown]]
-            detected = sum(fails(a, b, policy, num_comparisons, normalize) for a, b in pairs)
-            rates[f"detect{round(slowdown * 100)}"] = detected / len(pairs)
-        label = "probe" if normalize else "raw"
-        rows.append([label, alpha, min_effect, *(f"{100 * r:.0f}%" for r in rates.values())])
-        if normalize and alpha == 0.05 and min_effect == 0.10:
-            chosen = rates
-    headers = ["samples", "alpha", "min effect", "false alarm", "detect 10%", "detect 25%", "detect 50%"]
+        one_test = {"false_alarm": aa_pairs, **{f"detect{round(s * 100)}": p for s, p in slowed_pairs.items()}}
+        rates = {k: sum(first_test_fails(a, b, policy, num_comparisons) for a, b in v) / len(v) for k, v in one_test.items()}
+        rows.append(["one test", alpha, min_effect, *(f"{100 * r:.0f}%" for r in rates.values())])
+        for label, correction in (("session, BH", benjamini_hochberg), ("session, Holm", holm)):
+            rates = {k: sum(session_fails(s, policy, correction) for s in v) / len(v) for k, v in sessions.items()}
+            rows.append([label, alpha, min_effect, *(f"{100 * r:.0f}%" for r in rates.values())])
+            if correction is benjamini_hochberg and (chosen is None or min_effect == 0.10):
+                chosen = rates
+    headers = ["judged as", "alpha", "min effect", "false alarm", "detect 10%", "detect 25%", "detect 50%"]
+    print(f"{CI_SESSION_TESTS} tests x {len(METRICS)} metrics a session; {args.sessions} simulated sessions each")
     print(format_table(headers, rows))
-    chosen = chosen or rates
     print(" ".join(f"{name}={100 * rate:.0f}%" for name, rate in chosen.items()))
 
 

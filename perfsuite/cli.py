@@ -73,12 +73,12 @@ def _add_report_commands(commands) -> None:
         "compare",
         help="judge NEW against OLD and print the verdict table",
         description="Compare every test present in both files per metric (one-sided Mann-Whitney U on the "
-        "per-repeat samples, Holm-adjusted over all comparisons). Exit status 1 when a metric regressed.",
+        "per-repeat samples, Benjamini-Hochberg-adjusted over all comparisons). Exit status 1 when a metric regressed.",
     )
     compare.add_argument("old", type=Path, help="results.json of the baseline run")
     compare.add_argument("new", type=Path, help="results.json of the run to judge")
     compare.add_argument("-o", "--output", type=Path, help="also write the HTML report of NEW against OLD")
-    compare.add_argument("--alpha", type=probability, help="significance level after Holm (default: NEW's policy)")
+    compare.add_argument("--alpha", type=probability, help="significance level after Benjamini-Hochberg (default: NEW's policy)")
     compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
 
 
@@ -164,7 +164,7 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if verdict == "regressed" else 0
 
 
-VERDICT_HEADERS = ("test", "metric", "baseline", "current", "change", "ratio CI", "p (Holm)", "verdict")
+VERDICT_HEADERS = ("test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "verdict")
 
 
 def _verdict_cells(row: VerdictRow) -> list[object]:

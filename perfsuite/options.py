@@ -75,6 +75,15 @@ def sweep_file(text: str) -> Path:
     return path
 
 
+DECODE_MODES = ("packed", "static", "cuda-graph")  # perfsuite.engine.model_runner.DECODE_MODES, without torch
+
+
+def decode_mode(text: str) -> str:
+    if text not in DECODE_MODES:
+        raise argparse.ArgumentTypeError(f"unknown decode mode {text!r}; choose {', '.join(DECODE_MODES)}")
+    return text
+
+
 def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
@@ -88,12 +97,13 @@ _OPTIONS = (
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
     ("perf_engines", engine_names, "static,inflight", "comma-separated engines to measure (see README)"),
     ("perf_endpoint", str, None, "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
+    ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None, "timed repeats per test (default: the profile's)"),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
     ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),
-    ("perf_alpha", probability, "0.05", "significance level, after Holm's correction"),
+    ("perf_alpha", probability, "0.05", "significance level, after the Benjamini-Hochberg correction"),
     ("perf_min_effect", fraction, "0.10", "smallest change of a median that can fail a test (0.10 = 10%)"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
 )
@@ -130,6 +140,7 @@ class PerfOptions:
     endpoint: str | None = None
     sweep: Sweep | None = None
     slo: SLO | None = None
+    decode_mode: str = "packed"
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -164,6 +175,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         endpoint=values["perf_endpoint"],
         sweep=sweep,
         slo=values["perf_slo"],
+        decode_mode=values["perf_decode_mode"],
         profile=profile,
         repeats=values["perf_repeats"] or profile.repeats,
         baseline_dir=rootdir / values["perf_baseline_dir"],

@@ -69,14 +69,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                          f"{c.p_adjusted:.3g}", c.verdict.value])
         for change in result.counter_changes:
             rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "counter changed"])
-    write(format_table(["test", "metric", "baseline", "current", "change", "ratio CI", "p (Holm)", "verdict"], rows))
+    write(format_table(["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "verdict"], rows))
     for warning in perf_session.warnings:
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
-        write(f"regression found by Holm's correction at session end: {late}", red=True, bold=True)
+        write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
     options = perf_session.options
     write(
-        f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} (Holm over "
+        f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} (Benjamini-Hochberg over "
         f"{perf_session.num_planned_comparisons} comparisons of {len(perf_session.compared_metrics)} metrics), "
         f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
     )
@@ -115,7 +115,8 @@ def perf_backend(perf_session, perf_model):
     """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner."""
     from perfsuite.adapters import Backend
 
-    return Backend.from_loaded(perf_model, endpoint=perf_session.options.endpoint)
+    options = perf_session.options
+    return Backend.from_loaded(perf_model, endpoint=options.endpoint, decode_mode=options.decode_mode)
 
 
 @pytest.fixture(scope="session")

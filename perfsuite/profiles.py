@@ -4,7 +4,7 @@
 ``tiny-random``); ``ci`` is what GPU and CPU runners gate on; ``full`` is for
 a person who wants tighter numbers. Repeats are per side of a comparison:
 with R repeats a one-sided Mann-Whitney U test cannot go below
-1 / C(2R, R), so R sets how many comparisons Holm's correction can afford
+1 / C(2R, R), so R sets how many comparisons the session-wide correction can afford
 (R=7 gives 1/3432).
 """
 

@@ -2,7 +2,7 @@
 
 The older run plays the baseline: every test present in both is compared per
 metric on its per-repeat samples (put on one machine speed where both carry
-the probe), and the p-values of all of them are Holm-adjusted together,
+the probe), and the p-values of all of them are Benjamini-Hochberg-adjusted together,
 exactly as a ``pytest --perf`` session does.
 """
 

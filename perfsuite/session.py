@@ -1,13 +1,15 @@
 """One ``pytest --perf`` session: results, baselines, verdicts and results.json.
 
-Significance is corrected across every comparison of the session. A test
-must pass or fail while it runs, before the later p-values exist, so it is
-judged with the Bonferroni bound m * p, where m is the number of comparisons
-the collected perf tests will make. Bonferroni's adjusted p is never below
-Holm's, so whatever fails a test is also a Holm regression. At the end of the
-session the report shows the exact Holm-adjusted p-values; should Holm flag a
-regression that the bound let pass, the session's exit status is set to
-failed and the summary names it.
+Significance is corrected across every comparison of the session by the
+Benjamini-Hochberg procedure (``perfsuite.stats`` says why). A test must pass
+or fail while it runs, before the later p-values exist, so it is judged with
+the comparisons made so far and the rest of the m planned ones counted as
+p = 1 (m: what the collected perf tests will make). That bound only ever
+overstates the final adjusted p, so whatever fails a test is also a
+regression of the whole session. At the end of the session the report shows
+the exact adjusted p-values; should they flag a regression that the bound
+let pass, the session's exit status is set to failed and the summary names
+it.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from perfsuite.stats import (
     Direction,
     Verdict,
     adjust,
+    adjust_interim,
     compare,
     compare_counters,
-    with_bonferroni_bound,
 )
 from perfsuite.storage import Baseline, BaselineStore, Environment, write_json_atomic
 
@@ -323,7 +325,8 @@ class PerfSession:
             for name, direction in self.compared_metrics.items()
             if name in base and name in current
         ]
-        bounded = with_bonferroni_bound(comparisons, self.num_planned_comparisons, policy)
+        earlier = [c for r in self.results for c in r.comparisons]
+        bounded = adjust_interim(comparisons, earlier, self.num_planned_comparisons, policy)
         return dataclasses.replace(
             result,
             baseline_status="compared",
@@ -333,7 +336,7 @@ class PerfSession:
         )
 
     def finish(self) -> None:
-        """Holm-adjust the whole session and write results.json."""
+        """Adjust the whole session's p-values together and write results.json."""
         everything = [c for r in self.results for c in r.comparisons]
         adjusted = iter(adjust(everything, self.options.policy))
         final = []
@@ -360,7 +363,7 @@ class PerfSession:
                 "alpha": self.options.policy.alpha,
                 "min_effect": self.options.policy.min_effect,
                 "test": "one-sided Mann-Whitney U on per-repeat samples",
-                "correction": "holm",
+                "correction": "benjamini-hochberg",
                 "normalization": "each repeat rescaled by its machine probe over the baseline's median probe",
             },
             "slo": self.options.slo.label if self.options.slo else None,
