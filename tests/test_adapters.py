@@ -113,3 +113,10 @@ def test_a_conftest_can_register_an_engine(monkeypatch):
         register_engine("static", user_engine)
     with pytest.raises(TypeError, match="needs a factory"):
         register_engine("other", "not callable")
+
+
+def test_the_decode_mode_option_offers_what_the_runner_has():
+    from perfsuite.engine.model_runner import DECODE_MODES as RUNNER_MODES
+    from perfsuite.options import DECODE_MODES as OPTION_MODES
+
+    assert OPTION_MODES == RUNNER_MODES

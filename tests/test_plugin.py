@@ -158,6 +158,7 @@ def test_benchmark_json_carries_the_metrics(project):
         (["--perf-repeats", "1"], "*at least 2 repeats*"),
         (["--perf-save-baseline"], "*--perf-save-baseline*needs --perf*"),
         (["--perf-engines", "static,turbo"], "*unknown engine 'turbo'*choose from static, inflight*"),
+        (["--perf-decode-mode", "warp"], "*unknown decode mode 'warp'*packed, static, cuda-graph*"),
     ],
 )
 def test_bad_options_are_usage_errors(project, args, message):

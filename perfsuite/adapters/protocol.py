@@ -80,12 +80,12 @@ class Backend:
     special_token_ids: tuple[int, ...] = ()  # never drawn into a synthetic prompt
 
     @classmethod
-    def from_loaded(cls, loaded: Any, endpoint: str | None = None) -> Backend:
+    def from_loaded(cls, loaded: Any, endpoint: str | None = None, decode_mode: str = "packed") -> Backend:
         """The backend of a ``perfsuite.models.LoadedModel``, with perfsuite's runner over it."""
         from perfsuite.engine.model_runner import ModelRunner
 
         return cls(
-            runner=ModelRunner(loaded.model),
+            runner=ModelRunner(loaded.model, decode_mode=decode_mode),
             tokenize=lambda text: loaded.tokenizer(text)["input_ids"],
             eos_token_id=loaded.eos_token_id,
             max_context=loaded.max_context,

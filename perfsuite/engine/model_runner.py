@@ -119,7 +119,6 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.rms_norm_eps = config.rms_norm_eps
         self.num_forward_passes = 0
-        self.pad_rows: int | None = 8 if self.device.type == "cpu" else None
         self._load_weights(model)
         self._build_rotary_tables(model)
         self.static_decode = self._static_decode_step(decode_mode)
@@ -209,7 +208,7 @@ class ModelRunner:
     def _decoder_layer(self, layer: _LayerWeights, k_cache, v_cache, hidden, batch: _Batch, cos, sin):
         num_tokens = hidden.shape[0]
         normed = self._rms_norm(hidden, layer.input_norm)
-        qkv = self._linear(normed, layer.qkv, layer.qkv_bias)
+        qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
@@ -222,16 +221,10 @@ class ModelRunner:
         attended = torch.empty_like(q)  # [T, heads, head_dim]
         for group in batch.groups:
             attended[group.token_index] = self._attend(group, q, k_cache, v_cache)
-        hidden = hidden + self._linear(attended.view(num_tokens, q_size), layer.out)
+        hidden = hidden + F.linear(attended.view(num_tokens, q_size), layer.out)
         normed = self._rms_norm(hidden, layer.post_norm)
-        gate, up = self._linear(normed, layer.gate_up).chunk(2, dim=-1)
-        return hidden + self._linear(F.silu(gate) * up, layer.down)
-
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        rows = x.shape[0]
-        if self.pad_rows is None or not 1 < rows < self.pad_rows:
-            return F.linear(x, weight, bias)
-        return F.linear(F.pad(x, (0, 0, 0, self.pad_rows - rows)), weight, bias)[:rows]
+        gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
+        return hidden + F.linear(F.silu(gate) * up, layer.down)
 
     def _attend(self, group: _AttentionGroup, q, k_cache, v_cache) -> torch.Tensor:
         keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]

@@ -125,7 +125,7 @@ class StaticDecodeStep:
         sin = runner.sin_table[positions].unsqueeze(1)
         for layer_index, layer in enumerate(runner.layers):
             normed = runner._rms_norm(hidden, layer.input_norm)
-            q, k, v = self._split_heads(runner._linear(normed, layer.qkv, layer.qkv_bias))
+            q, k, v = self._split_heads(F.linear(normed, layer.qkv, layer.qkv_bias))
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
@@ -134,10 +134,10 @@ class StaticDecodeStep:
             attended = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache, v_cache, attn_mask=mask, enable_gqa=True
             )  # [num_slots, heads, 1, head_dim]
-            hidden = hidden + runner._linear(attended.flatten(1), layer.out)
+            hidden = hidden + F.linear(attended.flatten(1), layer.out)
             normed = runner._rms_norm(hidden, layer.post_norm)
-            gate, up = runner._linear(normed, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + runner._linear(F.silu(gate) * up, layer.down)
+            gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
         logits = runner._rms_norm(hidden, runner.final_norm) @ runner.lm_head.T  # [num_slots, vocab]
         return logits.argmax(dim=-1)
 
