@@ -116,7 +116,8 @@ def add_options(parser: pytest.Parser) -> None:
         "--perf-save-baseline",
         action="store_true",
         default=False,
-        help="store this run's samples as the baselines (a normal run never writes a baseline)",
+        help="store this run's samples as the baselines (a normal run never writes a baseline); "
+        "the comparison with the old ones is shown but fails nothing",
     )
     for name, parse, default, help_text in _OPTIONS:
         flag = "--" + name.replace("_", "-")

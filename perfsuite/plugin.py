@@ -47,7 +47,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     perf_session.finish()
     if perf_session.results:
         session.config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
-    if perf_session.late_regressions and exitstatus == 0:
+    if perf_session.late_regressions and exitstatus == 0 and not perf_session.options.save_baseline:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -57,6 +57,9 @@ GOODPUT = "request_goodput"
 # baseline was measured against the same SLO.
 ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
 
+# Seconds per iteration of measure.machine_probe. A change to what the probe
+# times must rename this key: baselines with the old key then lose their probe
+# and are compared as measured, instead of being rescaled by a foreign unit.
 PROBE = "probe_seconds"
 
 

@@ -113,6 +113,13 @@ def test_save_baseline_round_trip_then_a_50_percent_slower_engine_fails(project,
     verdicts = {c["metric"]: c["verdict"] for c in results_json(project)["tests"][0]["comparisons"]}
     assert verdicts["output_throughput"] == "regressed"
 
+    # Accepting the slower engine: the regression is shown, nothing fails, the baseline is replaced.
+    accepted = project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline")
+    accepted.assert_outcomes(passed=2)
+    accepted.stdout.fnmatch_lines(["*test_speed*output_throughput*regressed*"])
+    assert json.loads(baseline_file.read_text())["samples"] != stored["samples"]
+    project.runpytest_subprocess(*COMPARE_ARGS).assert_outcomes(passed=2)
+
 
 def test_a_corrupt_baseline_is_a_clear_error(project):
     project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline").assert_outcomes(passed=2)
