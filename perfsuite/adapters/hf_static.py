@@ -7,9 +7,10 @@ rule; until then a finished row keeps being computed, as ``generate`` does.
 
 ``generate`` knows one ``max_new_tokens`` and one EOS for the whole batch, so
 it runs with the batch's largest ``max_new_tokens`` and with its own EOS
-stopping switched off; ``_RowTracker``, a stopping criterion, applies each
-request's ``SamplingParams`` (length, EOS unless ``ignore_eos``, stop tokens)
-to its own row and ends the batch once all rows are done.
+stopping switched off. A streamer (``_StepStreamer``) timestamps each step's
+tokens and applies each request's ``SamplingParams`` (length, EOS unless
+``ignore_eos``, stop tokens) to its own row; a stopping criterion
+(``_RowsFinished``) ends the batch once all rows are done.
 
 Counters are exact and count what ``generate`` computes, per batch of n rows
 whose longest prompt has S tokens and which ran ``steps`` forward passes:
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
 
 from perfsuite.adapters.peer_support import ArrivalQueue, RecordBuilder, check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
@@ -40,26 +42,40 @@ from perfsuite.engine.types import EngineCounters, Request, RunResult, StepOutpu
 StepHook = Callable[[list[StepOutput]], None]
 
 
-class _RowTracker(StoppingCriteria):
-    """Records each row's new token and finishes the row by its own request's rules.
+class _StepStreamer(BaseStreamer):
+    """Times each step's tokens and records them for the rows still going.
 
-    ``generate`` calls its stopping criteria once per step, right after the
-    step's tokens are chosen, with the new token column last in ``input_ids``;
-    a streamer sees the same column a moment later, but only a criterion can
-    end the batch once every row is done, so one object does both jobs.
+    ``generate`` hands a streamer the prompt once, then every step's new token
+    column right after choosing it (before it asks its stopping criteria).
     """
 
     def __init__(self, rows: Sequence[RecordBuilder], after_step: StepHook) -> None:
         self.rows = rows
         self.after_step = after_step
         self.num_steps = 0
+        self._seen_prompt = False
 
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        new_tokens = input_ids[:, -1].tolist()  # the host copy waits for the device
+    def put(self, value: torch.Tensor) -> None:
+        if not self._seen_prompt:
+            self._seen_prompt = True
+            return
+        new_tokens = value.reshape(-1).tolist()  # the host copy waits for the device
         now = time.perf_counter()
         self.num_steps += 1
         outputs = [row.add_token(token, now) for row, token in zip(self.rows, new_tokens) if not row.is_finished]
         self.after_step(outputs)
+
+    def end(self) -> None:
+        pass
+
+
+class _RowsFinished(StoppingCriteria):
+    """Ends the batch once every row has met its own request's length, EOS or stop rule."""
+
+    def __init__(self, rows: Sequence[RecordBuilder]) -> None:
+        self.rows = rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         return torch.tensor([row.is_finished for row in self.rows], device=input_ids.device)
 
 
@@ -148,7 +164,7 @@ class HFStaticEngine:
                 on_step(outputs)
             admit(sum(1 for row in rows if not row.is_finished))
 
-        tracker = _RowTracker(rows, after_step)
+        streamer = _StepStreamer(rows, after_step)
         started = time.perf_counter()
         for row in rows:
             row.first_scheduled_time = started
@@ -158,7 +174,7 @@ class HFStaticEngine:
             max_new_tokens=max(row.request.sampling_params.max_new_tokens for row in rows),
             # generate fills unset fields from the model's own generation config, EOS
             # included; an empty list is "set" and stops nothing, so a row that ignores
-            # EOS keeps its tokens and _RowTracker alone decides when each row is done.
+            # EOS keeps its tokens and _RowsFinished alone decides when each row is done.
             eos_token_id=[],
             pad_token_id=self.pad_token_id,
         )
@@ -166,12 +182,13 @@ class HFStaticEngine:
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=generation_config,
-            stopping_criteria=StoppingCriteriaList([tracker]),
+            stopping_criteria=StoppingCriteriaList([_RowsFinished(rows)]),
+            streamer=streamer,
         )
         unfinished = [row.request.request_id for row in rows if not row.is_finished]
         if unfinished:
             raise RuntimeError(f"generate stopped before requests {unfinished} met their own stop rules")
-        return _batch_counters(rows, tracker.num_steps)
+        return _batch_counters(rows, streamer.num_steps)
 
     def _left_padded(self, requests: Sequence[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(r.num_prompt_tokens for r in requests)
