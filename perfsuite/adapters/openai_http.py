@@ -35,7 +35,15 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from perfsuite.adapters.protocol import Backend, EngineConfig
-from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, StepOutput
+from perfsuite.engine.types import (
+    EngineCounters,
+    FinishReason,
+    Request,
+    RequestRecord,
+    RunResult,
+    StepOutput,
+    check_unique_ids,
+)
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 DEFAULT_RUN_TIMEOUT_S = 3600.0
@@ -121,7 +129,7 @@ class OpenAIHttpEngine:
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         ordered = sorted(requests, key=lambda r: r.arrival_time)
-        _check_unique_ids(ordered)
+        check_unique_ids(ordered)
         return asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency))
 
     async def _run_within_timeout(self, requests, on_step, max_concurrency) -> RunResult:
@@ -149,16 +157,6 @@ class OpenAIHttpEngine:
             records = await _send_all(client, requests, start, num_clients, closed_loop=max_concurrency is not None)
             end = time.perf_counter()
         return RunResult(self.name, tuple(records), start, end, EngineCounters())
-
-
-def _check_unique_ids(requests: Sequence[Request]) -> None:
-    seen: set[str] = set()
-    for request in requests:
-        if request.request_id in seen:
-            raise ValueError(
-                f"request_id {request.request_id!r} appears twice in the run; give every request a unique id"
-            )
-        seen.add(request.request_id)
 
 
 async def _send_all(

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from perfsuite.engine.types import FinishReason, Request, RequestRecord, StepOutput
+from perfsuite.engine.types import FinishReason, Request, RequestRecord, StepOutput, check_unique_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +75,6 @@ class ArrivalQueue:
         if not self._pending:
             return float("inf")
         return max(0.0, self._pending[0].arrival_time - (self._clock() - self.start_time))
-
-
-def check_unique_ids(requests: Iterable[Request]) -> None:
-    seen: set[str] = set()
-    for request in requests:
-        if request.request_id in seen:
-            raise ValueError(
-                f"request_id {request.request_id!r} appears twice in the run; give every request a unique id"
-            )
-        seen.add(request.request_id)
 
 
 def check_requests_fit(requests: Iterable[Request], max_seq_len: int, vocab_size: int) -> None:

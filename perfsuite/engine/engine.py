@@ -23,6 +23,7 @@ from perfsuite.engine.types import (
     SchedulerOutput,
     StepOutput,
     StepTrace,
+    check_unique_ids,
 )
 
 
@@ -174,7 +175,7 @@ class Engine:
         if self.has_unfinished_requests():
             raise RuntimeError(f"engine {self.name!r} still has unfinished requests; finish or abort them first")
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-        _check_unique_ids(pending)
+        check_unique_ids(pending)
         self._reset_accounting()
         start = self._clock()
         while pending or self.has_unfinished_requests():
@@ -207,16 +208,6 @@ class Engine:
             counters=self._counters,
             steps=tuple(self._steps),
         )
-
-
-def _check_unique_ids(requests: Iterable[Request]) -> None:
-    seen: set[str] = set()
-    for request in requests:
-        if request.request_id in seen:
-            raise ValueError(
-                f"request_id {request.request_id!r} appears twice in the run; give every request a unique id"
-            )
-        seen.add(request.request_id)
 
 
 def static_engine(

@@ -7,6 +7,7 @@ metrics and the tests use these types without importing torch.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -211,3 +212,14 @@ class RunResult:
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return {r.request_id: r.output_token_ids for r in self.records}
+
+
+def check_unique_ids(requests: Iterable[Request]) -> None:
+    """Every engine refuses a run whose request ids repeat: records are keyed by id."""
+    seen: set[str] = set()
+    for request in requests:
+        if request.request_id in seen:
+            raise ValueError(
+                f"request_id {request.request_id!r} appears twice in the run; give every request a unique id"
+            )
+        seen.add(request.request_id)
