@@ -5,9 +5,24 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import strategies as st
 
 from perfsuite.engine import Request, SamplingParams, inflight_engine, static_engine
+from perfsuite.models import load_model
+
+# float32 logits of SmolLM2 differ by ~1e-5 between batch shapes; a flip needs
+# the reference's own top-2 margin to be below this.
+FLOAT32_NEAR_TIE = 1e-3
+
+
+def load_smollm2_or_skip():
+    """SmolLM2 in float32, or a skip that says how to install it."""
+    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: make install")
+    try:
+        return load_model("smollm2-135m", dtype="float32")
+    except Exception as error:  # the wheel is installed by `make`; say how when it is not
+        pytest.skip(f"SmolLM2 unavailable ({error})")
 
 
 @dataclass(frozen=True)

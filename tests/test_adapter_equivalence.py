@@ -16,7 +16,7 @@ from perfsuite.adapters import DEFAULT_ENGINES, Backend, EngineConfig, available
 from perfsuite.correctness import assert_outputs_equal
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from engine_harness import CachedReference, Scenario, scenarios
+from engine_harness import FLOAT32_NEAR_TIE, CachedReference, Scenario, load_smollm2_or_skip, scenarios
 
 MAX_SEQ_LEN = 64
 # Smaller than test_equivalence.py's scenarios: a Hugging Face step costs
@@ -55,17 +55,9 @@ def test_greedy_equal_engines_reproduce_the_reference(tiny, engine_name, scenari
     assert_outputs_equal(engine_name, expected, result.outputs(), margins)
 
 
-# float32 logits of SmolLM2 differ by ~1e-5 between batch shapes (see test_equivalence.py)
-FLOAT32_NEAR_TIE = 1e-3
-
-
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: make install")
-    try:
-        loaded = load_model("smollm2-135m", dtype="float32")
-    except Exception as error:  # the wheel is installed by `make`; say how when it is not
-        pytest.skip(f"SmolLM2 unavailable ({error})")
+    loaded = load_smollm2_or_skip()
     return Backend.from_loaded(loaded), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
 
 

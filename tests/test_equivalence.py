@@ -18,12 +18,9 @@ from perfsuite.engine import Request, SamplingParams, inflight_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from engine_harness import CachedReference, Scenario, drive, scenarios
+from engine_harness import FLOAT32_NEAR_TIE, CachedReference, Scenario, drive, load_smollm2_or_skip, scenarios
 
 TINY_MAX_SEQ_LEN = 64
-# float32 logits of SmolLM2 differ by ~1e-5 between batch shapes; a flip needs
-# the reference's own top-2 margin to be below this.
-FLOAT32_NEAR_TIE = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +112,7 @@ def test_a_runner_bug_breaks_the_property(tiny, mutant):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: make install")
-    try:
-        loaded = load_model("smollm2-135m", dtype="float32")
-    except Exception as error:  # the wheel is installed by `make`; say how when it is not
-        pytest.skip(f"SmolLM2 unavailable ({error})")
+    loaded = load_smollm2_or_skip()
     return loaded, ModelRunner(loaded.model), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
 
 
