@@ -1,31 +1,76 @@
 """Baselines on disk: one JSON file per test, under an environment fingerprint.
 
-    baselines/<fingerprint>/<test file>__<test name>.json
+    baselines/<fingerprint>/<test file path>/<test name>.json
+
+The test id is a pytest nodeid, already relative to the rootdir, so
+``tests/perf/test_x.py::test_y[a-b]`` is stored as
+``baselines/<fingerprint>/tests/perf/test_x.py/test_y[a-b].json``: two test
+files with the same name in different folders never share a baseline. Each
+part of the name is percent-encoded (``urllib.parse.quote``) except letters,
+digits and ``_.-~[]=+,``, so a ``/`` or ``::`` inside a parameter id (or
+the ``::`` after a test class) stays inside one file name and every test id
+has its own path. A name longer than ``MAX_NAME_LENGTH`` is cut and ends in
+a hash of the whole name. Ids without ``::`` are one encoded file name.
+Ids whose file part would leave the fingerprint directory (``..``, ``.``,
+empty parts, absolute paths) raise ValueError.
 
 A baseline is compared only with a run from the same fingerprint (device,
 torch and transformers versions, dtype, model, CPU model and thread count):
-numbers from another machine say nothing about this one. Writes are atomic
-(a temporary file in the same directory, then ``os.replace``), so a crash
-never leaves a half-written baseline.
+numbers from another machine say nothing about this one. Every number in a
+baseline must be finite (machine probes also positive) and every counter an
+integer: ``read_baseline`` raises BaselineError otherwise, and
+``BaselineStore.save`` refuses to write such a baseline.
+
+Writes are atomic (a temporary file ``.<name>.pid<pid>.<random>.tmp`` in the
+same directory, flushed, then ``os.replace`` and a flush of the directory), so
+a crash never leaves a half-written file. The file gets the mode a plain
+``open(path, "w")`` would give, so a CI uploader running as another user can
+read it. A temporary file that a killed writer left is removed by the next
+write into the same directory. A directory that cannot be written raises
+OutputError with a one-line message naming the file and the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
+import math
 import os
 import re
+import reprlib
 import tempfile
+import time
+import urllib.parse
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-SCHEMA_VERSION = 1
+from perfsuite.run_config import RunConfiguration
+
+SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
+MAX_NAME_LENGTH = 200  # below the 255 bytes most filesystems allow, with room for ".json"
+
+_SAFE_CHARACTERS = "[]=+,"  # quote() never encodes letters, digits and "_.-~" either
+_PROBE_PREFIX = "probe"  # session.PROBE: seconds of the machine probe, a divisor when normalising
+_TEMPORARY_PATTERN = ".*.tmp"
+_WRITER_PID = re.compile(r"\.pid(\d{1,10})\.[^.]+\.tmp$")
+# A writer in another pid namespace (a container sharing the directory) looks dead
+# from here; its temporary file lives for milliseconds, so waiting a minute is safe.
+_DEAD_WRITER_GRACE_SECONDS = 60
+# Old-format leftovers name no writer; none takes ten minutes to write a JSON file.
+_UNKNOWN_WRITER_STALE_SECONDS = 600
+_FULL_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
 
 class BaselineError(RuntimeError):
     """A baseline file that cannot be used; the message names the file and the fix."""
+
+
+class OutputError(RuntimeError):
+    """A file that cannot be written; the one-line message names the file and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +101,7 @@ class Environment:
 class Baseline:
     test_id: str
     environment: Environment
+    configuration: RunConfiguration  # what was measured: compared only with a run of the same
     commit: str | None
     created_at: str
     samples: dict[str, tuple[float, ...]]  # metric -> one value per repeat
@@ -66,6 +112,7 @@ class Baseline:
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["configuration"] = self.configuration.to_json()
         data["samples"] = {k: list(v) for k, v in self.samples.items()}
         data["request_samples"] = {k: list(v) for k, v in self.request_samples.items()}
         return data
@@ -75,6 +122,7 @@ class Baseline:
         return cls(
             test_id=data["test_id"],
             environment=Environment(**data["environment"]),
+            configuration=RunConfiguration.from_json(data["configuration"]),
             commit=data.get("commit"),
             created_at=data["created_at"],
             samples={k: tuple(float(x) for x in v) for k, v in data["samples"].items()},
@@ -90,7 +138,7 @@ class BaselineStore:
         self.root = Path(root)
 
     def path_for(self, test_id: str, environment: Environment) -> Path:
-        return self.root / environment.fingerprint() / f"{_file_name(test_id)}.json"
+        return self.root / environment.fingerprint() / baseline_relative_path(test_id)
 
     def load(self, test_id: str, environment: Environment) -> Baseline | None:
         """This environment's baseline for ``test_id``, or None when there is none."""
@@ -103,14 +151,57 @@ class BaselineStore:
         """Fingerprints that have a baseline for ``test_id`` but are not this one."""
         if not self.root.is_dir():
             return []
-        name = f"{_file_name(test_id)}.json"
+        relative = baseline_relative_path(test_id)
         mine = environment.fingerprint()
-        return sorted(d.name for d in self.root.iterdir() if d.is_dir() and d.name != mine and (d / name).exists())
+        return sorted(d.name for d in self.root.iterdir() if d.is_dir() and d.name != mine and (d / relative).exists())
 
     def save(self, baseline: Baseline) -> Path:
+        """Write ``baseline``; BaselineError if it holds a value ``load`` would refuse."""
         path = self.path_for(baseline.test_id, baseline.environment)
-        write_json_atomic(path, baseline.to_json())
+        data = baseline.to_json()
+        problem = measurement_problem(data)
+        if problem is not None:
+            raise BaselineError(
+                f"cannot save baseline {path}: {problem}; a baseline must hold finite numbers "
+                "that later runs can be compared with"
+            )
+        write_json_atomic(path, data)
         return path
+
+
+def baseline_relative_path(test_id: str) -> Path:
+    """Where ``test_id``'s baseline lies inside its fingerprint directory (see the module docstring)."""
+    if not test_id:
+        raise ValueError("a baseline needs a non-empty test id")
+    file_part, separator, name = test_id.partition("::")
+    if not separator:
+        return Path(_file_name(test_id))
+    _refuse_escaping_file_part(test_id, file_part)
+    if not name:
+        raise ValueError(f"test id {test_id!r} has no test name after '::'")
+    return Path(*(_encode(part) for part in file_part.split("/")), _file_name(name))
+
+
+def _refuse_escaping_file_part(test_id: str, file_part: str) -> None:
+    """A nodeid is relative to the rootdir; anything else could write outside the baselines."""
+    parts = file_part.split("/")
+    if PurePosixPath(file_part).is_absolute() or PureWindowsPath(file_part).drive:
+        raise ValueError(f"test id {test_id!r} has an absolute path; baselines need a rootdir-relative nodeid")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"test id {test_id!r} has an empty, '.' or '..' path part; it would leave the baseline dir")
+
+
+def _file_name(name: str) -> str:
+    encoded = _encode(name)
+    if len(encoded) > MAX_NAME_LENGTH:
+        digest = hashlib.sha256(encoded.encode()).hexdigest()[:16]
+        encoded = f"{encoded[: MAX_NAME_LENGTH - len(digest) - 1]}~{digest}"
+    return f"{encoded}.json"
+
+
+def _encode(part: str) -> str:
+    """Reversible, so distinct parts stay distinct; '/', ':' and '%' are always encoded."""
+    return urllib.parse.quote(part, safe=_SAFE_CHARACTERS)
 
 
 def read_baseline(path: Path) -> Baseline:
@@ -126,6 +217,9 @@ def read_baseline(path: Path) -> Baseline:
             f"baseline {path} has schema_version {version!r} but this perfsuite reads {SCHEMA_VERSION}; "
             "re-create it with --perf-save-baseline"
         )
+    problem = measurement_problem(data)
+    if problem is not None:
+        raise BaselineError(f"baseline {path}: {problem}; re-create it with --perf-save-baseline")
     try:
         return Baseline.from_json(data)
     except (KeyError, TypeError, ValueError) as error:
@@ -135,17 +229,83 @@ def read_baseline(path: Path) -> Baseline:
         ) from error
 
 
+def measurement_problem(data: dict[str, Any]) -> str | None:
+    """The first sample or counter in baseline JSON that a comparison cannot use, described; else None.
+
+    Missing fields are left to ``Baseline.from_json``, which reports them.
+    """
+    for field_name in ("samples", "request_samples"):
+        problem = _samples_problem(field_name, data.get(field_name, {}))
+        if problem is not None:
+            return problem
+    return _counters_problem(data.get("counters", {}))
+
+
+def _samples_problem(field_name: str, samples: Any) -> str | None:
+    if not isinstance(samples, dict):
+        return f"{field_name} is {reprlib.repr(samples)}, not an object of metric -> list of numbers"
+    for metric, values in samples.items():
+        where = f"{field_name}[{metric!r}]"
+        if not isinstance(values, (list, tuple)):
+            return f"{where} is {reprlib.repr(values)}, not a list of numbers"
+        if not values:
+            return f"{where} is an empty list"
+        for value in values:
+            problem = _sample_value_problem(metric, value)
+            if problem is not None:
+                return f"{where} holds {reprlib.repr(value)}, {problem}"
+    return None
+
+
+def _sample_value_problem(metric: str, value: Any) -> str | None:
+    # bool is an int to Python, but true/false in a sample list is a corrupt file, not a number
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "which is not a number"
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    if not math.isfinite(number):
+        return "which is not a finite number"
+    if metric.startswith(_PROBE_PREFIX) and number <= 0:
+        return "but a machine probe must take a positive number of seconds"
+    return None
+
+
+def _counters_problem(counters: Any) -> str | None:
+    if not isinstance(counters, dict):
+        return f"counters is {reprlib.repr(counters)}, not an object of counter -> integer"
+    for name, value in counters.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"counters[{name!r}] is {reprlib.repr(value)}, which is not an integer"
+    return None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old file or the new one, never a mix."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """A temporary file in the same directory, flushed to disk, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """A temporary file in the same directory, flushed to disk, then ``os.replace``.
+
+    Raises OutputError when the directory cannot be created or the file written.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporary_files(path.parent)
+        _write_and_replace(path, text)
+    except OSError as error:
+        raise OutputError(_cannot_write_message(path, error)) from error
+    _fsync_directory(path.parent)
+
+
+def _write_and_replace(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.pid{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.chmod(tmp, _new_file_mode())  # mkstemp makes it 0600 whatever the umask
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -155,12 +315,91 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _cannot_write_message(path: Path, error: OSError) -> str:
+    directory = path.parent
+    if error.errno in _FULL_DISK_ERRNOS:
+        fix = f"free space on the disk of {directory}"
+    else:
+        fix = f"make {directory} writable"
+    reason = " ".join(str(error).split())  # one line, whatever the OS said
+    return f"cannot write {path}: {reason}; {fix} or choose another directory (--perf-report-dir / --perf-baseline-dir)"
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable; some platforms cannot open or fsync a directory."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _new_file_mode() -> int:
+    """What ``open(path, "w")`` would give: 0o666 less the umask."""
+    return 0o666 & ~_current_umask()
+
+
+def _current_umask() -> int:
+    umask = _umask_from_proc()
+    if umask is not None:
+        return umask
+    # os.umask can only be read by setting it; another thread creating a file meanwhile gets 0o077
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+
+def _umask_from_proc() -> int | None:
+    """Linux 4.7+ shows the umask in /proc, so reading it changes nothing."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _remove_stale_temporary_files(directory: Path) -> None:
+    """Remove the temporary files of writers that were killed before ``os.replace``."""
+    now = time.time()
+    try:
+        leftovers = list(directory.glob(_TEMPORARY_PATTERN))
+    except OSError:
+        return
+    for leftover in leftovers:
+        with contextlib.suppress(OSError):  # another writer may remove it first
+            if _is_stale(leftover.name, now - leftover.stat().st_mtime):
+                leftover.unlink()
+
+
+def _is_stale(name: str, age_seconds: float) -> bool:
+    pid = _writer_pid(name)
+    if pid is None:
+        return age_seconds > _UNKNOWN_WRITER_STALE_SECONDS
+    # pytest-xdist workers write into the same directory at once: a live writer's file is never stale
+    return age_seconds > _DEAD_WRITER_GRACE_SECONDS and not _is_alive(pid)
+
+
+def _writer_pid(name: str) -> int | None:
+    match = _WRITER_PID.search(name)
+    pid = int(match[1]) if match else 0
+    return pid if 0 < pid < 2**31 else None  # os.kill(0, ...) would mean our own process group
+
+
+def _is_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # on Windows os.kill(pid, 0) sends CTRL_C_EVENT rather than checking
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists but belongs to another user
+    return True
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
-
-
-def _file_name(test_id: str) -> str:
-    """``tests/perf/test_x.py::test_y[a-b]`` -> ``test_x.py__test_y[a-b]``, safe on every filesystem."""
-    path, _, name = test_id.rpartition("::")
-    base = Path(path).name if path else ""
-    return re.sub(r"[^A-Za-z0-9._\[\]=+-]+", "_", f"{base}__{name}" if base else name)
