@@ -98,23 +98,57 @@ def _probe_weight(device: str):
 
 
 def machine_probe(device: str, iterations: int = 20) -> float:
-    """Seconds per iteration of a fixed, memory-bound matmul: how fast this machine is right now.
+    """Seconds per iteration of a fixed, memory-bound operation: how fast this machine is right now.
 
-    Timed before each repeat and never touching the code under test, so a
-    slower machine (throttling, a noisy neighbour) shows up here too while a
-    slower engine does not. ``perfsuite.session`` uses it to put baseline and
-    current samples on the same machine speed. 20 iterations (about 0.3 s on
-    the 2-core CI machine): a 5-iteration probe was too short to say how fast
-    the next few seconds would run (bench/calibrate.py).
+    Timed before each repeat (in pytest-benchmark's untimed ``setup``) and never
+    touching the code under test, so a slower machine (throttling, a noisy
+    neighbour) shows up here too while a slower engine does not.
+    ``perfsuite.session`` uses it to put baseline and current samples on the
+    same machine speed. On CPU: an 8-row matmul over a 64 MiB weight, 20
+    iterations (about 0.3 s on the 2-core CI machine; 5 iterations were too
+    short to say how fast the next few seconds would run). On CUDA that matmul
+    would time kernel launches, not the GPU, so the probe is a device-timed
+    copy instead (``cuda_copy_probe``).
     """
+    if device.startswith("cuda"):
+        return cuda_copy_probe(device, iterations)
     import torch
 
     weight = _probe_weight(device)
     rows = torch.ones(8, weight.shape[1], device=device)
     torch.nn.functional.linear(rows, weight)  # touch the weight first
-    synchronize(device)
     start = time.perf_counter()
     for _ in range(iterations):
         torch.nn.functional.linear(rows, weight)
-    synchronize(device)
     return (time.perf_counter() - start) / iterations
+
+
+CUDA_PROBE_BYTES = 512 * 2**20
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_buffers(device: str):
+    import torch
+
+    source = torch.ones(CUDA_PROBE_BYTES // 4, dtype=torch.float32, device=device)
+    return source, torch.empty_like(source)
+
+
+def cuda_copy_probe(device: str, iterations: int = 20) -> float:
+    """Seconds per 512 MiB device-to-device copy, timed by CUDA events: the GPU's memory bandwidth right now.
+
+    Bandwidth-bound like a decode step, and long enough that launch latency
+    does not count: 1 GiB of traffic per copy, about 0.3 ms at an H100's
+    bandwidth, so some 7 ms for the 20 (by construction; not yet run on a GPU).
+    """
+    import torch
+
+    source, target = _probe_buffers(device)
+    target.copy_(source)  # first touch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        target.copy_(source)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iterations

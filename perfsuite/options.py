@@ -14,6 +14,7 @@ import pytest
 
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import integer_at_least, number
+from perfsuite.contention import DEFAULT_THRESHOLD
 from perfsuite.metrics import SLO
 from perfsuite.profiles import PROFILES, Profile
 from perfsuite.stats import Policy
@@ -106,6 +107,8 @@ _OPTIONS = (
     ("perf_alpha", probability, "0.05", "significance level, after the Benjamini-Hochberg correction"),
     ("perf_min_effect", fraction, "0.10", "smallest change of a median that can fail a test (0.10 = 10%)"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
+    ("perf_busy_threshold", probability, str(DEFAULT_THRESHOLD),
+     "share of the machine's CPU that other work may use during a repeat before the test is noisy: inconclusive"),
 )
 
 
@@ -118,6 +121,12 @@ def add_options(parser: pytest.Parser) -> None:
         default=False,
         help="store this run's samples as the baselines (a normal run never writes a baseline); "
         "the comparison with the old ones is shown but fails nothing",
+    )
+    group.addoption(
+        "--perf-strict",
+        action="store_true",
+        default=False,
+        help="a usage error, instead of a warning, when the session is too large for a lone regression to be flagged",
     )
     for name, parse, default, help_text in _OPTIONS:
         flag = "--" + name.replace("_", "-")
@@ -142,6 +151,8 @@ class PerfOptions:
     sweep: Sweep | None = None
     slo: SLO | None = None
     decode_mode: str = "packed"
+    strict: bool = False
+    busy_threshold: float = DEFAULT_THRESHOLD
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -182,6 +193,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
         baseline_dir=rootdir / values["perf_baseline_dir"],
         report_dir=rootdir / values["perf_report_dir"],
         policy=Policy(alpha=values["perf_alpha"], min_effect=values["perf_min_effect"]),
+        strict=config.getoption("perf_strict"),
+        busy_threshold=values["perf_busy_threshold"],
     )
 
 

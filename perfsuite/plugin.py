@@ -14,10 +14,14 @@ import pytest
 from perfsuite.options import add_options, read_options
 from perfsuite.report import write_report
 from perfsuite.session import PerfSession
+from perfsuite.stats import Verdict
+from perfsuite.storage import OutputError
 from perfsuite.table import format_table
 
 SESSION_KEY = pytest.StashKey[PerfSession]()
 REPORT_KEY = pytest.StashKey[Path]()
+OUTPUT_ERROR_KEY = pytest.StashKey[str]()
+WORKER_OUTPUT_KEY = "perfsuite"
 SKIP_REASON = "perf test: run it with `pytest --perf` (see README, 'pytest --perf')"
 
 
@@ -32,48 +36,86 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash[SESSION_KEY]
-    perf_items = [item for item in items if item.get_closest_marker("perf")]
-    runnable = [item for item in perf_items if not item.get_closest_marker("skip")]
     if not session.options.enabled:
-        for item in perf_items:
-            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
-    session.num_planned_tests = len(runnable)
+        for item in items:
+            if item.get_closest_marker("perf"):
+                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count the comparisons this session will make (after -k/-m deselection) and say if none can fail."""
+    perf_session = session.config.stash[SESSION_KEY]
+    if not perf_session.options.enabled:
+        return
+    perf_session.num_planned_tests = sum(1 for item in session.items if _will_run(item))
+    advice = perf_session.plan_power().advice()
+    if advice is None:
+        return
+    if perf_session.options.strict:
+        raise pytest.UsageError(f"--perf-strict: {advice}")
+    perf_session.warnings.append(advice)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"perfsuite warning: {advice}", yellow=True, bold=True)
+
+
+def _will_run(item: pytest.Item) -> bool:
+    if not item.get_closest_marker("perf"):
+        return False
+    if item.get_closest_marker("skip"):
+        return False
+    return not any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    perf_session = session.config.stash.get(SESSION_KEY, None)
+    config = session.config
+    perf_session = config.stash.get(SESSION_KEY, None)
     if perf_session is None or not perf_session.options.enabled:
         return
-    perf_session.finish()
-    if perf_session.results:
-        session.config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
-    if perf_session.late_regressions and exitstatus == 0 and not perf_session.options.save_baseline:
+    if _is_xdist_worker(config):
+        config.workeroutput[WORKER_OUTPUT_KEY] = perf_session.worker_output()
+        return
+    try:
+        perf_session.finish()
+        if perf_session.results:
+            config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
+    except OutputError as error:
+        config.stash[OUTPUT_ERROR_KEY] = str(error)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    failed_late = perf_session.late_regressions and not perf_session.options.save_baseline
+    if failed_late and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker's raw results, judged here with everyone else's."""
+    perf_session = node.config.stash.get(SESSION_KEY, None)
+    output = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
+    if perf_session is not None and output:
+        perf_session.add_worker_output(output)
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     perf_session = config.stash.get(SESSION_KEY, None)
-    if perf_session is None or not perf_session.options.enabled or not perf_session.results:
+    if perf_session is None or not perf_session.options.enabled or _is_xdist_worker(config):
         return
     write = terminalreporter.write_line
-    terminalreporter.section("perfsuite")
-    rows = []
-    for result in perf_session.results:
-        name = result.test_id.rpartition("::")[2]
-        if not result.comparisons:
-            rows.append([name, "output_throughput", "-", f"{result.summary['output_throughput']:.4g}",
-                         "-", "-", "-", result.baseline_status])
-        for c in result.comparisons:
-            rows.append([name, c.metric, f"{c.baseline_median:.4g}", f"{c.current_median:.4g}",
-                         f"{c.change_percent:+.1f}%", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]",
-                         f"{c.p_adjusted:.3g}", c.verdict.value])
-        for change in result.counter_changes:
-            rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "counter changed"])
-    write(format_table(["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "verdict"], rows))
+    if perf_session.results:
+        terminalreporter.section("perfsuite")
+        write(format_table(VERDICT_COLUMNS, verdict_rows(perf_session.results)))
     for warning in perf_session.warnings:
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
         write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
+    if OUTPUT_ERROR_KEY in config.stash:
+        write(f"perfsuite error: {config.stash[OUTPUT_ERROR_KEY]}", red=True, bold=True)
+    if not perf_session.results:
+        return
     options = perf_session.options
     write(
         f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} (Benjamini-Hochberg over "
@@ -82,6 +124,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     )
     if REPORT_KEY in config.stash:
         write(f"report: {config.stash[REPORT_KEY]}")
+
+
+VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]
+
+
+def verdict_rows(results) -> list[list]:
+    rows = []
+    for result in results:
+        name = result.test_id.rpartition("::")[2]
+        if not result.comparisons:
+            rows.append([name, "output_throughput", "-", f"{result.summary['output_throughput']:.4g}",
+                         "-", "-", "-", "-", result.baseline_status])
+        for c in result.comparisons:
+            mde = f"{c.min_detectable_effect:.0%}" if c.min_detectable_effect is not None else "none"
+            verdict = "noisy: inconclusive" if c.verdict is Verdict.NOISY else c.verdict.value
+            rows.append([name, c.metric, f"{c.baseline_median:.4g}", f"{c.current_median:.4g}",
+                         f"{c.change_percent:+.1f}%", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]",
+                         f"{c.p_adjusted:.3g}", mde, verdict])
+        for change in result.counter_changes:
+            rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "-",
+                         "counter changed"])
+    return rows
 
 
 def perf_options(config: pytest.Config):
@@ -178,7 +242,13 @@ def perf_max_seq_len(perf_session, perf_backend, workload_factory, requests_for)
 
 
 @pytest.fixture
-def engine_factory(perf_session, perf_backend, perf_max_seq_len):
+def perf_built_engines() -> list:
+    """The engines ``engine_factory`` built for this test: the baseline identity records their knobs."""
+    return []
+
+
+@pytest.fixture
+def engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
     """``engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> a BatchingEngine.
 
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
@@ -189,8 +259,12 @@ def engine_factory(perf_session, perf_backend, perf_max_seq_len):
     default_batch = max(perf_session.options.profile.batch_sizes)
 
     def make(name: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None):
+        from perfsuite.recorder import BuiltEngine
+
         config = EngineConfig(batch_size, perf_max_seq_len, prefill_batch_size, token_budget)
-        return build_engine(name, perf_backend, config)
+        engine = build_engine(name, perf_backend, config)
+        perf_built_engines.append(BuiltEngine(engine, name, config))
+        return engine
 
     return make
 
@@ -206,8 +280,8 @@ def inflight_engine(engine_factory):
 
 
 @pytest.fixture
-def perf(request, benchmark, perf_session, perf_backend, _perf_environment):
+def perf(request, benchmark, perf_session, perf_backend, _perf_environment, perf_built_engines):
     """Record a run and assert no regression: ``perf.measure(engine, requests)``, ``perf.assert_no_regression()``."""
     from perfsuite.recorder import PerfRecorder
 
-    return PerfRecorder(perf_session, request.node.nodeid, benchmark, perf_backend)
+    return PerfRecorder(perf_session, request.node.nodeid, benchmark, perf_backend, perf_built_engines)

@@ -3,21 +3,46 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 
-from perfsuite.adapters.protocol import Backend, BatchingEngine
+from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig
+from perfsuite.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.engine import Request, RunResult
-from perfsuite.session import PerfSession, TestResult, sizing_parameters
+from perfsuite.run_config import RunConfiguration, knobs, workload_digest
+from perfsuite.session import PerfSession, Repeats, TestResult, sizing_parameters
+from perfsuite.storage import BaselineError, OutputError
+
+QUIET_CHECK_SECONDS = 0.5
+QUIET_WAIT_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltEngine:
+    """An engine the ``engine_factory`` fixture built, with the name and knobs it was built from."""
+
+    engine: BatchingEngine
+    name: str
+    config: EngineConfig
 
 
 class PerfRecorder:
-    def __init__(self, session: PerfSession, test_id: str, benchmark, backend: Backend) -> None:
+    def __init__(
+        self,
+        session: PerfSession,
+        test_id: str,
+        benchmark,
+        backend: Backend,
+        built_engines: Sequence[BuiltEngine] = (),
+    ) -> None:
         self.session = session
         self.test_id = test_id
         self.benchmark = benchmark
         self.backend = backend
+        self.built_engines = built_engines
         self.result: TestResult | None = None
 
     def measure(
@@ -30,26 +55,20 @@ class PerfRecorder:
         repeats: int | None = None,
     ) -> TestResult:
         """Warm up (discarded), then time ``repeats`` (default: the profile's) through pytest-benchmark."""
-        from perfsuite.measure import timed_run
-
         options = self.session.options
         repeats = repeats or options.repeats
         for _ in range(options.profile.warmup_runs):
             engine.run(requests, max_concurrency=max_concurrency)
-        runs: list[RunResult] = []
-        probes: list[float] = []
-
-        def one_run() -> None:
-            if self.backend.probe is not None:
-                probes.append(self.backend.probe(self.backend.device))
-            runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
-
-        self.benchmark.pedantic(one_run, rounds=repeats, iterations=1, warmup_rounds=0)
-        while len(runs) < repeats:  # --benchmark-disable runs the target only once
-            one_run()
-        concurrency = max_concurrency or engine.batch_size
-        parameters = sizing_parameters(requests, options.model, options.dtype, concurrency)
-        self.result = self.session.record(self.test_id, runs, parameters, arrival_rate, probes)
+        measured = self._timed_repeats(engine, requests, max_concurrency, repeats)
+        parameters = sizing_parameters(requests, options.model, options.dtype, max_concurrency or engine.batch_size)
+        configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
+        try:
+            self.result = self.session.record(self.test_id, measured, parameters, configuration, arrival_rate)
+        except (OutputError, BaselineError) as error:
+            pytest.fail(str(error), pytrace=False)
+        if options.save_baseline and measured.noisy:
+            pytest.fail(f"{self.test_id}: baseline not saved: {measured.noisy}; record it on a quiet machine",
+                        pytrace=False)
         self.benchmark.extra_info.update(
             {
                 "engine": self.result.engine_name,
@@ -67,3 +86,101 @@ class PerfRecorder:
         if self.result.regressions and not self.session.options.save_baseline:
             lines = "\n".join(f"  {c.describe()}" for c in self.result.regressions)
             pytest.fail(f"performance regression in {self.test_id}:\n{lines}", pytrace=False)
+
+    def _timed_repeats(
+        self, engine: BatchingEngine, requests: Sequence[Request], max_concurrency: int | None, repeats: int
+    ) -> Repeats:
+        """``repeats`` timed runs, each after its machine probe (in pytest-benchmark's untimed ``setup``).
+
+        A run during which other work used the machine is re-run once the
+        machine is quiet again (at most half of them); if it stays busy, the
+        test stops and is reported noisy: more repeats would only measure the
+        other work.
+        """
+        from perfsuite.measure import timed_run
+
+        threshold = self.session.options.busy_threshold
+        checks_machine = self.backend.probe is not None  # a fake that sleeps does not follow the machine
+        in_process = getattr(engine, "runs_in_process", True)
+        runs: list[RunResult] = []
+        probes: list[float] = []
+        uses: list[CpuUse | None] = []
+
+        def probe() -> None:
+            if self.backend.probe is not None:
+                probes.append(self.backend.probe(self.backend.device))
+
+        def one_run() -> None:
+            with CpuMeter() as meter:
+                runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
+            uses.append(_counted(meter.use, in_process) if checks_machine else None)
+            if uses[-1] is not None and uses[-1].is_busy(threshold) and not _wait_until_quiet(threshold):
+                raise _BusyForGood
+
+        try:
+            self.benchmark.pedantic(one_run, setup=probe, rounds=repeats, iterations=1, warmup_rounds=0)
+            while len(runs) < repeats:  # --benchmark-disable runs the target only once
+                probe()
+                one_run()
+            disturbed = [i for i, use in enumerate(uses) if use is not None and use.is_busy(threshold)]
+            for index in disturbed[: repeats // 2]:
+                probe()
+                one_run()  # the machine is quiet again: this repeat takes the disturbed one's place
+                runs[index], uses[index] = runs.pop(), uses.pop()
+                if probes:
+                    probes[index] = probes.pop()
+        except _BusyForGood:
+            reason = contention_reason(uses, threshold)
+            return Repeats(tuple(runs), tuple(probes), _shares(uses), f"{reason}; the other repeats were not run")
+        return Repeats(tuple(runs), tuple(probes), _shares(uses), contention_reason(uses, threshold))
+
+    def _configuration(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        max_concurrency: int | None,
+        arrival_rate: float | None,
+        repeats: int,
+    ) -> RunConfiguration:
+        options = self.session.options
+        built = next((b for b in self.built_engines if b.engine is engine), None)
+        if built is not None:
+            name, engine_knobs = built.name, dataclasses.asdict(built.config)
+        else:  # built by the test itself: all we know is what the protocol shows
+            name, engine_knobs = engine.name, {"batch_size": engine.batch_size}
+        max_seq_len = engine_knobs.pop("max_seq_len", None)
+        return RunConfiguration(
+            profile=options.profile.name,
+            workload_digest=workload_digest(requests, max_concurrency, arrival_rate),
+            num_requests=len(requests),
+            engine=name,
+            engine_knobs=knobs(engine_knobs),
+            decode_mode=options.decode_mode,
+            max_seq_len=max_seq_len,
+            repeats=repeats,
+        )
+
+
+class _BusyForGood(Exception):
+    """The machine stayed busy after a disturbed repeat: more repeats would measure the other work."""
+
+
+def _shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:
+    return tuple(use.busy_share for use in uses if use is not None)
+
+
+def _counted(use: CpuUse | None, in_process: bool) -> CpuUse | None:
+    """An engine served from another process (an HTTP server here) shows up as other work: count only steal."""
+    if use is None or in_process:
+        return use
+    return dataclasses.replace(use, foreign_share=0.0)
+
+
+def _wait_until_quiet(threshold: float) -> bool:
+    deadline = time.monotonic() + QUIET_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        with CpuMeter() as meter:
+            time.sleep(QUIET_CHECK_SECONDS)
+        if meter.use is None or not meter.use.is_busy(threshold):
+            return True
+    return False

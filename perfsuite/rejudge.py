@@ -11,7 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfsuite.session import ALL_METRICS, GOODPUT, exact_counter_changes, normalize_to_machine_speed
+from perfsuite.session import (
+    ALL_METRICS,
+    GOODPUT,
+    comparison_json,
+    exact_counter_changes,
+    normalize_to_machine_speed,
+)
 from perfsuite.stats import Comparison, Policy, adjust, compare
 
 
@@ -27,7 +33,8 @@ def policy_of(results: dict[str, Any], alpha: float | None = None, min_effect: f
 def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: str = "the old run") -> dict[str, Any]:
     """``new`` with its comparisons, counter changes and baseline samples taken against ``old``."""
     old_tests = {test["test_id"]: test for test in old["tests"]}
-    pairs = [(old_tests[test["test_id"]], test) for test in new["tests"] if test["test_id"] in old_tests]
+    matched = [(old_tests[test["test_id"]], test) for test in new["tests"] if test["test_id"] in old_tests]
+    pairs = [(before, after) for before, after in matched if _same_configuration(before, after)]
     same_slo = old.get("slo") == new.get("slo")
     raw = [_compare_samples(before, after, policy, same_slo) for before, after in pairs]
     adjusted = iter(adjust([c for comparisons in raw for c in comparisons], policy))
@@ -52,7 +59,11 @@ def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: 
         "counter_changes": [],
         "baseline_request_samples": {},
     }
-    tests = [judged.get(test["test_id"], {**test, **unmatched}) for test in new["tests"]]
+    unlike = {**unmatched, "baseline": f"another configuration in {old_name}: not compared"}
+    tests = [
+        judged.get(test["test_id"], {**test, **(unlike if test["test_id"] in old_tests else unmatched)})
+        for test in new["tests"]
+    ]
     return {
         **new,
         "tests": tests,
@@ -61,13 +72,9 @@ def rejudge(old: dict[str, Any], new: dict[str, Any], policy: Policy, old_name: 
     }
 
 
-def comparison_json(comparison: Comparison) -> dict[str, Any]:
-    """The shape results.json stores a comparison in."""
-    return {
-        **dataclasses.asdict(comparison),
-        "direction": comparison.direction.value,
-        "verdict": comparison.verdict.value,
-    }
+def _same_configuration(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Runs that measured different workloads, knobs or decode paths are never compared."""
+    return before.get("configuration") == after.get("configuration")
 
 
 def _compare_samples(

@@ -21,7 +21,7 @@ from perfsuite import plots
 from perfsuite.results_file import archive_results, read_history, read_results
 from perfsuite.storage import write_text_atomic
 
-VERDICTS = ("regressed", "improved", "unchanged", "inconclusive")
+VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")
 PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
 MAX_HISTORY_RUNS = 30
 
@@ -39,6 +39,7 @@ class VerdictRow:
     ci_high: float | None
     p_adjusted: float | None
     verdict: str  # a Verdict value, or the baseline status when nothing was compared
+    min_detectable_effect: float | None = None
 
     @property
     def test_name(self) -> str:
@@ -101,6 +102,7 @@ def verdict_rows(results: dict[str, Any]) -> list[VerdictRow]:
                     ci_high=c["ci_high"],
                     p_adjusted=c["p_adjusted"],
                     verdict=c["verdict"],
+                    min_detectable_effect=c.get("min_detectable_effect"),
                 )
             )
         if not test.get("comparisons"):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ from typing import Any
 from perfsuite.engine.types import Request, RunResult
 from perfsuite.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
 from perfsuite.options import PerfOptions
+from perfsuite.power import PowerPlan, minimum_detectable_effect, plan_power
+from perfsuite.run_config import RunConfiguration
 from perfsuite.stats import (
     Comparison,
     CounterChange,
@@ -34,8 +38,9 @@ from perfsuite.stats import (
     adjust_interim,
     compare,
     compare_counters,
+    mark_noisy,
 )
-from perfsuite.storage import Baseline, BaselineStore, Environment, write_json_atomic
+from perfsuite.storage import Baseline, BaselineError, BaselineStore, Environment, write_json_atomic
 
 RESULTS_SCHEMA_VERSION = 1
 
@@ -61,6 +66,8 @@ ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BET
 # times must rename this key: baselines with the old key then lose their probe
 # and are compared as measured, instead of being rescaled by a foreign unit.
 PROBE = "probe_seconds"
+# Other work's share of the machine's CPU time during each repeat (perfsuite.contention); stored, never compared.
+BUSY_SHARE = "cpu_busy_share"
 
 
 def normalize_to_machine_speed(
@@ -105,6 +112,16 @@ class SizingParameters:
 
 
 @dataclass(frozen=True, slots=True)
+class Repeats:
+    """A test's timed repeats and what was measured around each of them."""
+
+    runs: tuple[RunResult, ...]
+    probes: tuple[float, ...] = ()  # machine probe seconds before each repeat
+    busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
+    noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.contention)
+
+
+@dataclass(frozen=True, slots=True)
 class TestResult:
     test_id: str
     engine_name: str
@@ -114,6 +131,8 @@ class TestResult:
     counters: dict[str, int]
     summary: dict[str, float]  # vLLM-style keys over every request of every repeat
     baseline_status: str
+    configuration: RunConfiguration | None = None
+    noisy: str | None = None
     request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, all repeats
     timeline: dict[str, Any] = field(default_factory=dict)  # one timed run, for the report
     baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
@@ -251,69 +270,126 @@ class PerfSession:
     def num_planned_comparisons(self) -> int:
         return max(1, self.num_planned_tests * len(self.compared_metrics))
 
+    def plan_power(self) -> PowerPlan:
+        """Can a lone regression be flagged at all in a session of this size?"""
+        repeats = self.options.repeats
+        return plan_power(self.num_planned_comparisons, repeats, repeats, self.options.policy.alpha)
+
     def record(
         self,
         test_id: str,
-        runs: Sequence[RunResult],
+        repeats: Repeats,
         parameters: SizingParameters,
+        configuration: RunConfiguration,
         arrival_rate: float | None = None,
-        probes: Sequence[float] = (),
     ) -> TestResult:
-        """Summarise a test's timed repeats and judge them against its baseline.
-
-        ``probes`` are ``measure.machine_probe`` seconds, one per repeat.
-        """
+        """Summarise a test's timed repeats, judge them against its baseline, and save it if asked."""
         assert self.environment is not None, "capture the environment before recording"
-        slo = self.options.slo
-        metrics = [run_metrics(run) for run in runs]
-        per_repeat = [repeat_samples(m, slo) for m in metrics]
-        samples = {name: tuple(s[name] for s in per_repeat) for name in self.compared_metrics}
-        if probes:
-            samples[PROBE] = tuple(probes)
-        counters = counters_of(runs[-1])
-        result = TestResult(
-            test_id=test_id,
-            engine_name=runs[-1].engine_name,
-            parameters=parameters,
-            arrival_rate=arrival_rate,
-            samples=samples,
-            counters=counters,
-            summary=vllm_summary(metrics, slo),
-            baseline_status="no baseline",
-            request_samples=per_request_samples(metrics),
-            timeline=timeline_of(runs[-1]),
-        )
+        result = self._summarise(test_id, repeats, parameters, configuration, arrival_rate)
+        if result.noisy:
+            self.warnings.append(f"{test_id}: noisy, judges nothing: {result.noisy}")
         result = self._judge(result)
         if self.options.save_baseline:
-            path = self.store.save(
-                Baseline(
-                    test_id=test_id,
-                    environment=self.environment,
-                    commit=self.commit,
-                    created_at=_now(),
-                    samples=samples,
-                    counters=counters,
-                    parameters={**dataclasses.asdict(parameters), "slo": slo.label if slo else None},
-                    request_samples=result.request_samples,
-                )
-            )
-            result = dataclasses.replace(result, baseline_status=f"saved to {path.relative_to(self.rootdir)}")
+            result = self._save(result)
         self.results.append(result)
         return result
 
+    def _summarise(
+        self,
+        test_id: str,
+        repeats: Repeats,
+        parameters: SizingParameters,
+        configuration: RunConfiguration,
+        arrival_rate: float | None,
+    ) -> TestResult:
+        slo = self.options.slo
+        metrics = [run_metrics(run) for run in repeats.runs]
+        per_repeat = [repeat_samples(m, slo) for m in metrics]
+        samples = {name: tuple(s[name] for s in per_repeat) for name in self.compared_metrics}
+        # A metric that is undefined in some repeat (TPOT when every request
+        # made one token) has nothing to compare: dropped, not stored as NaN.
+        samples = {name: values for name, values in samples.items() if all(map(math.isfinite, values))}
+        if repeats.probes:
+            samples[PROBE] = tuple(repeats.probes)
+        if repeats.busy_shares:
+            samples[BUSY_SHARE] = tuple(repeats.busy_shares)
+        return TestResult(
+            test_id=test_id,
+            engine_name=repeats.runs[-1].engine_name,
+            parameters=parameters,
+            arrival_rate=arrival_rate,
+            samples=samples,
+            counters=counters_of(repeats.runs[-1]),
+            summary=vllm_summary(metrics, slo),
+            baseline_status="no baseline",
+            configuration=configuration,
+            noisy=repeats.noisy,
+            request_samples={k: v for k, v in per_request_samples(metrics).items() if v},
+            timeline=timeline_of(repeats.runs[-1]),
+        )
+
+    def _save(self, result: TestResult) -> TestResult:
+        if result.noisy:
+            return dataclasses.replace(result, baseline_status=f"not saved: {result.noisy}")
+        slo = self.options.slo
+        path = self.store.save(
+            Baseline(
+                test_id=result.test_id,
+                environment=self.environment,
+                configuration=result.configuration,
+                commit=self.commit,
+                created_at=_now(),
+                samples=result.samples,
+                counters=result.counters,
+                parameters={**dataclasses.asdict(result.parameters), "slo": slo.label if slo else None},
+                request_samples=result.request_samples,
+            )
+        )
+        return dataclasses.replace(result, baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
+
+    def _load_baseline(self, test_id: str) -> Baseline | None:
+        try:
+            return self.store.load(test_id, self.environment)
+        except BaselineError as error:
+            if not self.options.save_baseline:
+                raise
+            self.warnings.append(f"{error}; --perf-save-baseline replaces it with this run")
+            return None
+
     def _judge(self, result: TestResult) -> TestResult:
-        baseline = self.store.load(result.test_id, self.environment)  # a corrupt file raises BaselineError
+        baseline = self._load_baseline(result.test_id)
         if baseline is None:
-            others = self.store.other_fingerprints(result.test_id, self.environment)
-            if others:
-                message = (
-                    f"{result.test_id}: baselines exist only for other environments ({', '.join(others)}); "
-                    f"not compared. This one is {self.environment.fingerprint()}: "
-                    "record its baseline with --perf-save-baseline"
-                )
-                self.warnings.append(message)
-                return dataclasses.replace(result, baseline_status="other environment only")
+            return self._without_baseline(result)
+        if baseline.configuration != result.configuration:
+            differences = baseline.configuration.differences(result.configuration)
+            self.warnings.append(
+                f"{result.test_id}: the baseline measured another configuration ({'; '.join(differences)}); "
+                "not compared. If the change is intended, re-record it with --perf-save-baseline"
+            )
+            return dataclasses.replace(result, baseline_status="other configuration")
+        comparisons = self._compare(result, baseline)
+        earlier = [c for r in self.results for c in r.comparisons]
+        bounded = adjust_interim(comparisons, earlier, self.num_planned_comparisons, self.options.policy)
+        return dataclasses.replace(
+            result,
+            baseline_status="compared",
+            baseline_request_samples=baseline.request_samples,
+            comparisons=tuple(bounded),
+            counter_changes=tuple(exact_counter_changes(baseline.counters, result.counters, result.arrival_rate)),
+        )
+
+    def _without_baseline(self, result: TestResult) -> TestResult:
+        others = self.store.other_fingerprints(result.test_id, self.environment)
+        if not others:
             return result
+        self.warnings.append(
+            f"{result.test_id}: baselines exist only for other environments ({', '.join(others)}); "
+            f"not compared. This one is {self.environment.fingerprint()}: "
+            "record its baseline with --perf-save-baseline (README, 'Baselines')"
+        )
+        return dataclasses.replace(result, baseline_status="other environment only")
+
+    def _compare(self, result: TestResult, baseline: Baseline) -> list[Comparison]:
         policy = self.options.policy
         base, current = normalize_to_machine_speed(baseline.samples, result.samples)
         slo = self.options.slo.label if self.options.slo else None
@@ -323,23 +399,26 @@ class PerfSession:
                 f"{slo}; goodput not compared (re-record the baseline with --perf-save-baseline --perf-slo {slo})"
             )
             del base[GOODPUT]
-        comparisons = [
-            compare(name, base[name], current[name], direction, policy)
-            for name, direction in self.compared_metrics.items()
-            if name in base and name in current
-        ]
-        earlier = [c for r in self.results for c in r.comparisons]
-        bounded = adjust_interim(comparisons, earlier, self.num_planned_comparisons, policy)
-        return dataclasses.replace(
-            result,
-            baseline_status="compared",
-            baseline_request_samples=baseline.request_samples,
-            comparisons=tuple(bounded),
-            counter_changes=tuple(exact_counter_changes(baseline.counters, result.counters, result.arrival_rate)),
-        )
+        lone_alpha = policy.alpha / self.num_planned_comparisons
+        comparisons = []
+        for name, direction in self.compared_metrics.items():
+            if name not in base or name not in current:
+                continue
+            comparison = dataclasses.replace(
+                compare(name, base[name], current[name], direction, policy),
+                min_detectable_effect=minimum_detectable_effect(base[name], direction, lone_alpha, policy.min_effect),
+            )
+            comparisons.append(mark_noisy(comparison) if result.noisy else comparison)
+        return comparisons
 
     def finish(self) -> None:
         """Adjust the whole session's p-values together and write results.json."""
+        self.results = self.adjusted_results()
+        if self.results:
+            write_json_atomic(self.options.report_dir / "results.json", self.results_json())
+
+    def adjusted_results(self) -> list[TestResult]:
+        """Every result with the session-wide adjustment; what it newly flags goes to ``late_regressions``."""
         everything = [c for r in self.results for c in r.comparisons]
         adjusted = iter(adjust(everything, self.options.policy))
         final = []
@@ -349,11 +428,32 @@ class PerfSession:
                 if after.verdict is Verdict.REGRESSED and before.verdict is not Verdict.REGRESSED:
                     self.late_regressions.append(f"{result.test_id}: {after.describe()}")
             final.append(dataclasses.replace(result, comparisons=comparisons))
-        self.results = final
-        if self.results:
-            write_json_atomic(self.options.report_dir / "results.json", self.results_json())
+        return final
+
+    def worker_output(self) -> str:
+        """What a pytest-xdist worker hands the controller, which alone adjusts, judges and writes."""
+        return json.dumps(
+            {
+                "environment": dataclasses.asdict(self.environment) if self.environment else None,
+                "commit": self.commit,
+                "num_planned_tests": self.num_planned_tests,
+                "results": [result_json(r) for r in self.results],
+                "warnings": self.warnings,
+            }
+        )
+
+    def add_worker_output(self, text: str) -> None:
+        data = json.loads(text)
+        if data["environment"] is not None and self.environment is None:
+            self.environment = Environment(**data["environment"])
+        self.commit = self.commit or data["commit"]
+        self.num_planned_tests = max(self.num_planned_tests, data["num_planned_tests"])
+        self.results.extend(result_from_json(r) for r in data["results"])
+        self.results.sort(key=lambda r: r.test_id)
+        self.warnings.extend(w for w in data["warnings"] if w not in self.warnings)
 
     def results_json(self) -> dict[str, Any]:
+        plan = self.plan_power()
         return {
             "schema_version": RESULTS_SCHEMA_VERSION,
             "created_at": _now(),
@@ -362,38 +462,104 @@ class PerfSession:
             "fingerprint": self.environment.fingerprint() if self.environment else None,
             "profile": self.options.profile.name,
             "repeats": self.options.repeats,
+            "decode_mode": self.options.decode_mode,
             "policy": {
                 "alpha": self.options.policy.alpha,
                 "min_effect": self.options.policy.min_effect,
                 "test": "one-sided Mann-Whitney U on per-repeat samples",
                 "correction": "benjamini-hochberg",
                 "normalization": "each repeat rescaled by its machine probe over the baseline's median probe",
+                "num_planned_comparisons": plan.num_comparisons,
+                "smallest_p": plan.smallest_p,
+                "max_comparisons_for_lone_regression": plan.max_comparisons,
+                "min_detectable_effect": MDE_METHOD,
+                "noisy": f"a test is noisy when other work used more than {self.options.busy_threshold:.0%} "
+                "of the machine's CPU during a repeat; its comparisons are shown but judge nothing",
             },
+            "probe": probe_description(self.environment),
             "slo": self.options.slo.label if self.options.slo else None,
-            "tests": [_result_json(r) for r in self.results],
+            "tests": [result_json(r) for r in self.results],
+            "late_regressions": list(self.late_regressions),
             "warnings": list(self.warnings),
         }
 
 
-def _result_json(result: TestResult) -> dict[str, Any]:
+MDE_METHOD = (
+    "per metric, the smallest slowdown that, applied to the baseline's own (probe-normalised) samples, "
+    "a lone regression of this session would be flagged for: one-sided Mann-Whitney p below alpha over "
+    "the session's planned comparisons, and at least the minimum effect"
+)
+
+CPU_PROBE = "seconds per iteration of an (8 x 512) by (512 x 32768) float32 matmul, wall clock, 20 iterations"
+CUDA_PROBE = "seconds per iteration of a 512 MiB device-to-device copy, CUDA events, 20 iterations"
+
+
+def probe_description(environment: Environment | None) -> dict[str, str]:
+    on_cuda = environment is not None and environment.cuda_version is not None
+    return {"key": PROBE, "unit": "seconds", "measures": CUDA_PROBE if on_cuda else CPU_PROBE}
+
+
+def result_json(result: TestResult) -> dict[str, Any]:
     return {
         "test_id": result.test_id,
         "engine": result.engine_name,
         "parameters": dataclasses.asdict(result.parameters),
+        "configuration": result.configuration.to_json() if result.configuration else None,
         "arrival_rate": result.arrival_rate,
         **result.summary,
+        "summary_keys": sorted(result.summary),
         "samples": {k: list(v) for k, v in result.samples.items()},
         "request_samples": {k: list(v) for k, v in result.request_samples.items()},
         "baseline_request_samples": {k: list(v) for k, v in result.baseline_request_samples.items()},
         "timeline": result.timeline,
         "counters": result.counters,
         "baseline": result.baseline_status,
-        "comparisons": [
-            {**dataclasses.asdict(c), "direction": c.direction.value, "verdict": c.verdict.value}
-            for c in result.comparisons
-        ],
+        "noisy": result.noisy,
+        "comparisons": [comparison_json(c) for c in result.comparisons],
         "counter_changes": [dataclasses.asdict(c) for c in result.counter_changes],
     }
+
+
+def result_from_json(data: dict[str, Any]) -> TestResult:
+    """The inverse of ``result_json`` (a pytest-xdist worker's results reach the controller this way)."""
+    return TestResult(
+        test_id=data["test_id"],
+        engine_name=data["engine"],
+        parameters=SizingParameters(**data["parameters"]),
+        arrival_rate=data["arrival_rate"],
+        samples={k: tuple(v) for k, v in data["samples"].items()},
+        counters=dict(data["counters"]),
+        summary={key: data[key] for key in data["summary_keys"]},
+        baseline_status=data["baseline"],
+        configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
+        noisy=data["noisy"],
+        request_samples={k: tuple(v) for k, v in data["request_samples"].items()},
+        timeline=data["timeline"],
+        baseline_request_samples={k: tuple(v) for k, v in data["baseline_request_samples"].items()},
+        comparisons=tuple(comparison_from_json(c) for c in data["comparisons"]),
+        counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
+    )
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    """The shape results.json stores a comparison in."""
+    return {
+        **dataclasses.asdict(comparison),
+        "direction": comparison.direction.value,
+        "verdict": comparison.verdict.value,
+    }
+
+
+def comparison_from_json(data: dict[str, Any]) -> Comparison:
+    return Comparison(**{**data, "direction": Direction(data["direction"]), "verdict": Verdict(data["verdict"])})
+
+
+def _shown_path(path: Path, rootdir: Path) -> str:
+    """Relative to the rootdir where it lies inside it (a baseline directory may lie anywhere)."""
+    try:
+        return str(path.resolve().relative_to(rootdir.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _now() -> str:

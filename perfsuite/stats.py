@@ -47,6 +47,7 @@ class Verdict(enum.Enum):
     UNCHANGED = "unchanged"
     REGRESSED = "regressed"
     INCONCLUSIVE = "inconclusive"
+    NOISY = "noisy"  # the machine was busy with other work while the test ran: inconclusive, never regressed
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ class Comparison:
     p_better: float  # raw one-sided p: current better than baseline
     p_adjusted: float  # Benjamini-Hochberg-adjusted p of the side the verdict is about
     verdict: Verdict
+    min_detectable_effect: float | None = None  # perfsuite.power: from the baseline's own spread
 
     @property
     def change_percent(self) -> float:
@@ -139,8 +141,8 @@ def adjust(
 ) -> list[Comparison]:
     """Adjust every comparison of a session (Benjamini-Hochberg by default) and settle the verdicts."""
     correction = correction or benjamini_hochberg
-    worse = correction([c.p_worse for c in comparisons])
-    better = correction([c.p_better for c in comparisons])
+    worse = correction([_family_p(c, c.p_worse) for c in comparisons])
+    better = correction([_family_p(c, c.p_better) for c in comparisons])
     return [_with_verdict(c, w, b, policy) for c, w, b in zip(comparisons, worse, better)]
 
 
@@ -164,9 +166,21 @@ def adjust_interim(
         raise ValueError(f"num_comparisons {num_comparisons} is below the {known} comparisons made")
     pending = [1.0] * (num_comparisons - known)
     everything = [*earlier, *comparisons]
-    worse = correction([c.p_worse for c in everything] + pending)[len(earlier) : known]
-    better = correction([c.p_better for c in everything] + pending)[len(earlier) : known]
+    worse = correction([_family_p(c, c.p_worse) for c in everything] + pending)[len(earlier) : known]
+    better = correction([_family_p(c, c.p_better) for c in everything] + pending)[len(earlier) : known]
     return [_with_verdict(c, w, b, policy) for c, w, b in zip(comparisons, worse, better)]
+
+
+def mark_noisy(comparison: Comparison) -> Comparison:
+    """A comparison whose samples were taken on a busy machine: shown, never a verdict either way."""
+    return replace(comparison, verdict=Verdict.NOISY)
+
+
+def _family_p(comparison: Comparison, p_value: float) -> float:
+    # A noisy comparison stays in the family (it was planned) but as p = 1:
+    # its small p-values come from the other work, and under Benjamini-Hochberg
+    # they would lower the bar for every other test of the session.
+    return 1.0 if comparison.verdict is Verdict.NOISY else p_value
 
 
 def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
@@ -229,6 +243,8 @@ def _relative_change(baseline_median: float, current_median: float) -> float:
 
 
 def _with_verdict(comparison: Comparison, p_worse: float, p_better: float, policy: Policy) -> Comparison:
+    if comparison.verdict is Verdict.NOISY:
+        return replace(comparison, p_adjusted=min(p_worse, p_better))
     if min(comparison.n_baseline, comparison.n_current) < policy.min_samples:
         return replace(comparison, p_adjusted=min(p_worse, p_better), verdict=Verdict.INCONCLUSIVE)
     signed = comparison.change if comparison.direction is Direction.HIGHER_IS_BETTER else -comparison.change

@@ -16,8 +16,9 @@ from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.options import PerfOptions
 from perfsuite.profiles import PROFILES
-from perfsuite.rejudge import comparison_json
-from perfsuite.session import METRICS, PerfSession, sizing_parameters
+from perfsuite.session import comparison_json
+from perfsuite.run_config import RunConfiguration, knobs, workload_digest
+from perfsuite.session import METRICS, PerfSession, Repeats, sizing_parameters
 from perfsuite.stats import Policy, adjust, compare
 from perfsuite.storage import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
@@ -122,6 +123,11 @@ def _session(root: Path) -> PerfSession:
 
 def _record(session, test_id, engine_kind, runner, requests, batch_size, arrival_rate=None) -> None:
     engine = build_engine(engine_kind, runner, batch_size=batch_size, max_seq_len=64, eos_token_id=None)
-    runs = [engine.run(requests) for _ in range(REPEATS)]
+    runs = tuple(engine.run(requests) for _ in range(REPEATS))
     parameters = sizing_parameters(requests, "fake", "float32", batch_size)
-    session.record(test_id, runs, parameters, arrival_rate)
+    configuration = RunConfiguration(
+        profile="smoke", workload_digest=workload_digest(requests, arrival_rate=arrival_rate),
+        num_requests=len(requests), engine=engine_kind, engine_knobs=knobs({"batch_size": batch_size}),
+        decode_mode="packed", max_seq_len=64, repeats=REPEATS,
+    )  # fmt: skip
+    session.record(test_id, Repeats(runs), parameters, configuration, arrival_rate)

@@ -25,6 +25,8 @@ PURE_MODULES = [
     "perfsuite.models",
     "perfsuite.workload",
     "perfsuite.stats",
+    "perfsuite.contention",
+    "perfsuite.power",
     "perfsuite.storage",
     "perfsuite.session",
     "perfsuite.options",

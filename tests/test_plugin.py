@@ -92,9 +92,9 @@ def test_save_baseline_round_trip_then_a_50_percent_slower_engine_fails(project,
     monkeypatch.setenv("FAKE_STEP_SECONDS", "0.004")
     saved = project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline")
     saved.assert_outcomes(passed=2)
-    [baseline_file] = (project.path / "baselines").glob("*/*.json")
+    [baseline_file] = (project.path / "baselines").rglob("*.json")
     stored = json.loads(baseline_file.read_text())
-    assert stored["schema_version"] == 1 and len(stored["samples"]["output_throughput"]) == 6
+    assert stored["schema_version"] == 2 and len(stored["samples"]["output_throughput"]) == 6
     assert stored["test_id"].endswith("test_speed.py::test_speed")
 
     unchanged = project.runpytest_subprocess(*COMPARE_ARGS)
@@ -123,7 +123,7 @@ def test_save_baseline_round_trip_then_a_50_percent_slower_engine_fails(project,
 
 def test_a_corrupt_baseline_is_a_clear_error(project):
     project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline").assert_outcomes(passed=2)
-    [baseline_file] = (project.path / "baselines").glob("*/*.json")
+    [baseline_file] = (project.path / "baselines").rglob("*.json")
     baseline_file.write_text("{ not json")
     result = project.runpytest_subprocess(*COMPARE_ARGS)
     result.assert_outcomes(passed=1, failed=1)
@@ -132,15 +132,15 @@ def test_a_corrupt_baseline_is_a_clear_error(project):
 
 def test_another_schema_version_is_a_clear_error(project):
     project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline").assert_outcomes(passed=2)
-    [baseline_file] = (project.path / "baselines").glob("*/*.json")
+    [baseline_file] = (project.path / "baselines").rglob("*.json")
     data = json.loads(baseline_file.read_text())
     baseline_file.write_text(json.dumps({**data, "schema_version": 99}))
     result = project.runpytest_subprocess(*COMPARE_ARGS)
-    result.stdout.fnmatch_lines(["*schema_version 99*reads 1*--perf-save-baseline*"])
+    result.stdout.fnmatch_lines(["*schema_version 99*reads 2*--perf-save-baseline*"])
 
 
 def test_a_baseline_from_another_environment_is_not_compared(project):
-    other = project.path / "baselines" / "some-other-gpu-abc" / "test_speed.py__test_speed.json"
+    other = project.path / "baselines" / "some-other-gpu-abc" / "test_speed.py" / "test_speed.json"
     other.parent.mkdir(parents=True)
     other.write_text("{}")
     result = project.runpytest_subprocess("--perf", "--perf-profile", "smoke")

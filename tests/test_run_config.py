@@ -74,3 +74,24 @@ def test_request_ids_do_not_matter(prompt, max_new_tokens):
     a = [Request("a", prompt, SamplingParams(max_new_tokens))]
     b = [Request("b", prompt, SamplingParams(max_new_tokens))]
     assert workload_digest(a) == workload_digest(b)
+
+
+def test_perfsuite_compare_never_judges_runs_of_unlike_configurations():
+    from perfsuite.rejudge import rejudge
+    from perfsuite.stats import Policy
+
+    def document(configuration, throughput):
+        test = {
+            "test_id": "t.py::t", "engine": "static", "parameters": {}, "configuration": configuration,
+            "samples": {"output_throughput": throughput}, "counters": {}, "arrival_rate": None,
+        }  # fmt: skip
+        return {"tests": [test], "fingerprint": "f", "slo": None}
+
+    old = document(CONFIGURATION.to_json(), [100.0, 101, 99, 100, 102, 98])
+    slower = [50.0, 51, 49, 50, 52, 48]
+    same = rejudge(old, document(CONFIGURATION.to_json(), slower), Policy())
+    assert [c["verdict"] for c in same["tests"][0]["comparisons"]] == ["regressed"]
+    other = dataclasses.replace(CONFIGURATION, decode_mode="static").to_json()
+    unlike = rejudge(old, document(other, slower), Policy())
+    assert unlike["tests"][0]["comparisons"] == []
+    assert unlike["tests"][0]["baseline"] == "another configuration in the old run: not compared"

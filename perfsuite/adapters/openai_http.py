@@ -93,6 +93,8 @@ class OpenAIHttpEngine:
 
     name = "openai-http"
     greedy_equal = True
+    # The server does the work, in another process: its CPU use is not "other work" (perfsuite.contention).
+    runs_in_process = False
 
     def __init__(
         self,

@@ -33,6 +33,10 @@ class BatchingEngine(Protocol):
       return a record for every request (none is dropped) and leave the engine
       ready for another run. ``on_step`` is called with the outputs of each
       forward step where the engine can observe steps (progress only).
+
+    Optionally, ``runs_in_process = False`` says the work happens in another
+    process (a server): its CPU use then does not count as other work when
+    the recorder checks whether the machine was busy.
     """
 
     name: str
@@ -64,7 +68,8 @@ class Backend:
     adapters drive (None for a fake backend). ``endpoint`` is the base URL
     of an OpenAI-compatible server for the ``openai-http`` engine. ``probe`` times the machine
     before each repeat (see ``measure.machine_probe``); a backend whose speed
-    does not follow the machine's (a fake that sleeps) sets it to None.
+    does not follow the machine's (a fake that sleeps) sets it to None, which
+    also turns off the busy-machine check (``perfsuite.contention``).
     """
 
     runner: Any

@@ -1,0 +1,274 @@
+"""The regression gate, end to end through pytester: which runs are compared, and what a verdict can rest on.
+
+Perf tests here run on a fake backend whose steps sleep (see tests/test_plugin.py),
+so nothing depends on this machine's speed; a busy machine is simulated by
+replacing the CPU meter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+import os, time, pytest
+from perfsuite.engine.fake_runner import FakeRunner
+from perfsuite.adapters import Backend
+
+if os.environ.get("FAKE_BUSY_SHARE"):
+    import dataclasses
+    import perfsuite.recorder
+    from perfsuite.contention import CpuMeter
+
+    class BusyMeter(CpuMeter):
+        # The real meter's reading, as if other work had used this share of the machine.
+        def stop(self):
+            use = super().stop()
+            share = float(os.environ["FAKE_BUSY_SHARE"])
+            return use and dataclasses.replace(use, foreign_share=share, wall_seconds=max(use.wall_seconds, 1.0))
+
+    perfsuite.recorder.CpuMeter = BusyMeter
+    perfsuite.recorder.QUIET_WAIT_SECONDS = 0.0
+
+@pytest.fixture(scope="session")
+def perf_backend():
+    delay = float(os.environ.get("FAKE_STEP_SECONDS", "0.004"))
+    probe_seconds = float(os.environ.get("FAKE_PROBE_SECONDS", "0"))
+    runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(delay))
+    tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
+
+    def probe(device):
+        time.sleep(probe_seconds)
+        return 0.01
+
+    # Sleeping steps do not follow the machine's speed: no probe, and no busy-machine check, unless a test asks.
+    measured = probe_seconds or os.environ.get("FAKE_BUSY_SHARE")
+    return Backend(runner=runner, tokenize=tokenize, eos_token_id=None, max_context=512, device="cpu",
+                   probe=probe if measured else None)
+"""
+
+PERF_TESTS = """
+import pytest
+
+@pytest.mark.perf
+@pytest.mark.parametrize("batch", [2, 3, 4, 5])
+def test_speed(perf, engine_factory, workload, batch):
+    perf.measure(engine_factory("inflight", batch_size=batch), workload)
+    perf.assert_no_regression()
+"""
+
+ARGS = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "6", "-p", "no:randomly"]
+ONE_TEST = ["-k", "speed and 2"]
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    monkeypatch.delenv("FAKE_BUSY_SHARE", raising=False)
+    monkeypatch.delenv("FAKE_PROBE_SECONDS", raising=False)
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.004")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_speed=PERF_TESTS)
+    return pytester
+
+
+def results_json(pytester, report_dir="reports") -> dict:
+    return json.loads((pytester.path / report_dir / "results.json").read_text())
+
+
+def baseline_files(pytester, baseline_dir="baselines"):
+    return sorted((pytester.path / baseline_dir).rglob("*.json"))
+
+
+# -- a baseline knows what it measured ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changed", "difference"),
+    [
+        (["--perf-decode-mode", "static"], "decode_mode: packed -> static"),
+        (["--perf-repeats", "5"], "repeats: 6 -> 5"),
+        (["--perf-profile", "ci"], "profile: smoke -> ci"),
+    ],
+    ids=["decode-mode", "repeats", "profile"],
+)
+def test_a_run_of_another_configuration_is_not_compared(project, monkeypatch, changed, difference):
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")  # would regress if it were compared
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, *changed)
+    result.assert_outcomes(passed=1, deselected=3)
+    result.stdout.fnmatch_lines([f"*warning: *the baseline measured another configuration (*{difference}*); not compared*"])
+    [test] = results_json(project)["tests"]
+    assert test["baseline"] == "other configuration" and test["comparisons"] == []
+
+
+def test_another_workload_under_the_same_test_id_is_not_compared(project):
+    """The ci and full profiles run different workloads under one id; here the smoke workload's length changes."""
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    project.makepyfile(test_speed=PERF_TESTS.replace("workload)", "workload[:3])"))
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
+    result.stdout.fnmatch_lines(["*another configuration (workload_digest: * -> *; num_requests: 4 -> 3)*"])
+
+
+# -- power is planned ----------------------------------------------------------
+
+
+def test_a_session_too_large_to_flag_a_lone_regression_is_warned_before_running(project):
+    # 5 repeats a side: the smallest p is 1/252, so at most 12 comparisons (3 tests of 4 metrics).
+    args = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "5", "-p", "no:randomly"]
+    result = project.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*perfsuite warning: *16 comparisons*--perf-repeats 6*--perf-engines*-k*", "*test_speed*"])
+    assert any("16 comparisons" in w for w in results_json(project)["warnings"])
+
+    strict = project.runpytest_subprocess(*args, "--perf-strict")
+    assert strict.ret == pytest.ExitCode.USAGE_ERROR
+    strict.stderr.fnmatch_lines(["*--perf-strict: *16 comparisons*"])
+
+
+def test_deselected_tests_are_not_planned(project):
+    args = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "5", "-p", "no:randomly", "-k", "not 5"]
+    result = project.runpytest_subprocess(*args, "--perf-strict")
+    result.assert_outcomes(passed=3, deselected=1)
+    assert "warning" not in result.stdout.str()
+    assert results_json(project)["policy"]["num_planned_comparisons"] == 12
+
+
+def test_each_comparison_reports_its_minimum_detectable_effect(project):
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
+    result.stdout.fnmatch_lines(["*MDE*verdict*", "*output_throughput*%*unchanged*"])
+    [test] = results_json(project)["tests"]
+    for comparison in test["comparisons"]:
+        assert comparison["min_detectable_effect"] >= 0.10, comparison  # never below the minimum effect
+
+
+# -- a busy machine is inconclusive, never a regression -------------------------
+
+
+def test_a_busy_machine_makes_a_slow_run_noisy_not_regressed(project, monkeypatch):
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")
+    monkeypatch.setenv("FAKE_BUSY_SHARE", "0.5")
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
+    result.assert_outcomes(passed=1, deselected=3)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*output_throughput*noisy: inconclusive*", "*warning: *noisy, judges nothing: the machine was busy*"])
+    [test] = results_json(project)["tests"]
+    assert test["noisy"] and {c["verdict"] for c in test["comparisons"]} == {"noisy"}
+    assert all(share == 0.5 for share in test["samples"]["cpu_busy_share"])
+
+    monkeypatch.delenv("FAKE_BUSY_SHARE")  # the same slowdown on a quiet machine is caught
+    quiet = project.runpytest_subprocess(*ARGS, *ONE_TEST)
+    quiet.assert_outcomes(failed=1, deselected=3)
+
+
+def test_a_baseline_is_never_recorded_on_a_busy_machine(project, monkeypatch):
+    monkeypatch.setenv("FAKE_BUSY_SHARE", "0.5")
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline")
+    result.assert_outcomes(failed=1, deselected=3)
+    result.stdout.fnmatch_lines(["*baseline not saved: the machine was busy*record it on a quiet machine*"])
+    assert baseline_files(project) == []
+
+
+# -- the probe -------------------------------------------------------------------
+
+
+def test_the_machine_probe_runs_outside_the_timed_target(project, monkeypatch):
+    monkeypatch.setenv("FAKE_PROBE_SECONDS", "0.5")
+    quiet_or_not = ["--perf-busy-threshold", "0.99"]  # this test is about the probe, whatever else runs
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, *quiet_or_not, "--benchmark-json=bench.json")
+    result.assert_outcomes(passed=1, deselected=3)
+    [bench] = json.loads((project.path / "bench.json").read_text())["benchmarks"]
+    assert bench["stats"]["rounds"] == 6
+    assert bench["stats"]["max"] < 0.5, "pytest-benchmark timed the probe"
+    data = results_json(project)
+    assert data["probe"]["unit"] == "seconds" and "matmul" in data["probe"]["measures"]
+    assert len(data["tests"][0]["samples"]["probe_seconds"]) == 6
+
+
+# -- bad baselines and unwritable directories --------------------------------------
+
+
+def test_save_baseline_replaces_a_corrupt_baseline_as_its_error_advises(project):
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    [path] = baseline_files(project)
+    path.write_text(path.read_text().replace('"output_throughput": [', '"output_throughput": [NaN, '))
+    broken = project.runpytest_subprocess(*ARGS, *ONE_TEST)
+    broken.assert_outcomes(failed=1, deselected=3)
+    shown = str(path).replace("[", "[[]")
+    broken.stdout.fnmatch_lines([f"*{shown}*output_throughput*nan*--perf-save-baseline*"])
+    assert "Traceback" not in broken.stdout.str()
+
+    fixed = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline")
+    fixed.assert_outcomes(passed=1, deselected=3)
+    fixed.stdout.fnmatch_lines(["*warning: *baseline*--perf-save-baseline replaces it with this run*"])
+    project.runpytest_subprocess(*ARGS, *ONE_TEST).assert_outcomes(passed=1, deselected=3)
+    assert results_json(project)["tests"][0]["baseline"] == "compared"
+
+
+def test_a_baseline_directory_outside_the_rootdir_works(project, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("elsewhere") / "baselines"
+    saved = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline", f"--perf-baseline-dir={outside}")
+    saved.assert_outcomes(passed=1, deselected=3)
+    assert results_json(project)["tests"][0]["baseline"].startswith(f"saved to {outside}")
+    again = project.runpytest_subprocess(*ARGS, *ONE_TEST, f"--perf-baseline-dir={outside}")
+    again.assert_outcomes(passed=1, deselected=3)
+    assert results_json(project)["tests"][0]["baseline"] == "compared"
+
+
+def test_an_unwritable_report_directory_is_one_line_and_the_table_still_prints(project):
+    (project.path / "blocker").write_text("a file where the report directory should be")
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-report-dir=blocker/reports")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*test_speed*output_throughput*no baseline*", "*perfsuite error: cannot write *blocker/reports*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_an_unwritable_baseline_directory_fails_the_test_with_one_line(project):
+    (project.path / "blocker").write_text("a file where the baselines should be")
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline", "--perf-baseline-dir=blocker/b")
+    result.assert_outcomes(failed=1, deselected=3)
+    result.stdout.fnmatch_lines(["*cannot write *blocker/b*--perf-baseline-dir*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_written_files_follow_the_umask(project):
+    old = os.umask(0o022)
+    try:
+        project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    finally:
+        os.umask(old)
+    for path in [*baseline_files(project), project.path / "reports" / "results.json", project.path / "reports" / "report.html"]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+# -- pytest-xdist ------------------------------------------------------------------
+
+
+def test_under_xdist_the_controller_alone_adjusts_and_writes(project, monkeypatch):
+    pytest.importorskip("xdist")
+    project.runpytest_subprocess(*ARGS, "-n", "2", "--perf-save-baseline").assert_outcomes(passed=4)
+    assert len(baseline_files(project)) == 4
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")
+    result = project.runpytest_subprocess(*ARGS, "-n", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*perfsuite*", "*test_speed*output_throughput*regressed*"])
+    data = results_json(project)
+    assert sorted(t["test_id"] for t in data["tests"]) == [f"test_speed.py::test_speed[{b}]" for b in (2, 3, 4, 5)]
+    assert data["policy"]["num_planned_comparisons"] == 16
+    assert all(t["baseline"] == "compared" for t in data["tests"])
+    assert (project.path / "reports" / "report.html").exists()
+
+
+def test_the_shipped_smoke_suite_runs_under_xdist(pytester):
+    pytest.importorskip("xdist")
+    from smoke_session import run_shipped_smoke_session
+
+    result = run_shipped_smoke_session(pytester, "-n", "2")
+    result.assert_outcomes(passed=8, skipped=1)
+    assert len(results_json(pytester)["tests"]) == 8
