@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class PerfRecorder:
     def _timed_repeats(
         self, engine: BatchingEngine, requests: Sequence[Request], max_concurrency: int | None, repeats: int
     ) -> Repeats:
-        """``repeats`` timed runs, each after its machine probe (in pytest-benchmark's untimed ``setup``).
+        """``repeats`` timed runs, each between two machine probes (in pytest-benchmark's untimed ``setup``).
 
         A run during which other work used the machine is re-run once the
         machine is quiet again (at most half of them); if it stays busy, the
@@ -103,14 +104,11 @@ class PerfRecorder:
         checks_machine = self.backend.probe is not None  # a fake that sleeps does not follow the machine
         in_process = getattr(engine, "runs_in_process", True)
         runs: list[RunResult] = []
-        probes: list[float] = []
         uses: list[CpuUse | None] = []
-
-        def probe() -> None:
-            if self.backend.probe is not None:
-                probes.append(self.backend.probe(self.backend.device))
+        probes = _BracketingProbe(self.backend)
 
         def one_run() -> None:
+            probes.starting_run()
             with CpuMeter() as meter:
                 runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
             uses.append(_counted(meter.use, in_process) if checks_machine else None)
@@ -118,21 +116,22 @@ class PerfRecorder:
                 raise _BusyForGood
 
         try:
-            self.benchmark.pedantic(one_run, setup=probe, rounds=repeats, iterations=1, warmup_rounds=0)
+            self.benchmark.pedantic(one_run, setup=probes.take, rounds=repeats, iterations=1, warmup_rounds=0)
             while len(runs) < repeats:  # --benchmark-disable runs the target only once
-                probe()
+                probes.take()
                 one_run()
+            probes.take()  # after the last run
             disturbed = [i for i, use in enumerate(uses) if use is not None and use.is_busy(threshold)]
             for index in disturbed[: repeats // 2]:
-                probe()
+                probes.take()
                 one_run()  # the machine is quiet again: this repeat takes the disturbed one's place
+                probes.take()
                 runs[index], uses[index] = runs.pop(), uses.pop()
-                if probes:
-                    probes[index] = probes.pop()
+                probes.move_last_to(index)
         except _BusyForGood:
             reason = contention_reason(uses, threshold)
-            return Repeats(tuple(runs), tuple(probes), _shares(uses), f"{reason}; the other repeats were not run")
-        return Repeats(tuple(runs), tuple(probes), _shares(uses), contention_reason(uses, threshold))
+            return Repeats(tuple(runs), probes.per_run(), _shares(uses), f"{reason}; the other repeats were not run")
+        return Repeats(tuple(runs), probes.per_run(), _shares(uses), contention_reason(uses, threshold))
 
     def _configuration(
         self,
@@ -159,6 +158,43 @@ class PerfRecorder:
             max_seq_len=max_seq_len,
             repeats=repeats,
         )
+
+
+class _BracketingProbe:
+    """The machine probe around each run: the geometric mean of the readings just before and just after it.
+
+    bench/probe_drift.py: the machine's speed drifts during a run, and the
+    reading after it as well as before cut the drift left in a decode step's
+    time by a fifth. A reading serves as the "after" of one run and the
+    "before" of the next. Without a backend probe, there are no readings.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._latest: float | None = None
+        self._before: list[float] = []  # per run, in run order
+        self._around: list[float] = []  # per run whose "after" reading is in
+
+    def take(self) -> None:
+        if self._backend.probe is None:
+            return
+        self._latest = self._backend.probe(self._backend.device)
+        if len(self._around) < len(self._before):  # the last run's "after"
+            self._around.append(math.sqrt(self._before[len(self._around)] * self._latest))
+
+    def starting_run(self) -> None:
+        if self._latest is not None:
+            self._before.append(self._latest)
+
+    def move_last_to(self, index: int) -> None:
+        """A re-run took the place of the disturbed run ``index``."""
+        if self._around:
+            self._before[index] = self._before.pop()
+            self._around[index] = self._around.pop()
+
+    def per_run(self) -> tuple[float, ...]:
+        """One reading per run; a run cut short by a busy machine has only its "before"."""
+        return tuple(self._around) + tuple(self._before[len(self._around) :])
 
 
 class _BusyForGood(Exception):

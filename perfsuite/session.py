@@ -62,10 +62,11 @@ GOODPUT = "request_goodput"
 # baseline was measured against the same SLO.
 ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
 
-# Seconds per iteration of measure.machine_probe. A change to what the probe
-# times must rename this key: baselines with the old key then lose their probe
+# Seconds of measure.machine_probe around each repeat. A change to what the probe
+# times must rename this key (it was "probe_seconds" for the memory part alone, taken
+# before the repeat): baselines with the old key then lose their probe
 # and are compared as measured, instead of being rescaled by a foreign unit.
-PROBE = "probe_seconds"
+PROBE = "probe_bracket_seconds"
 # Other work's share of the machine's CPU time during each repeat (perfsuite.contention); stored, never compared.
 BUSY_SHARE = "cpu_busy_share"
 
@@ -75,12 +76,15 @@ def normalize_to_machine_speed(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Put every repeat, baseline and current alike, on the baseline's typical machine speed.
 
-    Each repeat carries the machine probe timed just before it. A repeat whose
+    Each repeat carries the machine probe taken around it (the geometric mean
+    of the readings just before and just after it). A repeat whose
     probe took k times the baseline's median probe ran on a machine k times
     slower: its throughput is multiplied and its latencies divided by k.
     Repeat by repeat rather than by one factor per side, because this VM's
     speed changes within seconds: on the ci workload it took the spread of
-    repeats from 13% to 7% (bench/calibrate.py). Without probes on both
+    repeats from 13% to 7% (bench/calibrate.py), and bench/probe_drift.py
+    found a probe after the repeat as well as before it cuts what is left of a
+    decode step's drift by a fifth. Without probes on both
     sides, samples pass as they are.
     """
     base = {name: list(values) for name, values in baseline.items()}
@@ -116,7 +120,7 @@ class Repeats:
     """A test's timed repeats and what was measured around each of them."""
 
     runs: tuple[RunResult, ...]
-    probes: tuple[float, ...] = ()  # machine probe seconds before each repeat
+    probes: tuple[float, ...] = ()  # machine probe seconds around each repeat (before and after, geometric mean)
     busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
     noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.contention)
 
@@ -490,8 +494,16 @@ MDE_METHOD = (
     "the session's planned comparisons, and at least the minimum effect"
 )
 
-CPU_PROBE = "seconds per iteration of an (8 x 512) by (512 x 32768) float32 matmul, wall clock, 20 iterations"
-CUDA_PROBE = "seconds per iteration of a 512 MiB device-to-device copy, CUDA events, 20 iterations"
+CPU_PROBE = (
+    "geometric mean of two parts, in seconds per iteration (20 each, wall clock): an (8 x 512) by (512 x 32768) "
+    "float32 matmul (memory-bound) and a (256 x 1024) by (1024 x 1024) float32 matmul (compute-bound); "
+    "per repeat, the geometric mean of the probes taken just before and just after it"
+)
+CUDA_PROBE = (
+    "geometric mean of two parts, in seconds per iteration (20 each, CUDA events): a 512 MiB device-to-device "
+    "copy (bandwidth-bound) and a 4096-square bfloat16 matmul (compute-bound); per repeat, the geometric mean "
+    "of the probes taken just before and just after it"
+)
 
 
 def probe_description(environment: Environment | None) -> dict[str, str]:

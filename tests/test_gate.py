@@ -8,10 +8,13 @@ replacing the CPU meter.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 
 import pytest
+
+from perfsuite.session import PROBE
 
 pytest_plugins = ["pytester"]
 
@@ -42,12 +45,15 @@ def perf_backend():
     runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(delay))
     tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
 
+    readings = iter(range(1, 10_000))
+
     def probe(device):
         time.sleep(probe_seconds)
-        return 0.01
+        # FAKE_PROBE_COUNTS: the n-th reading is n seconds, so a test can tell which readings a repeat got.
+        return float(next(readings)) if os.environ.get("FAKE_PROBE_COUNTS") else 0.01
 
     # Sleeping steps do not follow the machine's speed: no probe, and no busy-machine check, unless a test asks.
-    measured = probe_seconds or os.environ.get("FAKE_BUSY_SHARE")
+    measured = probe_seconds or os.environ.get("FAKE_BUSY_SHARE") or os.environ.get("FAKE_PROBE_COUNTS")
     return Backend(runner=runner, tokenize=tokenize, eos_token_id=None, max_context=512, device="cpu",
                    probe=probe if measured else None)
 """
@@ -70,6 +76,7 @@ ONE_TEST = ["-k", "speed and 2"]
 def project(pytester, monkeypatch):
     monkeypatch.delenv("FAKE_BUSY_SHARE", raising=False)
     monkeypatch.delenv("FAKE_PROBE_SECONDS", raising=False)
+    monkeypatch.delenv("FAKE_PROBE_COUNTS", raising=False)
     monkeypatch.setenv("FAKE_STEP_SECONDS", "0.004")
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_speed=PERF_TESTS)
@@ -188,7 +195,18 @@ def test_the_machine_probe_runs_outside_the_timed_target(project, monkeypatch):
     assert bench["stats"]["max"] < 0.5, "pytest-benchmark timed the probe"
     data = results_json(project)
     assert data["probe"]["unit"] == "seconds" and "matmul" in data["probe"]["measures"]
-    assert len(data["tests"][0]["samples"]["probe_seconds"]) == 6
+    assert len(data["tests"][0]["samples"][PROBE]) == 6
+
+
+def test_each_repeat_gets_the_probes_just_before_and_just_after_it(project, monkeypatch):
+    # The machine's speed drifts during a repeat; the reading before it alone misses that.
+    monkeypatch.setenv("FAKE_PROBE_COUNTS", "1")
+    quiet_or_not = ["--perf-busy-threshold", "0.99"]
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, *quiet_or_not).assert_outcomes(passed=1, deselected=3)
+    probes = results_json(project)["tests"][0]["samples"][PROBE]
+    # Readings 1..7 around 6 repeats: repeat i sits between reading i and reading i + 1.
+    assert probes == pytest.approx([math.sqrt(i * (i + 1)) for i in range(1, 7)])
+    assert "before and just after" in results_json(project)["probe"]["measures"]
 
 
 # -- bad baselines and unwritable directories --------------------------------------

@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from perfsuite.session import PROBE
+
 pytest_plugins = ["pytester"]
 
 CONFTEST = """
@@ -82,7 +84,7 @@ def test_perf_run_writes_results_with_vllm_keys(project):
         "model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism"
     }
     assert len(test["samples"]["output_throughput"]) == 3  # the smoke profile's repeats
-    assert "probe_seconds" not in test["samples"], "a backend without a probe is compared as measured"
+    assert PROBE not in test["samples"], "a backend without a probe is compared as measured"
     assert data["environment"]["num_threads"] >= 1
     assert test["baseline"] == "no baseline"
     assert not (project.path / "baselines").exists(), "a normal run never writes a baseline"
@@ -191,7 +193,7 @@ def test_shipped_perf_suite_runs_in_smoke_mode_on_tiny_random(pytester):
     engines = {t["engine"] for t in tests}
     assert engines == {"static", "inflight"}
     assert all(t["output_throughput"] > 0 and t["parameters"]["model"] == "tiny-random" for t in tests)
-    assert all(len(t["samples"]["probe_seconds"]) == 3 for t in tests), "one machine probe per repeat"
+    assert all(len(t["samples"][PROBE]) == 3 for t in tests), "one machine probe per repeat"
     poisson = [t for t in tests if t["arrival_rate"]]
     assert poisson and all(t["arrival_rate"] == 50.0 for t in poisson)
     static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
