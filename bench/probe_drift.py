@@ -21,15 +21,8 @@ import time
 import numpy as np
 import torch
 
-from perfsuite.measure import compute_probe, configure_threads, memory_probe
+from perfsuite.measure import compute_probe, configure_threads, memory_probe, seconds_per_call
 from perfsuite.models import load_model
-
-
-def timed(operation, iterations: int) -> float:
-    start = time.perf_counter()
-    for _ in range(iterations):
-        operation()
-    return (time.perf_counter() - start) / iterations
 
 
 def collect(model_name: str, seconds: float) -> list[tuple[float, float, float, float]]:
@@ -44,8 +37,8 @@ def collect(model_name: str, seconds: float) -> list[tuple[float, float, float, 
                 (
                     memory_probe("cpu"),
                     compute_probe("cpu"),
-                    timed(lambda: model(prefill), 2),
-                    timed(lambda: model(decode), 4),
+                    seconds_per_call(lambda: model(prefill), 2),
+                    seconds_per_call(lambda: model(decode), 4),
                 )
             )
     return rows

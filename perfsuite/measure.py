@@ -132,7 +132,7 @@ def memory_probe(device: str, iterations: int = 20) -> float:
 
     weight = _probe_weight(device)
     rows = torch.ones(8, weight.shape[1], device=device)
-    return _seconds_per_call(lambda: torch.nn.functional.linear(rows, weight), iterations)
+    return seconds_per_call(lambda: torch.nn.functional.linear(rows, weight), iterations)
 
 
 @functools.lru_cache(maxsize=4)
@@ -153,10 +153,10 @@ def compute_probe(device: str, iterations: int = 20) -> float:
     import torch
 
     left, right = _compute_operands(device)
-    return _seconds_per_call(lambda: torch.mm(left, right), iterations)
+    return seconds_per_call(lambda: torch.mm(left, right), iterations)
 
 
-def _seconds_per_call(operation: Callable[[], object], iterations: int) -> float:
+def seconds_per_call(operation: Callable[[], object], iterations: int) -> float:
     operation()  # touch the operands first
     start = time.perf_counter()
     for _ in range(iterations):
