@@ -86,7 +86,8 @@ def _add_serve_command(commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="serve the in-flight engine over an OpenAI-compatible HTTP API",
-        description="POST /v1/completions (streamed or not, greedy), GET /health and GET /v1/models. "
+        description="POST /v1/completions and /v1/chat/completions (streamed or not, greedy), GET /health and "
+        "GET /v1/models. "
         "Measure it with `pytest --perf --perf-engines openai-http --perf-endpoint http://HOST:PORT`.",
     )
     serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory ({DEFAULT_MODEL})")
@@ -95,6 +96,8 @@ def _add_serve_command(commands) -> None:
     serve.add_argument("--batch-size", type=positive_int, default=8, help="in-flight decode batch (8)")
     serve.add_argument("--max-seq-len", type=positive_int, help="prompt + output tokens (min(2048, context))")
     serve.add_argument("--max-open-requests", type=positive_int, default=256, help="more get HTTP 429 (256)")
+    serve.add_argument("--served-model-name", help="the model name in /v1/models and requests; requests naming "
+                       "another get 404 (default: the model's short name)")  # fmt: skip
     serve.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
     serve.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
@@ -123,6 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         max_open_requests=args.max_open_requests,
+        served_model_name=args.served_model_name,
     )
     return serve(options)
 

@@ -257,7 +257,7 @@ TOO_LONG = list(range(3, 3 + MAX_SEQ_LEN))
         ({}, "prompt"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": {"text": "hi"}}, "prompt"),
-        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": [["one"]]}, "prompt"),
         ({"prompt": [5, "x"]}, "prompt"),
         ({"prompt": [5, 99999]}, "prompt"),
         ({"prompt": TOO_LONG}, "prompt"),

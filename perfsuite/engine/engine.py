@@ -84,7 +84,7 @@ class Engine:
     def _reset_accounting(self) -> None:
         self._records: dict[str, _RecordBuilder] = {}
         self._counters = EngineCounters()
-        self._steps: list[StepTrace] = []
+        self._steps: deque[StepTrace] = deque()
 
     @property
     def batch_size(self) -> int:
@@ -122,14 +122,24 @@ class Engine:
         """Return the records of finished and aborted requests, and drop them.
 
         A long-lived caller (a server) that never starts a ``run`` calls this
-        to keep its memory flat. Once no request is left in flight, the
-        counters and step traces start over too, as a new run would start them.
+        after every step to keep its memory flat, even under a load that never
+        lets the engine go idle: the step traces that ended before the oldest
+        request still in flight arrived are dropped too, so what is kept spans
+        the lifetime of the requests in flight. Once no request is left in
+        flight, the counters and step traces start over, as a new run would
+        start them.
         """
         finished_ids = [rid for rid, builder in self._records.items() if builder.finished_time is not None]
         records = [self._records.pop(rid).build() for rid in finished_ids]
         if not self._records:
             self._reset_accounting()
+        else:
+            self._drop_steps_before(min(builder.arrival_time for builder in self._records.values()))
         return records
+
+    def _drop_steps_before(self, oldest_arrival: float) -> None:
+        while self._steps and self._steps[0].end_time < oldest_arrival:
+            self._steps.popleft()
 
     # -- the loop -----------------------------------------------------------
 

@@ -25,11 +25,17 @@ class SamplingParams:
     chosen: the EOS logit is not masked (masking it, as ``min_new_tokens``
     does, would change greedy choices). ``stop_token_ids`` still stop a request
     that ignores EOS, as in vLLM.
+
+    ``min_tokens``: neither EOS nor a stop token ends a request before it has
+    that many tokens. As with ``ignore_eos`` nothing is masked, so the greedy
+    choices stay the same (vLLM's ``min_tokens`` masks them instead, so its
+    tokens after a would-be stop differ).
     """
 
     max_new_tokens: int = 16
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -37,10 +43,17 @@ class SamplingParams:
                 f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}; "
                 "ask for at least one new token"
             )
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_tokens must be an integer in 0..max_new_tokens ({self.max_new_tokens}), "
+                f"got {self.min_tokens!r}; lower it or raise max_new_tokens"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     def finish_reason(self, token_id: int, num_generated: int, eos_token_id: int | None) -> FinishReason | None:
         """Why generation stops after ``token_id``, the ``num_generated``-th token; None to go on."""
+        if num_generated < self.min_tokens:
+            return None
         if token_id in self.stop_token_ids:
             return FinishReason.STOP
         if not self.ignore_eos and eos_token_id is not None and token_id == eos_token_id:

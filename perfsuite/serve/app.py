@@ -2,37 +2,60 @@
 
 Endpoints:
 
-- ``POST /v1/completions``: greedy completion of one prompt (a string or a list
-  of token ids), streamed as server-sent events (one token per chunk, then
-  ``data: [DONE]``) or returned whole. Besides OpenAI's fields it takes vLLM's
-  ``ignore_eos`` and ``stop_token_ids``, and every choice carries the generated
-  ``token_ids`` so that a client can compare outputs exactly.
+- ``POST /v1/completions``: greedy completion of a prompt (a string or a list
+  of token ids) or of several (a list of either: one engine request each, one
+  choice each, told apart by ``index``), streamed as server-sent events (one
+  token per chunk, then ``data: [DONE]``) or returned whole.
+- ``POST /v1/chat/completions``: the same for ``messages``, rendered with the
+  model's chat template; streamed as ``chat.completion.chunk`` objects whose
+  ``delta`` carries the text (the first with ``role``), or returned whole as a
+  ``chat.completion``. A model without a chat template answers 400.
 - ``GET /health``: 200 with the engine's load (running, waiting, free slots).
-- ``GET /v1/models``: the one model served.
+- ``GET /v1/models``: the one model served, under its served name, with its
+  ``max_model_len`` and ``root`` (the folder of its tokenizer files, when it
+  has one, so a client can load the same tokenizer).
 
-Every error is answered in OpenAI's shape, from one middleware.
+Besides OpenAI's fields, a request may carry vLLM's ``ignore_eos``,
+``stop_token_ids`` and ``min_tokens`` (EOS and stop tokens do not end it
+before that many tokens), ``max_completion_tokens`` (another name for
+``max_tokens``) and ``stream_options`` (``include_usage``,
+``continuous_usage_stats``); every choice carries the generated ``token_ids``
+so that a client can compare outputs exactly. Any other field is rejected
+with a 400 that names it (``completion_request``), and a ``model`` other than
+the served name gets a 404, as from vLLM.
+
+Every error is answered in OpenAI's shape, from one middleware; malformed
+bodies (bad UTF-8 or JSON, lone surrogates, deep nesting, huge integers) are
+400s (``json_body``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from perfsuite.engine import Engine, RequestRecord
-from perfsuite.serve.completion_request import CompletionRequest, PromptLimits, parse_completion_request
+from perfsuite.engine import Engine, FinishReason, RequestRecord, StepOutput
+from perfsuite.serve.chat_messages import render_chat_prompt
+from perfsuite.serve.completion_request import (
+    CompletionRequest,
+    PromptLimits,
+    parse_chat_request,
+    parse_completion_request,
+)
 from perfsuite.serve.detokenizer import IncrementalDetokenizer
 from perfsuite.serve.errors import ApiError, EngineFailure, invalid_request
+from perfsuite.serve.json_body import parse_json_body
 from perfsuite.serve.limits import ServeLimits
-from perfsuite.serve.responses import CompletionEnvelope, choice, sse_event
+from perfsuite.serve.responses import CompletionEnvelope, sse_event
 from perfsuite.serve.worker import EngineWorker, TokenStream
 
 log = logging.getLogger(__name__)
@@ -71,13 +94,18 @@ class CompletionServer:
         model_name: str,
         vocab_size: int,
         limits: ServeLimits = ServeLimits(),
+        model_root: str | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._model_name = model_name
+        self._model_root = model_root
         self._limits = limits
-        self._prompt_limits = PromptLimits(engine.max_seq_len, vocab_size, limits.default_max_tokens)
+        self._prompt_limits = PromptLimits(
+            engine.max_seq_len, vocab_size, limits.default_max_tokens, model_name, limits.max_prompts
+        )
         self._worker = EngineWorker(engine, limits.num_recent_records)
         self._ids = itertools.count()
+        self._started = int(time.time())
         self._runner: web.AppRunner | None = None
 
     def recent_records(self) -> tuple[RequestRecord, ...]:
@@ -90,6 +118,7 @@ class CompletionServer:
         await self._worker.start()
         app = web.Application(middlewares=[_json_errors], client_max_size=self._limits.max_body_bytes)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         # handler_cancellation: a client that disconnects cancels its handler,
@@ -145,61 +174,71 @@ class CompletionServer:
         model = {
             "id": self._model_name,
             "object": "model",
+            "created": self._started,
             "owned_by": "perfsuite",
+            "root": self._model_root,
+            "parent": None,
             "max_model_len": self._prompt_limits.max_seq_len,
         }
         return web.json_response({"object": "list", "data": [model]})
 
     async def _completions(self, http_request: web.Request) -> web.StreamResponse:
-        completion = CompletionEnvelope(
-            completion_id=f"cmpl-{next(self._ids)}",
-            created=int(time.time()),
-            model=self._model_name,
-            request=await self._parse(http_request),
-        )
-        if self._worker.num_open_requests >= self._limits.max_open_requests:
-            raise ApiError(429, f"the server already has {self._limits.max_open_requests} open requests; retry later")
-        engine_request = completion.request.to_engine_request(completion.completion_id)
-        client_id = _client_id(http_request)
-        try:
-            stream = await self._worker.open(engine_request, client_id)
-            if completion.request.stream:
-                return await self._stream(http_request, completion, stream)
-            return await self._complete(completion, stream)
-        finally:
-            self._worker.close(completion.completion_id)
+        body = await _read_body(http_request)
+        request = parse_completion_request(body, self._prompt_limits, self._tokenize)
+        return await self._serve(http_request, request, f"cmpl-{next(self._ids)}")
 
-    async def _parse(self, http_request: web.Request) -> CompletionRequest:
-        try:
-            body = await http_request.json()
-        except json.JSONDecodeError as error:
-            raise invalid_request(f"the request body is not valid JSON: {error}") from None
-        except UnicodeDecodeError:
-            raise invalid_request("the request body is not UTF-8 text") from None
-        return parse_completion_request(body, self._prompt_limits, self._tokenize)
+    async def _chat_completions(self, http_request: web.Request) -> web.StreamResponse:
+        body = await _read_body(http_request)
+        request = parse_chat_request(body, self._prompt_limits, self._render_chat)
+        return await self._serve(http_request, request, f"chatcmpl-{next(self._ids)}")
 
     def _tokenize(self, text: str) -> Sequence[int]:
         return self._tokenizer(text)["input_ids"]
 
-    async def _complete(self, completion: CompletionEnvelope, stream: TokenStream) -> web.Response:
-        token_ids: list[int] = []
-        finish_reason = None
+    def _render_chat(self, messages: list[dict]) -> Sequence[int]:
+        return render_chat_prompt(self._tokenizer, self._model_name, messages)
+
+    async def _serve(
+        self, http_request: web.Request, request: CompletionRequest, completion_id: str
+    ) -> web.StreamResponse:
+        completion = CompletionEnvelope(completion_id, int(time.time()), self._model_name, request)
+        self._check_room(len(request.prompts))
+        engine_requests = request.to_engine_requests(completion_id)
+        client_ids = _client_ids(http_request, len(engine_requests))
+        choices = _Choices([r.request_id for r in engine_requests])
+        try:
+            stream = await self._worker.open(engine_requests, client_ids)
+            if request.stream:
+                return await self._stream(http_request, completion, choices, stream)
+            return await self._complete(completion, choices, stream)
+        finally:
+            self._worker.close(choices.request_ids)
+
+    def _check_room(self, num_prompts: int) -> None:
+        num_open = self._worker.num_open_requests
+        if num_open + num_prompts > self._limits.max_open_requests:
+            raise ApiError(
+                429,
+                f"the server has {num_open} of its {self._limits.max_open_requests} open requests in use and this "
+                f"request needs {num_prompts}; retry later",
+            )
+
+    async def _complete(self, completion: CompletionEnvelope, choices: _Choices, stream: TokenStream) -> web.Response:
         try:
             async for output in stream.outputs():
-                token_ids.append(output.token_id)
-                finish_reason = output.finish_reason
+                choices.add(output)
         except EngineFailure as failure:
             raise ApiError(500, str(failure)) from None
-        text = self._tokenizer.decode(token_ids, skip_special_tokens=True)
-        body = completion.body([choice(text, token_ids, finish_reason)], completion.usage(len(token_ids)))
+        decode = lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        body = completion.body(choices.whole(completion, decode), completion.usage(choices.num_output_tokens))
         return web.json_response(body)
 
     async def _stream(
-        self, http_request: web.Request, completion: CompletionEnvelope, stream: TokenStream
+        self, http_request: web.Request, completion: CompletionEnvelope, choices: _Choices, stream: TokenStream
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
-            await self._write_events(http_request, response, completion, stream)
+            await self._write_events(http_request, response, completion, choices, stream)
         except ConnectionResetError:
             pass  # the client left; the caller's cleanup aborts the request
         return response
@@ -209,27 +248,76 @@ class CompletionServer:
         http_request: web.Request,
         response: web.StreamResponse,
         completion: CompletionEnvelope,
+        choices: _Choices,
         stream: TokenStream,
     ) -> None:
-        detokenizer = IncrementalDetokenizer(self._tokenizer)
-        num_tokens = 0
+        detokenizers = [IncrementalDetokenizer(self._tokenizer) for _ in range(choices.num_choices)]
         try:
             async for output in stream.outputs():
                 if not response.prepared:  # headers go out with the first token: a failure before it is a 500
                     await response.prepare(http_request)
-                num_tokens += 1
-                piece = detokenizer.piece(output.token_id, is_last=output.finished)
-                event = completion.body([choice(piece, [output.token_id], output.finish_reason)])
-                await response.write(sse_event(event))
+                index, is_first = choices.add(output)
+                piece = detokenizers[index].piece(output.token_id, is_last=output.finished)
+                chunk = completion.chunk_choice(index, piece, [output.token_id], output.finish_reason, is_first)
+                usage = completion.usage(choices.num_output_tokens) if completion.request.continuous_usage else None
+                await response.write(sse_event(completion.body([chunk], usage)))
         except EngineFailure as failure:
             if not response.prepared:
                 raise ApiError(500, str(failure)) from None
             await response.write(sse_event(ApiError(500, str(failure)).body()))
         else:
             if completion.request.include_usage:
-                await response.write(sse_event(completion.body([], completion.usage(num_tokens))))
+                await response.write(sse_event(completion.body([], completion.usage(choices.num_output_tokens))))
         await response.write(sse_event("[DONE]"))
         await response.write_eof()
+
+
+@dataclass(slots=True)
+class _Choices:
+    """The tokens of each choice (one per prompt) as they arrive."""
+
+    request_ids: list[str]
+    token_ids: list[list[int]] = field(init=False)
+    finish_reasons: list[FinishReason | None] = field(init=False)
+    _index_of: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token_ids = [[] for _ in self.request_ids]
+        self.finish_reasons = [None for _ in self.request_ids]
+        self._index_of = {request_id: index for index, request_id in enumerate(self.request_ids)}
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(ids) for ids in self.token_ids)
+
+    def add(self, output: StepOutput) -> tuple[int, bool]:
+        """Record ``output``; its choice's index and whether it is that choice's first token."""
+        index = self._index_of[output.request_id]
+        self.token_ids[index].append(output.token_id)
+        self.finish_reasons[index] = output.finish_reason
+        return index, len(self.token_ids[index]) == 1
+
+    def whole(self, completion: CompletionEnvelope, decode: Callable[[list[int]], str]) -> list[dict]:
+        return [
+            completion.choice(index, decode(ids), ids, reason)
+            for index, (ids, reason) in enumerate(zip(self.token_ids, self.finish_reasons))
+        ]
+
+
+async def _read_body(http_request: web.Request) -> object:
+    return parse_json_body(await http_request.read())
+
+
+def _client_ids(http_request: web.Request, num_requests: int) -> list[str | None]:
+    """Names for the engine's records: the client's ``X-Request-Id`` (suffixed ``-INDEX`` for several prompts)."""
+    client_id = _client_id(http_request)
+    if client_id is None or num_requests == 1:
+        return [client_id] * num_requests
+    return [f"{client_id}-{index}" for index in range(num_requests)]
 
 
 def _client_id(http_request: web.Request) -> str | None:

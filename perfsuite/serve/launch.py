@@ -1,14 +1,26 @@
-"""``perfsuite serve`` from the command line: load the model, warm up, serve until signalled."""
+"""``perfsuite serve`` from the command line: load the model, warm up, serve until signalled.
+
+The model is served under ``--served-model-name`` (default: its short name, or
+a local folder's name), and ``/v1/models`` names the folder of its tokenizer
+files as ``root``: the local folder, or for ``smollm2-135m`` the safetensors
+cache that perfsuite writes. Random models build their tokenizer in code and
+have no folder (``root`` is null).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfsuite.engine import Request
 from perfsuite.serve.app import CompletionServer
 from perfsuite.serve.limits import DEFAULT_MAX_OPEN_REQUESTS, ServeLimits
+
+if TYPE_CHECKING:
+    from perfsuite.models import LoadedModel
 
 DEFAULT_MAX_SEQ_LEN = 2048
 
@@ -26,10 +38,13 @@ class ServeOptions:
     device: str = "auto"
     threads: int | None = None
     max_open_requests: int = DEFAULT_MAX_OPEN_REQUESTS
+    served_model_name: str | None = None  # None: the model's short name
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name must not be empty; leave it out to serve the model's short name")
 
 
 def serve(options: ServeOptions) -> int:
@@ -51,16 +66,35 @@ def build_server(options: ServeOptions) -> CompletionServer:
         raise ValueError(f"--max-seq-len {max_seq_len} exceeds the model's context of {loaded.max_context} tokens")
     engine = build_engine("inflight", Backend.from_loaded(loaded), EngineConfig(options.batch_size, max_seq_len))
     warm_up(engine, [Request("warm-up", tuple(loaded.tokenizer("Hello")["input_ids"]) or (0,))])
+    served_name = options.served_model_name or short_model_name(loaded)
     print(
         f"perfsuite serve: {loaded.spec.name} {options.dtype} on {device}"
         + (f" ({threads} threads)" if threads else "")
-        + f", batch size {options.batch_size}, max_seq_len {max_seq_len}",
+        + f", batch size {options.batch_size}, max_seq_len {max_seq_len}, served as {served_name!r}",
         file=sys.stderr,
     )
     return CompletionServer(
         engine,
         loaded.tokenizer,
-        model_name=loaded.spec.name,
+        model_name=served_name,
         vocab_size=loaded.model.config.vocab_size,
         limits=ServeLimits(max_open_requests=options.max_open_requests),
+        model_root=tokenizer_folder(loaded),
     )
+
+
+def short_model_name(loaded: LoadedModel) -> str:
+    """A known model's name, or a local model folder's own name."""
+    if loaded.spec.path is not None:
+        return Path(loaded.spec.path).name
+    return loaded.spec.name
+
+
+def tokenizer_folder(loaded: LoadedModel) -> str | None:
+    """The folder the tokenizer was loaded from (it holds the tokenizer files); None when built in code."""
+    if loaded.spec.path is not None:
+        return loaded.spec.path
+    folder = getattr(loaded.tokenizer, "name_or_path", None)
+    if isinstance(folder, str) and folder and Path(folder).is_dir():
+        return str(Path(folder).resolve())
+    return None

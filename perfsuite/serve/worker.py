@@ -13,7 +13,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -34,14 +34,17 @@ class EngineLoad:
 
 
 class TokenStream:
-    """One request's step outputs, passed from the engine loop to its HTTP handler.
+    """The step outputs of one HTTP request's engine requests, passed from the engine loop to its handler.
 
+    An HTTP request with several prompts has one engine request per prompt;
+    their outputs interleave on one stream, which ends once all have finished.
     The queue is unbounded in type but not in use: the engine produces at most
-    ``max_tokens`` outputs per request.
+    ``max_tokens`` outputs per engine request.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, num_requests: int) -> None:
         self._queue: asyncio.Queue[StepOutput | EngineFailure] = asyncio.Queue()
+        self._num_unfinished = num_requests
 
     def put(self, output: StepOutput) -> None:
         self._queue.put_nowait(output)
@@ -56,7 +59,9 @@ class TokenStream:
                 raise item
             yield item
             if item.finished:
-                return
+                self._num_unfinished -= 1
+                if not self._num_unfinished:
+                    return
 
 
 class EngineWorker:
@@ -103,22 +108,28 @@ class EngineWorker:
         with self._records_lock:
             return tuple(self._recent_records)
 
-    async def open(self, request: Request, client_id: str | None) -> TokenStream:
-        """Add ``request`` to the running batch; its outputs arrive on the returned stream."""
-        stream = TokenStream()
-        self._streams[request.request_id] = stream
+    async def open(self, requests: Sequence[Request], client_ids: Sequence[str | None]) -> TokenStream:
+        """Add ``requests`` to the running batch; their outputs arrive on the returned stream.
+
+        ``client_ids`` name each request's record (``recent_records``); None keeps its own id.
+        """
+        stream = TokenStream(len(requests))
+        for request in requests:
+            self._streams[request.request_id] = stream
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._add, request, client_id)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._add_all, requests, client_ids)
         except ValueError as error:
-            del self._streams[request.request_id]
+            for request in requests:
+                del self._streams[request.request_id]
             raise invalid_request(str(error)) from None
         self._has_work.set()
         return stream
 
-    def close(self, request_id: str) -> None:
-        """Forget a request; one still unfinished is aborted so its slot is freed."""
-        if self._streams.pop(request_id, None) is not None:
-            self._submit_abort(request_id)
+    def close(self, request_ids: Sequence[str]) -> None:
+        """Forget requests; those still unfinished are aborted so their slots are freed."""
+        for request_id in request_ids:
+            if self._streams.pop(request_id, None) is not None:
+                self._submit_abort(request_id)
 
     def _submit_abort(self, request_id: str) -> None:
         try:
@@ -155,15 +166,24 @@ class EngineWorker:
     def _fail_open_requests(self, failure: EngineFailure) -> None:
         for request_id, stream in list(self._streams.items()):
             stream.fail(failure)
-            self.close(request_id)
+            self.close([request_id])
 
     # -- the engine thread --------------------------------------------------
 
-    def _add(self, request: Request, client_id: str | None) -> None:
-        self._engine.add_request(request)
-        if client_id is not None:
-            self._client_ids[request.request_id] = client_id
-        self._settle()
+    def _add_all(self, requests: Sequence[Request], client_ids: Sequence[str | None]) -> None:
+        added: list[str] = []
+        try:
+            for request, client_id in zip(requests, client_ids, strict=True):
+                self._engine.add_request(request)
+                added.append(request.request_id)
+                if client_id is not None:
+                    self._client_ids[request.request_id] = client_id
+        except ValueError:
+            for request_id in added:  # all of an HTTP request's prompts run, or none
+                self._engine.abort_request(request_id)
+            raise
+        finally:
+            self._settle()
 
     def _abort(self, request_id: str) -> None:
         try:
@@ -179,17 +199,16 @@ class EngineWorker:
 
     def _settle(self) -> None:
         self._load = self._current_load()
-        if not self._engine.has_unfinished_requests():
-            self._archive_records()
+        self._archive_records()
 
     def _archive_records(self) -> None:
-        # The engine keeps a record per request until told to forget it; an
-        # idle server takes them all, so its memory stays flat.
+        # The engine keeps a record per request (and its step traces) until
+        # told to forget them. Taking the finished ones after every call keeps
+        # memory flat even under a load that never lets the engine go idle.
         records = self._engine.forget_finished()
         if not records:
             return
         named = [replace(r, request_id=self._client_ids.pop(r.request_id, r.request_id)) for r in records]
-        self._client_ids.clear()
         with self._records_lock:
             self._recent_records.extend(named)
 
