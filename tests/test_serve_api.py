@@ -22,7 +22,7 @@ from perfsuite.cli import build_parser
 from perfsuite.engine import FinishReason, SamplingParams
 from perfsuite.models import ModelSpec, load_model
 from perfsuite.serve import CompletionServer, ServeLimits, ServerThread
-from perfsuite.serve.launch import ServeOptions, short_model_name, tokenizer_folder
+from perfsuite.serve.launch import ServeOptions, build_server, short_model_name, tokenizer_folder
 
 MAX_SEQ_LEN = 128
 SERVED_NAME = "tiny-served"
@@ -321,6 +321,18 @@ def test_serve_takes_a_served_model_name(tmp_path):
     assert (short_model_name(cached), tokenizer_folder(cached)) == ("smollm2-135m", str(tmp_path.resolve()))
     built = types.SimpleNamespace(spec=ModelSpec("tiny-random", "random"), tokenizer=types.SimpleNamespace())
     assert tokenizer_folder(built) is None
+
+
+def test_build_server_serves_the_served_model_name():
+    options = ServeOptions(model="tiny-random", port=0, batch_size=2, max_seq_len=64, device="cpu",
+                           served_model_name="my-model")  # fmt: skip
+    with ServerThread(build_server(options)) as thread:
+        status, raw = call(thread.url + "/v1/models")
+        assert status == 200
+        (model,) = json.loads(raw)["data"]
+        assert (model["id"], model["max_model_len"], model["root"]) == ("my-model", 64, None)
+        error = error_of(thread.url + "/v1/completions", {"prompt": "hi", "model": "tiny-random"}, status=404)
+        assert "'my-model'" in error["message"]
 
 
 # --------------------------------------------------------------------------- several prompts
