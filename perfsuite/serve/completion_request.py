@@ -344,7 +344,9 @@ def _min_tokens(body: dict, asked: tuple[str, int] | None, prompts: Sequence[Pro
     max_tokens = min(p.max_tokens for p in prompts)
     if value > max_tokens:
         limit = f"{asked[0]} ({max_tokens})" if asked else f"the default max_tokens ({max_tokens})"
-        raise invalid_request(f"min_tokens ({value}) exceeds {limit}; lower min_tokens or raise max_tokens", "min_tokens")
+        raise invalid_request(
+            f"min_tokens ({value}) exceeds {limit}; lower min_tokens or raise max_tokens", "min_tokens"
+        )
     return value
 
 
