@@ -19,6 +19,7 @@ engine is built).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from importlib.metadata import entry_points
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
@@ -34,6 +35,12 @@ BUILTIN_ENGINES: dict[str, str] = {
     "openai-http": "perfsuite.adapters.openai_http:build",
 }
 
+# Engines over an optional package: listed only where that package is importable
+# (``find_spec``, nothing imported). name -> (package, factory, how to install it).
+OPTIONAL_ENGINES: dict[str, tuple[str, str, str]] = {
+    "vllm": ("vllm", "perfsuite.adapters.vllm_engine:build", "pip install perfsuite[vllm], or `make peers`"),
+}
+
 
 _REGISTERED: dict[str, EngineFactory] = {}
 
@@ -44,7 +51,7 @@ class UnknownEngineError(ValueError):
 
 def register_engine(name: str, factory: EngineFactory) -> None:
     """Make ``factory`` available as ``--perf-engines name`` (call it at import time of a conftest.py)."""
-    if name in BUILTIN_ENGINES or name in _plugin_engines():
+    if name in BUILTIN_ENGINES or name in OPTIONAL_ENGINES or name in _plugin_engines():
         raise UnknownEngineError(f"engine name {name!r} is taken; register your engine under another name")
     if not callable(factory):
         raise TypeError(f"register_engine({name!r}, ...) needs a factory (backend, config) -> engine, got {factory!r}")
@@ -63,15 +70,29 @@ def _plugin_engines() -> dict[str, str]:
     return found
 
 
+def _installed_optional_engines() -> dict[str, str]:
+    return {
+        name: factory
+        for name, (package, factory, _) in OPTIONAL_ENGINES.items()
+        if importlib.util.find_spec(package) is not None
+    }
+
+
 def available_engines() -> dict[str, str | EngineFactory]:
     """Every engine name and what builds it: a ``module:factory`` path or a registered factory."""
-    return {**BUILTIN_ENGINES, **_plugin_engines(), **_REGISTERED}
+    return {**BUILTIN_ENGINES, **_installed_optional_engines(), **_plugin_engines(), **_REGISTERED}
 
 
 def check_engine_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """``names`` unchanged if every one is known, else an error listing the choices."""
     known = available_engines()
     unknown = [name for name in names if name not in known]
+    missing = [name for name in unknown if name in OPTIONAL_ENGINES]
+    if missing:
+        package, _, install = OPTIONAL_ENGINES[missing[0]]
+        raise UnknownEngineError(
+            f"engine {missing[0]!r} needs the {package!r} package, which is not installed here; {install}"
+        )
     if unknown:
         raise UnknownEngineError(
             f"unknown engine {', '.join(map(repr, unknown))}; choose from {', '.join(known)} "
