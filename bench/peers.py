@@ -2,10 +2,12 @@
 
     python bench/peers.py [--model smollm2-135m] [--num-requests 20] [--repeats 2]
                           [--batch-sizes 8,32] [--workloads mixed,exponential]
-                          [--engines static,inflight,hf-static,hf-cb]
+                          [--engines static,inflight,hf-static,hf-cb[,vllm]]
 
 Every engine is built by name through ``perfsuite.adapters.build_engine`` over
-one loaded model and serves the same seeded requests, all at t0:
+one loaded model and serves the same seeded requests, all at t0. Where vLLM is
+importable (``.venv-peers``, see ``make peers``) its in-process engine ``vllm``
+is a column too, by default:
 
 - ``mixed``: the default workload, max_new_tokens uniform 8..128;
 - ``exponential``: max_new_tokens exponential with mean 64, in 1..256.
@@ -24,10 +26,11 @@ grows with --num-requests x --repeats. With 20 requests, B=32 holds them all
 in one batch, so that cell measures one batch draining, not a steady state.
 For each workload and batch size it prints
 output tok/s per engine and the median per-repeat ratios inflight/hf-static,
-inflight/hf-cb and inflight/static. The last line is the first workload at the
-first batch size (the default workload at B=8 by default):
+inflight/hf-cb and inflight/static (and inflight/vllm when vllm ran). The last
+line is the first workload at the first batch size (the default workload at B=8
+by default):
 
-    inflight/hf-static=<x> inflight/hf-cb=<y> inflight/static=<z> overhead=<pct>%
+    inflight/hf-static=<x> inflight/hf-cb=<y> inflight/static=<z> [inflight/vllm=<v>] overhead=<pct>%
 
 where overhead is the in-flight engine's host overhead: the share of its run's
 wall time spent outside the model's forward compute (as in bench/batching.py).
@@ -48,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batching import ProfiledRunner  # noqa: E402
-from perfsuite.adapters import Backend, EngineConfig, build_engine, check_engine_names  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine, check_engine_names  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
 from perfsuite.metrics import run_metrics  # noqa: E402
@@ -61,7 +64,14 @@ WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "exponential": lambda num_requests: Workload(num_requests, OutputLengths("exponential", 1, 256, mean=64)),
 }
 ENGINES = ("static", "inflight", "hf-static", "hf-cb")
+OPTIONAL_ENGINES = ("vllm",)  # columns by default where they are installed
+RATIOS = ("hf-static", "hf-cb", "static")  # always shown, n/a when not measured
 BASELINE = "inflight"
+
+
+def default_engines() -> tuple[str, ...]:
+    installed = available_engines()
+    return ENGINES + tuple(name for name in OPTIONAL_ENGINES if name in installed)
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,16 @@ def measure_cell(
     requests = WORKLOADS[workload](args.num_requests).requests(backend.tokenize)
     config = EngineConfig(batch_size, max_seq_len_for(requests, loaded.max_context))
     engines = {name: build_engine(name, backend, config) for name in args.engines}
+    try:
+        return _measure_engines(engines, requests, backend.runner, workload, batch_size, args, device)
+    finally:
+        for engine in engines.values():
+            getattr(engine, "close", lambda: None)()  # vllm: its engine-core process goes with it
+
+
+def _measure_engines(engines, requests, runner, workload: str, batch_size: int, args, device: str) -> CellResult:
     for engine in engines.values():
         warm_up(engine, requests)
-    runner = backend.runner
     throughput: dict[str, list[float]] = {name: [] for name in engines}
     overheads: list[float] = []
     for repeat in range(args.repeats):
@@ -114,7 +131,8 @@ def _format(value: float | None, suffix: str = "", scale: float = 1.0, digits: i
 
 
 def ratio_line(cell: CellResult) -> str:
-    ratios = " ".join(f"{BASELINE}/{other}={_format(cell.ratio(other))}" for other in ("hf-static", "hf-cb", "static"))
+    others = RATIOS + tuple(name for name in OPTIONAL_ENGINES if name in cell.throughput)
+    ratios = " ".join(f"{BASELINE}/{other}={_format(cell.ratio(other))}" for other in others)
     return f"{ratios} overhead={_format(cell.overhead, '%', 100, 1)}"
 
 
@@ -150,7 +168,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--batch-sizes", type=comma_list(positive_int), default=(8, 32))
     parser.add_argument("--workloads", type=comma_list(workload_name), default=tuple(WORKLOADS))
-    parser.add_argument("--engines", type=comma_list(str), default=ENGINES)
+    parser.add_argument("--engines", type=comma_list(str), default=default_engines())
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     if not args.batch_sizes or not args.workloads or not args.engines:
