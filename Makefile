@@ -126,7 +126,7 @@ peers-install: $(PEERS_STAMP) $(PEERS_CLIENTS_STAMP) $(if $(LLAMA_CPP),$(LLAMA_C
 # against them; the benchmark clients against `perfsuite serve`. Not part of `make test` (tens of minutes).
 peers: $(STAMP) peers-install
 	PERFSUITE_PEERS=1 PERFSUITE_MAIN_VENV=$(abspath $(VENV)) PERFSUITE_PEERS_VENV=$(abspath $(PEERS_VENV)) \
-		$(PEERS_BIN)/python -m pytest tests/peers -v -rA -p no:randomly $(PEERS_PYTEST_ARGS)
+		$(PEERS_BIN)/python -m pytest tests/peers -v -rA --show-capture=stdout -p no:randomly $(PEERS_PYTEST_ARGS)
 
 clean-peers:
 	rm -rf $(PEERS_VENV)

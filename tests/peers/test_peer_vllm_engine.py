@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from peer_servers import run_logged
+from peer_servers import incomplete_tests, run_logged
 
 from perfsuite.adapters import EngineConfig, available_engines
 from perfsuite.correctness import check_greedy_equal, greedy_check_requests
@@ -15,6 +15,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this interpreter: r
 PERF_TESTS_TIMEOUT_S = 1800.0
 PERF_SELECTION = "test_throughput and fixed"
 PERF_REPEATS = 3
+CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.profiles)
 NEAR_TIE_TOLERANCE = 1e-3  # float32 both sides; see test_peer_vllm_server.py
 
 
@@ -83,5 +84,6 @@ def test_perf_tests_compare_inflight_and_vllm(peers_python, smollm2_dir, tmp_pat
     result = run_logged(argv, tmp_path / "perf-tests.log", PERF_TESTS_TIMEOUT_S)
     print(result.stdout[-3000:])
     assert result.returncode == 0, f"the perf tests failed on inflight,vllm:\n{result.stdout[-6000:]}"
-    tests = json.loads((reports / "results.json").read_text())["tests"]
-    assert {t["engine"] for t in tests} == {"inflight", "vllm"}, [t["test_id"] for t in tests]
+    document = json.loads((reports / "results.json").read_text())
+    assert {t["engine"] for t in document["tests"]} == {"inflight", "vllm"}, [t["test_id"] for t in document["tests"]]
+    assert incomplete_tests(document, CI_NUM_REQUESTS) == []

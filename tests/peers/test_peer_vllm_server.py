@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from peer_servers import ROOT, run_logged
+from peer_servers import ROOT, incomplete_tests, run_logged
 
 from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.adapters.http_options import HttpClientOptions
@@ -19,6 +19,7 @@ PERF_TESTS_TIMEOUT_S = 1800.0
 # fixed and uniform output lengths, and one Poisson latency test.
 PERF_SELECTION = "test_throughput and (fixed or uniform) or test_latency_poisson and 4rps"
 PERF_REPEATS = 3
+CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.profiles)
 GREEDY_NEW_TOKENS = 24
 # float32 on both sides; vLLM's CPU kernels add in another order than torch's, so a
 # top-1/top-2 margin this small can flip (the same tolerance as tests/engine_harness.py's float32 one).
@@ -33,6 +34,7 @@ def test_shipped_perf_tests_pass_against_vllm(vllm_server, main_python, tmp_path
         "--perf-engines", "openai-http",
         "--perf-endpoint", vllm_server,
         "--perf-model", "smollm2-135m",
+        "--perf-server-label", "vllm-0.32-cpu",
         "--perf-repeats", str(PERF_REPEATS),
         "--perf-baseline-dir", str(tmp_path / "baselines"),
         "--perf-report-dir", str(reports),
@@ -44,11 +46,13 @@ def test_shipped_perf_tests_pass_against_vllm(vllm_server, main_python, tmp_path
     assert result.returncode == 0, f"the perf tests failed against vLLM:\n{result.stdout[-6000:]}"
     document = json.loads((reports / "results.json").read_text())
     tests = document["tests"]
+    assert incomplete_tests(document, CI_NUM_REQUESTS) == []
     assert len(tests) >= 5, f"expected the selected perf tests in results.json, got {[t['test_id'] for t in tests]}"
     for test in tests:
         assert test["engine"] == "openai-http"
         assert test["normalization"] == RAW_SERVER_FIGURES, test["test_id"]  # not rescaled by this machine's probe
-    assert "smollm2-135m" in json.dumps(document["servers"]), document["servers"]
+    servers = json.dumps(document["servers"])
+    assert "smollm2-135m" in servers and "vllm-0.32-cpu" in servers, document["servers"]
 
 
 def test_vllm_decodes_greedily(vllm_server):
