@@ -43,8 +43,9 @@ already set) keeps vLLM's engine core and its CPU worker in this process, as
 perfsuite's engines are: ``step()`` runs one forward step in the caller's
 thread, and the CPU the run uses is this process's, so the busy-machine check
 (``perfsuite.contention``) and the machine probe treat both engines alike.
-vLLM's CPU worker then replaces ``torch.set_num_threads`` with a no-op, so the
-thread count perfsuite configured before building it holds for both engines.
+Building vLLM's engine replaces ``torch.set_num_threads`` with a no-op and asks
+for one thread "for serving"; ``build`` puts back the function and the thread
+count perfsuite configured, so both engines compute with the same threads.
 (With its default multiprocessing, vLLM on CPU binds its worker to all cores
 but one, left for its scheduler process: on a 2-core machine, one thread.)
 
@@ -54,9 +55,10 @@ prefill), so the counters stay 0, as for ``hf-cb``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -299,6 +301,19 @@ def _torch_dtype_name(backend: Backend) -> str:
     return str(getattr(backend.model, "dtype", "float32")).removeprefix("torch.")
 
 
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Undo what building vLLM's CPU worker does to torch's threads in this process."""
+    import torch
+
+    set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(num_threads)
+
+
 def build(backend: Backend, config: EngineConfig) -> VLLMEngine:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: see the module's docstring
     try:
@@ -308,7 +323,8 @@ def build(backend: Backend, config: EngineConfig) -> VLLMEngine:
     except ImportError as error:
         raise ImportError(f"the vllm engine needs vLLM ({error}); {INSTALL_HINT}") from error
     settings = VLLMSettings.from_config(model_directory(backend), _torch_dtype_name(backend), config)
-    llm = vllm.LLM(**settings.engine_arguments())
+    with _torch_threads_kept():
+        llm = vllm.LLM(**settings.engine_arguments())
 
     def make_params(params: SamplingParams):
         return vllm.SamplingParams(

@@ -28,11 +28,25 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def vllm_engine(smollm2):
+    import torch
+
     from perfsuite.adapters import Backend, build_engine
 
+    threads = torch.get_num_threads()
     engine = build_engine("vllm", Backend.from_loaded(smollm2), EngineConfig(batch_size=8, max_seq_len=256))
+    engine.torch_threads_before_build = threads
     yield engine
     engine.close()
+
+
+def test_building_vllm_leaves_torch_threads_as_they_were(vllm_engine):
+    """vLLM's CPU worker asks for one thread and disables set_num_threads; perfsuite's engines need both back."""
+    import torch
+
+    assert torch.get_num_threads() == vllm_engine.torch_threads_before_build
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(vllm_engine.torch_threads_before_build)
 
 
 def test_vllm_is_registered_where_it_is_installed():
