@@ -17,9 +17,11 @@ import pytest
 from perfsuite.adapters import Backend, EngineConfig, UnknownEngineError, available_engines, check_engine_names
 from perfsuite.adapters import registry
 from perfsuite.adapters.vllm_engine import (
+    KV_BLOCK_TOKENS,
     VLLMEngine,
     VLLMEngineError,
     VLLMSettings,
+    kv_bytes_per_token,
     model_directory,
     sampling_arguments,
 )
@@ -200,14 +202,21 @@ def test_sampling_arguments_stop_as_perfsuite_does():
 
 
 def test_engine_arguments_size_vllm_like_the_inflight_engine():
-    arguments = VLLMSettings.from_config("/m", "float32", EngineConfig(batch_size=8, max_seq_len=300)).engine_arguments()
+    per_token = 1024 * 1024
+    arguments = VLLMSettings.from_config("/m", "float32", EngineConfig(8, 300), per_token).engine_arguments()
     assert arguments["max_num_seqs"] == 8
     assert arguments["max_model_len"] == 300
     assert arguments["max_num_batched_tokens"] == 8 * 300
+    assert arguments["kv_cache_memory_bytes"] == 8 * (300 + KV_BLOCK_TOKENS) * per_token  # B requests always fit
     assert arguments["enable_prefix_caching"] is False
     assert arguments["disable_log_stats"] is False
-    budgeted = VLLMSettings.from_config("/m", "float32", EngineConfig(8, 300, token_budget=256)).engine_arguments()
-    assert budgeted["max_num_batched_tokens"] == 256
+    budgeted = VLLMSettings.from_config("/m", "float32", EngineConfig(8, 300, token_budget=256), per_token)
+    assert budgeted.engine_arguments()["max_num_batched_tokens"] == 256
+
+
+def test_kv_bytes_per_token_follow_the_models_shape():
+    smollm2 = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_bytes_per_token(smollm2, dtype_bytes=4) == 2 * 30 * 3 * 64 * 4
 
 
 def test_a_model_built_in_code_has_no_folder_for_vllm():

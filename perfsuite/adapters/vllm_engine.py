@@ -34,9 +34,11 @@ A time outside the run is refused, in case a later vLLM changes clocks.
 Sizing. ``max_num_seqs`` is B, ``max_model_len`` the session's
 ``max_seq_len``, ``max_num_batched_tokens`` the in-flight engine's token budget
 (else B x ``max_seq_len``); prefix caching is off (perfsuite's engines do not
-cache prefixes, and the shipped prompts repeat). The KV cache gets
-``KV_CACHE_BYTES`` (``kv_cache_memory_bytes``) rather than vLLM's share of
-free memory, so the engine fits beside perfsuite's.
+cache prefixes, and the shipped prompts repeat). The KV cache
+(``kv_cache_memory_bytes``) holds B requests of ``max_seq_len`` tokens plus a
+block each (``kv_cache_bytes``), like perfsuite's engines' caches, rather than
+vLLM's share of free memory: B requests always fit, and the engine fits beside
+perfsuite's.
 
 One process. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set by ``build`` unless
 already set) keeps vLLM's engine core and its CPU worker in this process, as
@@ -67,7 +69,8 @@ from perfsuite.adapters.peer_support import ArrivalQueue, RecordBuilder, check_r
 from perfsuite.adapters.protocol import Backend, EngineConfig
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 
-KV_CACHE_BYTES = 2 * 1024**3
+KV_BLOCK_TOKENS = 128  # vLLM's CPU block size: a request may waste up to one block
+MIN_KV_CACHE_BYTES = 256 * 1024**2
 DEFAULT_STALL_TIMEOUT_S = 120.0  # steps with no output while requests are unfinished: vLLM is stuck
 IDLE_POLL_SECONDS = 0.05  # how long to sleep while nothing is in the engine and the next arrival is later
 INSTALL_HINT = "install it with `pip install perfsuite[vllm]`, or use the peers environment (`make peers`)"
@@ -86,11 +89,15 @@ class VLLMSettings:
     max_num_seqs: int
     max_model_len: int
     max_num_batched_tokens: int
+    kv_cache_memory_bytes: int
 
     @classmethod
-    def from_config(cls, model_dir: str | Path, dtype: str, config: EngineConfig) -> VLLMSettings:
+    def from_config(
+        cls, model_dir: str | Path, dtype: str, config: EngineConfig, kv_bytes_per_token: int
+    ) -> VLLMSettings:
         budget = config.token_budget or config.batch_size * config.max_seq_len
-        return cls(str(model_dir), dtype, config.batch_size, config.max_seq_len, budget)
+        kv_bytes = kv_cache_bytes(config, kv_bytes_per_token)
+        return cls(str(model_dir), dtype, config.batch_size, config.max_seq_len, budget, kv_bytes)
 
     def engine_arguments(self) -> dict[str, Any]:
         return {
@@ -102,9 +109,22 @@ class VLLMSettings:
             "enable_prefix_caching": False,
             "skip_tokenizer_init": True,
             "disable_log_stats": False,  # RequestOutput.metrics is None without it
-            "kv_cache_memory_bytes": KV_CACHE_BYTES,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
             "seed": 0,
         }
+
+
+def kv_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:
+    """Keys and values of one token over every layer, from a Hugging Face config."""
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
+    return 2 * model_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_cache_bytes(config: EngineConfig, bytes_per_token: int) -> int:
+    """Room for B requests of ``max_seq_len`` tokens, each rounded up by a block (at least ``MIN_KV_CACHE_BYTES``)."""
+    tokens = config.batch_size * (config.max_seq_len + KV_BLOCK_TOKENS)
+    return max(MIN_KV_CACHE_BYTES, tokens * bytes_per_token)
 
 
 def sampling_arguments(params: SamplingParams, eos_token_id: int | None) -> dict[str, Any]:
@@ -117,7 +137,7 @@ def sampling_arguments(params: SamplingParams, eos_token_id: int | None) -> dict
     perfsuite's rule ends it (the run aborts it in vLLM).
     """
     arguments: dict[str, Any] = {"temperature": 0.0, "max_tokens": params.max_new_tokens}
-    if getattr(params, "min_tokens", 0):
+    if params.min_tokens:
         return {**arguments, "ignore_eos": True, "stop_token_ids": []}
     stop = list(params.stop_token_ids)
     if not params.ignore_eos and eos_token_id is not None and eos_token_id not in stop:
@@ -322,7 +342,9 @@ def build(backend: Backend, config: EngineConfig) -> VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
     except ImportError as error:
         raise ImportError(f"the vllm engine needs vLLM ({error}); {INSTALL_HINT}") from error
-    settings = VLLMSettings.from_config(model_directory(backend), _torch_dtype_name(backend), config)
+    dtype_bytes = backend.model.dtype.itemsize
+    per_token = kv_bytes_per_token(backend.model.config, dtype_bytes)
+    settings = VLLMSettings.from_config(model_directory(backend), _torch_dtype_name(backend), config, per_token)
     with _torch_threads_kept():
         llm = vllm.LLM(**settings.engine_arguments())
 
