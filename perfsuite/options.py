@@ -12,6 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite.adapters.http_options import (
+    APIS,
+    EOS_CONTROLS,
+    PROMPT_FORMATS,
+    HttpClientOptions,
+    api_key_from_environment,
+)
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import integer_at_least, number
 from perfsuite.contention import DEFAULT_THRESHOLD
@@ -76,6 +83,21 @@ def sweep_file(text: str) -> Path:
     return path
 
 
+def server_label(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a label naming the server, e.g. vllm-0.32-cpu")
+    return text.strip()
+
+
+def one_of(choices: tuple[str, ...]):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown value {text!r}; choose {', '.join(choices)}")
+        return text
+
+    return parse
+
+
 DECODE_MODES = ("packed", "static", "cuda-graph")  # perfsuite.engine.model_runner.DECODE_MODES, without torch
 
 
@@ -98,6 +120,16 @@ _OPTIONS = (
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
     ("perf_engines", engine_names, "static,inflight", "comma-separated engines to measure (see README)"),
     ("perf_endpoint", str, None, "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
+    ("perf_server_label", server_label, None,
+     "what the server is, e.g. vllm-0.32-cpu: part of the fingerprint its baselines are stored under"),
+    ("perf_server_model", str, None, "the served model openai-http asks for (default: the only one served)"),
+    ("perf_api_key", str, None,
+     "API key openai-http sends as Authorization: Bearer; unset: $PERFSUITE_API_KEY, else $OPENAI_API_KEY"),
+    ("perf_prompt_format", one_of(PROMPT_FORMATS), "auto",
+     "openai-http prompts as token_ids, text (detokenized; the server re-tokenizes) or auto (ids unless refused)"),
+    ("perf_eos_control", one_of(EOS_CONTROLS), "both",
+     "how openai-http asks an ignore_eos request to run to max_tokens: ignore_eos, min_tokens or both"),
+    ("perf_api", one_of(APIS), "completions", "openai-http endpoint: completions or chat (never greedy-equal)"),
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None, "timed repeats per test (default: the profile's)"),
@@ -121,6 +153,12 @@ def add_options(parser: pytest.Parser) -> None:
         default=False,
         help="store this run's samples as the baselines (a normal run never writes a baseline); "
         "the comparison with the old ones is shown but fails nothing",
+    )
+    group.addoption(
+        "--perf-send-request-ids",
+        action="store_true",
+        default=False,
+        help="openai-http sends perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)",
     )
     group.addoption(
         "--perf-strict",
@@ -148,6 +186,8 @@ class PerfOptions:
     policy: Policy
     engines: tuple[str, ...] = DEFAULT_ENGINES
     endpoint: str | None = None
+    http_client: HttpClientOptions = HttpClientOptions()
+    server_label: str | None = None
     sweep: Sweep | None = None
     slo: SLO | None = None
     decode_mode: str = "packed"
@@ -185,6 +225,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
         dtype=values["perf_dtype"],
         engines=values["perf_engines"],
         endpoint=values["perf_endpoint"],
+        http_client=_http_client_options(config, values),
+        server_label=values["perf_server_label"],
         sweep=sweep,
         slo=values["perf_slo"],
         decode_mode=values["perf_decode_mode"],
@@ -195,6 +237,17 @@ def read_options(config: pytest.Config) -> PerfOptions:
         policy=Policy(alpha=values["perf_alpha"], min_effect=values["perf_min_effect"]),
         strict=config.getoption("perf_strict"),
         busy_threshold=values["perf_busy_threshold"],
+    )
+
+
+def _http_client_options(config: pytest.Config, values: dict) -> HttpClientOptions:
+    return HttpClientOptions(
+        server_model=values["perf_server_model"],
+        api_key=values["perf_api_key"] or api_key_from_environment(),
+        prompt_format=values["perf_prompt_format"],
+        eos_control=values["perf_eos_control"],
+        api=values["perf_api"],
+        send_request_ids=config.getoption("perf_send_request_ids"),
     )
 
 

@@ -180,7 +180,9 @@ def perf_backend(perf_session, perf_model):
     from perfsuite.adapters import Backend
 
     options = perf_session.options
-    return Backend.from_loaded(perf_model, endpoint=options.endpoint, decode_mode=options.decode_mode)
+    return Backend.from_loaded(
+        perf_model, endpoint=options.endpoint, decode_mode=options.decode_mode, http_options=options.http_client
+    )
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from perfsuite.adapters import Backend, EngineConfig, build_engine
+from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.openai_http import OpenAIHttpError
 from perfsuite.cli import build_parser
 from perfsuite.engine import FinishReason, Request, SamplingParams, inflight_engine
@@ -136,7 +137,8 @@ def workload(tokenizer) -> list[Request]:
 def http_run(loaded, served):
     """One workload through the adapter, the engine's records of it, and the same workload in-process."""
     requests = workload(loaded.tokenizer)
-    backend = Backend.from_loaded(loaded, endpoint=served.url)
+    # X-Request-Id names the server's records after the client's requests
+    backend = Backend.from_loaded(loaded, endpoint=served.url, http_options=HttpClientOptions(send_request_ids=True))
     client_result = build_engine("openai-http", backend, EngineConfig(BATCH_SIZE, MAX_SEQ_LEN)).run(requests)
     engine_records = records_by_id(served)
     in_process = build_engine("inflight", Backend.from_loaded(loaded), EngineConfig(BATCH_SIZE, MAX_SEQ_LEN))
@@ -176,11 +178,11 @@ def test_adapter_without_endpoint_names_the_option():
         build_engine("openai-http", Backend(None, len, None, 256, "cpu", endpoint="ftp://x"), EngineConfig(2, 64))
 
 
-def test_adapter_names_the_failed_request_and_status(loaded, served):
+def test_adapter_checks_the_servers_max_model_len_before_sending(loaded, served):
     engine = build_engine("openai-http", Backend.from_loaded(loaded, endpoint=served.url), EngineConfig(2, 64))
     too_long = Request("too-long", tuple(range(3, 3 + MAX_SEQ_LEN)), SamplingParams(4))
     fine = Request("fine", (5, 6), SamplingParams(4))
-    with pytest.raises(OpenAIHttpError, match=r"'too-long'.*HTTP 400.*max_seq_len"):
+    with pytest.raises(OpenAIHttpError, match=rf"max_model_len of {MAX_SEQ_LEN} .*'too-long' needs {MAX_SEQ_LEN + 4}"):
         engine.run([fine, too_long])
 
 
@@ -355,10 +357,11 @@ def test_a_failure_mid_stream_ends_the_stream_with_an_error(fake_served):
 
 
 class TextOnlyServer:
-    """A peer that sends two tokens per chunk as text, without token ids, and no /v1/models."""
+    """A peer that sends two tokens per chunk as text, without token ids."""
 
     async def start(self, host: str, port: int) -> int:
         app = web.Application()
+        app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -367,6 +370,9 @@ class TextOnlyServer:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "text-only"}]})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()
@@ -379,16 +385,17 @@ class TextOnlyServer:
         return response
 
 
-def test_tokens_of_a_multi_token_chunk_share_its_arrival_time():
+def test_a_text_only_stream_has_one_time_per_chunk_and_the_servers_count():
     with ServerThread(TextOnlyServer()) as peer:
         bytes_of = lambda text: list(text.encode())  # noqa: E731
         adapter = build_engine("openai-http", Backend(None, bytes_of, None, 256, "cpu", endpoint=peer.url + "/v1"),
                                EngineConfig(1, 64))  # fmt: skip
         (record,) = adapter.run([Request("r", (5,), SamplingParams(5))]).records
-    assert record.output_token_ids == tuple(b"abcde")
+    assert record.output_token_ids == tuple(b"abcde") and record.num_output_tokens == 5
     times = record.token_times
-    assert times[0] == times[1] < times[2] == times[3] < times[4]
+    assert len(times) == 3 and times[0] < times[1] < times[2], "the client saw 3 chunks, not 5 token arrivals"
     assert record.finish_reason is FinishReason.LENGTH
+    assert not adapter.greedy_equal, "text without token ids"
 
 
 # --------------------------------------------------------------------------- the command line

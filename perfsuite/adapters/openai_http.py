@@ -1,26 +1,47 @@
 """The ``openai-http`` engine: the same workloads against any OpenAI-compatible server.
 
-Each ``Request`` is sent to ``POST {endpoint}/v1/completions`` at its arrival
-time (or, with ``max_concurrency``, as a closed loop of that many clients) as
-a streamed, greedy completion: the prompt as token ids, ``max_tokens``, vLLM's
-``ignore_eos`` and ``return_token_ids``, and ``stream_options.include_usage``.
-This works with ``perfsuite serve``, vLLM, SGLang and TGI.
+Before anything is sent, the client reads ``GET {endpoint}/v1/models``
+(``perfsuite.adapters.server_info``): the model it asks for is the one named
+by ``server_model`` (or the only one served), and every request's prompt +
+``max_new_tokens`` must fit that model's ``max_model_len`` when the server
+states one. Then each ``Request`` is sent to ``/v1/completions`` (or, with
+``api="chat"``, ``/v1/chat/completions``) at its arrival time (or, with
+``max_concurrency``, as a closed loop of that many clients) as a streamed,
+greedy request with ``max_tokens``, ``stream_options.include_usage``, and the
+EOS control of ``HttpClientOptions.eos_control`` (``perfsuite.adapters.openai_payload``).
+This works with ``perfsuite serve``, vLLM, SGLang, TGI and llama.cpp.
+
+The prompt goes as token ids or as text (``prompt_format``). ``auto`` settles
+it once per engine, before any timed request, with a 1-token probe request:
+token ids when the server accepts them, else text. No request of a measured
+run is sent twice or dropped. ``X-Request-Id`` is sent only with
+``send_request_ids`` (llama.cpp answers it with an empty 400); ``api_key`` goes
+as ``Authorization: Bearer`` on every request, ``/v1/models`` included.
 
 Timestamps are the client's ``time.perf_counter`` when each streamed chunk
-arrives, so latencies include the network and the server's HTTP layer. A
-chunk may carry several tokens: they are counted from its ``token_ids`` when
-the server sends them, else by tokenizing its text with the backend's
-tokenizer, and all share the chunk's arrival time. The server's ``usage``
-count, when sent, is the final word on how many tokens were produced.
+arrives, so latencies include the network and the server's HTTP layer. How
+tokens are counted and timed (exact token ids, or text only) is
+``perfsuite.adapters.openai_stream``'s rule; tokens are never invented.
 
-``greedy_equal`` is claimed, but the adapter is only as greedy-equal as the
-server behind it: the outputs are exact token ids only when the server returns
-them (perfsuite serve does; vLLM does with ``return_token_ids``), and equal to
-unbatched greedy decoding only if the server's batching keeps them so.
+After a run, every request must have produced what it asked for
+(``perfsuite.adapters.output_lengths``): a short or empty output fails the run
+with ``ShortOutputError`` naming the requests, since it did less work.
+
+``greedy_equal`` is true only when it can be: prompts go as token ids and the
+server returns exact token ids (perfsuite serve; vLLM with ``return_token_ids``).
+Chat (the server applies a template) and text prompts are never greedy-equal,
+nor is ``eos_control="min_tokens"``: without ``ignore_eos``, a server that
+honours ``min_tokens`` masks EOS, changing the greedy choice wherever EOS would
+win. (vLLM masks EOS under ``min_tokens`` even with ``ignore_eos``; to check
+its greedy outputs on requests that ignore EOS, use ``eos_control="ignore_eos"``.)
+Reading it asks the server once (the probe above) if no run has yet; a run
+that sees a text-only answer turns it false. Exact ids equal unbatched greedy
+decoding only if the server's batching keeps them so; the correctness test
+against a server checks that.
 
 Only the given endpoint is contacted (no proxies from the environment); every
 request has a timeout and so does the whole run. A failed request raises
-``OpenAIHttpError`` naming it; no request is dropped silently.
+``OpenAIHttpError`` naming it and what to try; no request is dropped silently.
 """
 
 from __future__ import annotations
@@ -29,30 +50,58 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.adapters.openai_payload import TEXT, TOKEN_IDS, Detokenize, PayloadBuilder, detokenizer
+from perfsuite.adapters.openai_stream import (
+    OpenAIHttpError,
+    Piece,
+    Received,
+    ServerRejectedError,
+    StreamState,
+    error_message,
+    to_record,
+)
+from perfsuite.adapters.output_lengths import (
+    LengthMismatch,
+    ShortOutputError,
+    check_output_lengths,
+    check_prompts_fit,
+    is_complete,
+)
 from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.adapters.server_info import (
+    ServedModel,
+    ServerInfo,
+    ServerInfoError,
+    auth_headers,
+    fetch_server_info,
+)
 from perfsuite.engine.types import (
     EngineCounters,
     FinishReason,
     Request,
     RequestRecord,
     RunResult,
+    SamplingParams,
     StepOutput,
     check_unique_ids,
 )
 
+__all__ = ["OpenAIHttpEngine", "OpenAIHttpError", "ShortOutputError", "base_url", "build"]
+
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 DEFAULT_RUN_TIMEOUT_S = 3600.0
-
-_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
-
-
-class OpenAIHttpError(RuntimeError):
-    """A request the server did not complete; the message names the request and the cause."""
+PROBE_REQUEST_ID = "perfsuite-probe"
+PROBE_TEXT = "Hello"
+# HTTP statuses that say "not this request", as a server that cannot take a token-id prompt answers;
+# an auth, routing, rate or server failure is no reason to try text instead.
+_REJECTION_STATUSES = (400, 415, 422)
 
 
 def build(backend: Backend, config: EngineConfig) -> OpenAIHttpEngine:
@@ -61,7 +110,13 @@ def build(backend: Backend, config: EngineConfig) -> OpenAIHttpEngine:
             "the openai-http engine needs the base URL of an OpenAI-compatible server: pass "
             "--perf-endpoint http://HOST:PORT (e.g. where `perfsuite serve` or vLLM listens)"
         )
-    return OpenAIHttpEngine(backend.endpoint, config.batch_size, _text_tokenizer(backend))
+    return OpenAIHttpEngine(
+        backend.endpoint,
+        config.batch_size,
+        _text_tokenizer(backend),
+        detokenize=detokenizer(backend.tokenizer) if backend.tokenizer is not None else None,
+        options=backend.http_options,
+    )
 
 
 def _text_tokenizer(backend: Backend) -> Callable[[str], Sequence[int]]:
@@ -83,16 +138,34 @@ def base_url(endpoint: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+def _default_probe_prompt(tokenize_text: Callable[[str], Sequence[int]]) -> tuple[int, ...]:
+    try:
+        token_ids = tuple(int(t) for t in tokenize_text(PROBE_TEXT))
+    except TypeError:  # a fake backend's tokenize may count instead
+        token_ids = ()
+    return token_ids[:8] or (0,)
+
+
+@dataclass(frozen=True, slots=True)
+class Negotiated:
+    """What the probe settled: the prompt format used, and whether the server returns token ids."""
+
+    prompt_format: str
+    returns_token_ids: bool
+
+
 class OpenAIHttpEngine:
     """A client that measures an OpenAI-compatible server as a ``BatchingEngine``.
 
     ``batch_size`` caps the requests in flight at once, as the server's batch
     would; ``max_concurrency`` in ``run`` may lower it further. ``run`` drives
     its own event loop, so call it from synchronous code (as the harness does).
+    ``detokenize`` turns a prompt's ids into text (for text prompts and chat);
+    ``probe_prompt_ids`` is the prompt of the 1-token probe request (default:
+    ``PROBE_TEXT`` tokenized, else token 0).
     """
 
     name = "openai-http"
-    greedy_equal = True
     # The server does the work, in another process: its CPU use is not "other work" (perfsuite.contention).
     runs_in_process = False
 
@@ -102,24 +175,79 @@ class OpenAIHttpEngine:
         batch_size: int,
         tokenize_text: Callable[[str], Sequence[int]],
         *,
+        detokenize: Detokenize | None = None,
+        options: HttpClientOptions = HttpClientOptions(),
+        probe_prompt_ids: Sequence[int] | None = None,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if options.sends_text and detokenize is None:
+            raise ValueError(
+                f"api {options.api!r} with prompt_format {options.prompt_format!r} sends the prompt as text, which "
+                "needs the model's tokenizer; use a backend loaded from a Hugging Face model (--perf-model)"
+            )
         self.base_url = base_url(endpoint)
         self._batch_size = batch_size
         self._tokenize_text = tokenize_text
+        self._detokenize = detokenize
+        self._options = options
+        self._probe_prompt_ids = tuple(probe_prompt_ids or _default_probe_prompt(tokenize_text))
         self._request_timeout_s = request_timeout_s
         self._run_timeout_s = run_timeout_s
+        self._server_info: ServerInfo | None = None
+        self._negotiated: Negotiated | None = None
+        self._saw_text_only_output = False
+
+    # ------------------------------------------------------------------ what the server is
 
     @property
     def batch_size(self) -> int:
         return self._batch_size
 
     @property
-    def completions_url(self) -> str:
-        return f"{self.base_url}/v1/completions"
+    def options(self) -> HttpClientOptions:
+        return self._options
+
+    @property
+    def server_info(self) -> ServerInfo:
+        """The server's ``/v1/models``, read once."""
+        if self._server_info is None:
+            try:
+                self._server_info = fetch_server_info(self.base_url, api_key=self._options.api_key)
+            except ServerInfoError as error:
+                raise OpenAIHttpError(str(error)) from None
+        return self._server_info
+
+    @property
+    def served_model(self) -> ServedModel:
+        """The served model every request asks for (``server_model``, or the only one served)."""
+        try:
+            return self.server_info.select(self._options.server_model)
+        except ServerInfoError as error:
+            raise OpenAIHttpError(str(error)) from None
+
+    @property
+    def url(self) -> str:
+        return self.base_url + ("/v1/chat/completions" if self._options.api == "chat" else "/v1/completions")
+
+    @property
+    def prompt_format(self) -> str:
+        """``token_ids`` or ``text``: the form prompts go in (``auto`` is settled by asking the server)."""
+        if self._options.sends_text:
+            return TEXT
+        return self._negotiate_now().prompt_format
+
+    @property
+    def greedy_equal(self) -> bool:
+        """True only for exact token ids from the server on token-id prompts (see the module docstring)."""
+        if self._options.sends_text or self._saw_text_only_output or not self._options.sends_ignore_eos:
+            return False
+        negotiated = self._negotiate_now()
+        return negotiated.prompt_format == TOKEN_IDS and negotiated.returns_token_ids
+
+    # ------------------------------------------------------------------ a run
 
     def run(
         self,
@@ -132,9 +260,31 @@ class OpenAIHttpEngine:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         ordered = sorted(requests, key=lambda r: r.arrival_time)
         check_unique_ids(ordered)
-        return asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency))
+        served = self.served_model
+        check_prompts_fit(ordered, served.max_model_len, served.model_id, self.base_url)
+        received, start, end = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency))
+        if any(not r.has_exact_ids for r in received):
+            self._saw_text_only_output = True
+        records = tuple(to_record(r, self._tokenize_text) for r in received)
+        self._check_output_lengths(received, records)
+        return RunResult(self.name, records, start, end, EngineCounters())
 
-    async def _run_within_timeout(self, requests, on_step, max_concurrency) -> RunResult:
+    def _check_output_lengths(self, received: Sequence[Received], records: Sequence[RequestRecord]) -> None:
+        mismatches = [
+            LengthMismatch(
+                request_id=record.request_id,
+                num_asked=one.request.sampling_params.max_new_tokens,
+                num_received=record.num_output_tokens,
+                finish_reason=record.finish_reason,
+                ignore_eos=one.request.sampling_params.ignore_eos,
+                count_source=one.count_source,
+            )
+            for one, record in zip(received, records)
+            if not is_complete(one.request.sampling_params, record.num_output_tokens, record.finish_reason)
+        ]
+        check_output_lengths(mismatches, self.url, self._options.eos_control)
+
+    async def _run_within_timeout(self, requests, on_step, max_concurrency):
         try:
             return await asyncio.wait_for(self._run(requests, on_step, max_concurrency), self._run_timeout_s)
         except asyncio.TimeoutError:
@@ -148,22 +298,96 @@ class OpenAIHttpEngine:
         requests: list[Request],
         on_step: Callable[[list[StepOutput]], None] | None,
         max_concurrency: int | None,
-    ) -> RunResult:
+    ) -> tuple[list[Received], float, float]:
         num_clients = min(self._batch_size, max_concurrency or self._batch_size)
-        connector = aiohttp.TCPConnector(limit=num_clients)
-        timeout = aiohttp.ClientTimeout(total=self._request_timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
-            client = _Client(session, self.completions_url, self._tokenize_text, on_step)
-            await client.find_model(f"{self.base_url}/v1/models")
+        async with self._session(num_clients) as session:
+            if self._negotiated is None:
+                self._negotiated = await self._negotiate(session)
+            client = self._client(session, self._payload_builder(), on_step)
+            payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
             start = time.perf_counter()
-            records = await _send_all(client, requests, start, num_clients, closed_loop=max_concurrency is not None)
+            received = await _send_all(client, requests, payloads, start, num_clients,
+                                       closed_loop=max_concurrency is not None)  # fmt: skip
             end = time.perf_counter()
-        return RunResult(self.name, tuple(records), start, end, EngineCounters())
+        return received, start, end
+
+    def _session(self, num_clients: int) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=num_clients),
+            timeout=aiohttp.ClientTimeout(total=self._request_timeout_s),
+            headers=auth_headers(self._options.api_key),
+            trust_env=False,
+        )
+
+    def _client(
+        self,
+        session: aiohttp.ClientSession,
+        builder: PayloadBuilder,
+        on_step: Callable[[list[StepOutput]], None] | None,
+    ) -> _Client:
+        return _Client(session, self.base_url + builder.path, builder, self._options.send_request_ids, on_step,
+                       self._tokenize_text)  # fmt: skip
+
+    def _payload_builder(self, prompt_format: str | None = None) -> PayloadBuilder:
+        if prompt_format is None:
+            prompt_format = TEXT if self._options.sends_text else self._negotiated.prompt_format
+        return PayloadBuilder(self._options, self.served_model.model_id, prompt_format, self._detokenize)
+
+    # ------------------------------------------------------------------ the probe
+
+    def _negotiate_now(self) -> Negotiated:
+        """The probe's answer, asking the server (in a thread, with its own loop) if nobody has yet."""
+        if self._negotiated is None:
+            self.served_model  # noqa: B018 - fetched here, outside any event loop
+            with ThreadPoolExecutor(1) as pool:
+                self._negotiated = pool.submit(asyncio.run, self._negotiate_alone()).result()
+        return self._negotiated
+
+    async def _negotiate_alone(self) -> Negotiated:
+        async with self._session(1) as session:
+            return await self._negotiate(session)
+
+    async def _negotiate(self, session: aiohttp.ClientSession) -> Negotiated:
+        """Send the 1-token probe as token ids, then (``auto``, if the server rejects them) as text."""
+        if self._options.sends_text:
+            return Negotiated(TEXT, returns_token_ids=False)
+        try:
+            return Negotiated(TOKEN_IDS, await self._probe(session, TOKEN_IDS))
+        except ServerRejectedError as error:
+            if self._options.prompt_format != "auto" or error.status not in _REJECTION_STATUSES:
+                raise
+            if self._detokenize is None:
+                raise OpenAIHttpError(
+                    f"{error}. The server may not take token-id prompts, and this backend has no tokenizer to "
+                    "send text instead; use a backend loaded from a Hugging Face model"
+                ) from None
+            rejection = str(error)
+        try:
+            return Negotiated(TEXT, await self._probe(session, TEXT))
+        except ServerRejectedError as error:
+            raise OpenAIHttpError(
+                f"the server rejected the probe request both with a token-id prompt ({rejection}) and with a text "
+                f"prompt ({error})"
+            ) from None
+
+    async def _probe(self, session: aiohttp.ClientSession, prompt_format: str) -> bool:
+        """Whether the server answered the probe with token ids; ``ServerRejectedError`` if it refused it."""
+        builder = self._payload_builder(prompt_format)
+        probe = Request(PROBE_REQUEST_ID, self._probe_prompt_ids, SamplingParams(1, ignore_eos=True))
+        client = self._client(session, builder, None)
+        received = await client.complete(probe, builder.payload(probe), time.perf_counter())
+        return received.has_exact_ids
 
 
 async def _send_all(
-    client: _Client, requests: list[Request], start: float, num_clients: int, *, closed_loop: bool
-) -> list[RequestRecord]:
+    client: _Client,
+    requests: list[Request],
+    payloads: dict[str, dict],
+    start: float,
+    num_clients: int,
+    *,
+    closed_loop: bool,
+) -> list[Received]:
     """Send each request at its arrival time, at most ``num_clients`` at once, in arrival order.
 
     Open loop: a request's arrival is its scheduled time, so waiting for a free
@@ -181,7 +405,8 @@ async def _send_all(
                 free_clients.release()
                 break  # a request failed; gather below raises its error
             arrival = time.perf_counter() if closed_loop else start + request.arrival_time
-            tasks.append(asyncio.create_task(_send_one(client, request, arrival, free_clients)))
+            payload = payloads[request.request_id]
+            tasks.append(asyncio.create_task(_send_one(client, request, payload, arrival, free_clients)))
         return list(await asyncio.gather(*tasks))
     finally:
         for task in tasks:
@@ -190,174 +415,104 @@ async def _send_all(
 
 
 async def _send_one(
-    client: _Client, request: Request, arrival: float, free_clients: asyncio.Semaphore
-) -> RequestRecord:
+    client: _Client, request: Request, payload: dict, arrival: float, free_clients: asyncio.Semaphore
+) -> Received:
     try:
-        return await client.complete(request, arrival)
+        return await client.complete(request, payload, arrival)
     finally:
         free_clients.release()
 
 
-@dataclass(slots=True)
-class _Received:
-    """What one streamed completion has delivered so far."""
-
-    token_times: list[float] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    num_usage_tokens: int | None = None
-    is_done: bool = False
-
-    def add(self, arrival: float, token_ids: Sequence[int]) -> None:
-        self.token_times.extend([arrival] * len(token_ids))
-        self.token_ids.extend(token_ids)
-
-    def fitted_to_usage(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
-        """Times and ids with the server's token count, when it sent one.
-
-        Tokens counted from text can differ from the server's; the difference
-        is settled at the last chunk (its time repeated, its last id repeated).
-        """
-        count = self.num_usage_tokens if self.num_usage_tokens is not None else len(self.token_ids)
-        times, ids = self.token_times[:count], self.token_ids[:count]
-        missing = count - len(ids)
-        if missing > 0 and ids:
-            times += [times[-1]] * missing
-            ids += [ids[-1]] * missing
-        return tuple(times), tuple(ids)
-
-
 class _Client:
-    """One session's requests: the payload, the SSE parsing, the record."""
+    """One session's requests to one URL: sending, the SSE parsing, errors that say what to try."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         url: str,
-        tokenize_text: Callable[[str], Sequence[int]],
+        builder: PayloadBuilder,
+        send_request_ids: bool,
         on_step: Callable[[list[StepOutput]], None] | None,
+        tokenize_text: Callable[[str], Sequence[int]],
     ) -> None:
         self._session = session
         self._url = url
-        self._tokenize_text = tokenize_text
+        self.builder = builder
+        self._send_request_ids = send_request_ids
         self._on_step = on_step
-        self._model: str | None = None
+        self._tokenize_text = tokenize_text
 
-    async def find_model(self, models_url: str) -> None:
-        """The served model's name, which vLLM requires in every request; none if the server does not say."""
-        try:
-            async with self._session.get(models_url) as response:
-                if response.status == 200:
-                    models = (await response.json()).get("data") or []
-                    self._model = models[0]["id"] if models else None
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as error:
-            raise OpenAIHttpError(
-                f"cannot reach the server at {models_url}: {type(error).__name__}: {error}; "
-                "is it running? (--perf-endpoint)"
-            ) from None
-        except (aiohttp.ContentTypeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            self._model = None
-
-    def _payload(self, request: Request) -> dict:
-        params = request.sampling_params
-        payload = {
-            "prompt": list(request.prompt_token_ids),
-            "max_tokens": params.max_new_tokens,
-            "ignore_eos": params.ignore_eos,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_token_ids": True,
-        }
-        if params.stop_token_ids:
-            payload["stop_token_ids"] = list(params.stop_token_ids)
-        if self._model is not None:
-            payload["model"] = self._model
-        return payload
-
-    async def complete(self, request: Request, arrival: float) -> RequestRecord:
+    async def complete(self, request: Request, payload: dict, arrival: float) -> Received:
         where = f"request {request.request_id!r} to {self._url}"
         try:
-            received = await self._stream(request)
+            state = await self._stream(request, payload)
         except asyncio.TimeoutError:
             raise OpenAIHttpError(f"{where}: no complete response within the request timeout") from None
+        except aiohttp.ClientConnectionError as error:
+            raise OpenAIHttpError(
+                f"{where} failed: cannot reach the server: {type(error).__name__}: {error}; is it running? "
+                "(--perf-endpoint)"
+            ) from None
         except aiohttp.ClientError as error:
             raise OpenAIHttpError(f"{where} failed: {type(error).__name__}: {error}") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise OpenAIHttpError(f"{where}: malformed stream chunk: {error}") from None
-        if not received.is_done or received.finish_reason is None:
+        if not state.is_done or state.finish_reason is None:
             raise OpenAIHttpError(f"{where}: the stream ended before a finish_reason and data: [DONE]")
-        token_times, token_ids = received.fitted_to_usage()
-        return RequestRecord(
-            request_id=request.request_id,
-            num_prompt_tokens=request.num_prompt_tokens,
-            output_token_ids=token_ids,
-            arrival_time=arrival,
-            first_scheduled_time=None,  # the client cannot see when the server schedules
-            token_times=token_times,
+        return Received(
+            request=request,
+            arrival=arrival,
             finished_time=time.perf_counter(),
-            finish_reason=received.finish_reason,
+            pieces=tuple(state.pieces),
+            finish_reason=state.finish_reason,
+            num_usage_tokens=state.num_usage_tokens,
         )
 
-    async def _stream(self, request: Request) -> _Received:
-        received = _Received()
-        headers = {"X-Request-Id": request.request_id}
-        async with self._session.post(self._url, json=self._payload(request), headers=headers) as response:
+    async def _stream(self, request: Request, payload: dict) -> StreamState:
+        state = StreamState(request.request_id)
+        headers = {"X-Request-Id": request.request_id} if self._send_request_ids else {}
+        async with self._session.post(self._url, json=payload, headers=headers) as response:
             if response.status != 200:
-                raise OpenAIHttpError(
-                    f"request {request.request_id!r}: HTTP {response.status} from {self._url}: "
-                    f"{_error_message(await response.text())}"
-                )
+                message = self._rejection(request, response.status, await response.text())
+                raise ServerRejectedError(message, response.status)
             async for line in response.content:
                 arrival = time.perf_counter()
                 data = line.decode("utf-8").strip()
                 if not data.startswith("data:"):
                     continue
-                data = data[len("data:") :].strip()
-                if data == "[DONE]":
-                    received.is_done = True
+                pieces = state.take(data[len("data:") :].strip(), arrival)
+                if state.is_done:
                     break
-                self._take_chunk(request, json.loads(data), arrival, received)
-        return received
+                if self._on_step is not None and pieces:
+                    self._report_progress(request.request_id, pieces, state.finish_reason)
+        return state
 
-    def _take_chunk(self, request: Request, chunk: dict, arrival: float, received: _Received) -> None:
-        if "error" in chunk:
-            raise OpenAIHttpError(
-                f"request {request.request_id!r}: the server failed mid-stream: {_error_message(json.dumps(chunk))}"
-            )
-        for choice in chunk.get("choices") or []:
-            token_ids = self._chunk_token_ids(choice)
-            received.add(arrival, token_ids)
-            reason = choice.get("finish_reason")
-            if reason is not None:
-                if reason not in _FINISH_REASONS:
-                    raise OpenAIHttpError(f"request {request.request_id!r}: the server finished it with {reason!r}")
-                received.finish_reason = _FINISH_REASONS[reason]
-            if self._on_step is not None and token_ids:
-                self._on_step(self._step_outputs(request.request_id, token_ids, received.finish_reason))
-        usage = chunk.get("usage")
-        if usage and usage.get("completion_tokens") is not None:
-            received.num_usage_tokens = int(usage["completion_tokens"])
+    def _rejection(self, request: Request, status: int, body: str) -> str:
+        message = f"request {request.request_id!r}: HTTP {status} from {self._url}: {error_message(body)}"
+        hints = _rejection_hints(status, self._send_request_ids, self.builder)
+        return message + (f"; {'; '.join(hints)}" if hints else "")
 
-    def _chunk_token_ids(self, choice: dict) -> Sequence[int]:
-        token_ids = choice.get("token_ids")
-        if token_ids is not None:
-            return [int(t) for t in token_ids]
-        text = choice.get("text") or ""
-        return self._tokenize_text(text) if text else []
-
-    @staticmethod
-    def _step_outputs(
-        request_id: str, token_ids: Sequence[int], finish_reason: FinishReason | None
-    ) -> list[StepOutput]:
+    def _report_progress(self, request_id: str, pieces: Sequence[Piece], finish_reason: FinishReason | None) -> None:
+        token_ids = [t for p in pieces for t in self._progress_ids(p)]
         last = len(token_ids) - 1
-        return [StepOutput(request_id, t, finish_reason if i == last else None) for i, t in enumerate(token_ids)]
+        outputs = [StepOutput(request_id, t, finish_reason if i == last else None) for i, t in enumerate(token_ids)]
+        self._on_step(outputs)
+
+    def _progress_ids(self, piece: Piece) -> Sequence[int]:
+        """A chunk's ids, or its text tokenized: for a progress bar only, never for the record."""
+        return piece.token_ids if piece.token_ids is not None else self._tokenize_text(piece.text)
 
 
-def _error_message(body: str) -> str:
-    """The ``error.message`` of an OpenAI-style error body, else the body itself (shortened)."""
-    try:
-        error = json.loads(body)["error"]
-        return str(error["message"] if isinstance(error, dict) else error)
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return body[:500]
+def _rejection_hints(status: int, sent_request_id: bool, builder: PayloadBuilder) -> list[str]:
+    """What to try after an HTTP error, from what this request carried."""
+    if status in (401, 403):
+        return ["the server wants an API key: pass it with --perf-api-key (or set PERFSUITE_API_KEY)"]
+    if status == 404:
+        return [f"check --perf-endpoint and that the server serves {builder.model_id!r} at {builder.path}"]
+    hints = []
+    if status in _REJECTION_STATUSES:
+        if sent_request_id:
+            hints.append("the server may refuse the X-Request-Id header (llama.cpp does): drop --perf-send-request-ids")
+        if builder.prompt_format == TOKEN_IDS and builder.options.api == "completions":
+            hints.append("it may not take token-id prompts: try --perf-prompt-format text")
+    return hints

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.engine.types import Request, RunResult, StepOutput
 
 
@@ -66,7 +67,8 @@ class Backend:
     ``runner`` is perfsuite's model runner over the model (or a fake);
     ``model`` and ``tokenizer`` are the Hugging Face objects that peer
     adapters drive (None for a fake backend). ``endpoint`` is the base URL
-    of an OpenAI-compatible server for the ``openai-http`` engine. ``probe`` times the machine
+    of an OpenAI-compatible server for the ``openai-http`` engine, and
+    ``http_options`` how that engine talks to it. ``probe`` times the machine
     before each repeat (see ``measure.machine_probe``); a backend whose speed
     does not follow the machine's (a fake that sleeps) sets it to None, which
     also turns off the busy-machine check (``perfsuite.contention``).
@@ -81,11 +83,18 @@ class Backend:
     model: Any = None
     tokenizer: Any = None
     endpoint: str | None = None
+    http_options: HttpClientOptions = HttpClientOptions()
     vocab_size: int | None = None  # ids synthetic prompts may use: 0..vocab_size-1
     special_token_ids: tuple[int, ...] = ()  # never drawn into a synthetic prompt
 
     @classmethod
-    def from_loaded(cls, loaded: Any, endpoint: str | None = None, decode_mode: str = "packed") -> Backend:
+    def from_loaded(
+        cls,
+        loaded: Any,
+        endpoint: str | None = None,
+        decode_mode: str = "packed",
+        http_options: HttpClientOptions | None = None,
+    ) -> Backend:
         """The backend of a ``perfsuite.models.LoadedModel``, with perfsuite's runner over it."""
         from perfsuite.engine.model_runner import ModelRunner
 
@@ -98,6 +107,7 @@ class Backend:
             model=loaded.model,
             tokenizer=loaded.tokenizer,
             endpoint=endpoint,
+            http_options=http_options or HttpClientOptions(),
             vocab_size=min(len(loaded.tokenizer), loaded.model.config.vocab_size),
             special_token_ids=tuple(loaded.tokenizer.all_special_ids),
         )

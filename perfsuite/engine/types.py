@@ -160,6 +160,13 @@ class RequestRecord:
 
     Metrics are computed from these later (``perfsuite.metrics``); the engine
     records and never summarises.
+
+    ``token_times`` has one time per output token when the engine sees each
+    token (every in-process engine, and an HTTP server that streams token
+    ids). A client of a server that streams text only sees chunks, not
+    tokens: it records one time per chunk (fewer than the tokens), the text
+    re-tokenized as ``output_token_ids``, and the server's own count, when
+    sent, as ``num_reported_output_tokens`` (see ``perfsuite.adapters.openai_stream``).
     """
 
     request_id: str
@@ -170,9 +177,12 @@ class RequestRecord:
     token_times: tuple[float, ...]
     finished_time: float | None
     finish_reason: FinishReason | None
+    num_reported_output_tokens: int | None = None  # None: the count is len(output_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
+        if self.num_reported_output_tokens is not None:
+            return self.num_reported_output_tokens
         return len(self.output_token_ids)
 
 
