@@ -1,4 +1,9 @@
-"""What the machine is: the fingerprint that baselines are stored under."""
+"""What a measurement ran on: the fingerprint that baselines are stored under.
+
+This machine's (``capture_environment``) for the engines that run in this
+process; the server's (``server_environment``) for an engine served by
+another process, whose speed owes nothing to this machine's libraries.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from perfsuite.storage import Environment
+from perfsuite.storage import Environment, ServerEnvironment
 
 
 def capture_environment(model: str, dtype: str, device: str) -> Environment:
@@ -24,6 +29,20 @@ def capture_environment(model: str, dtype: str, device: str) -> Environment:
         num_threads=torch.get_num_threads(),
         cuda_version=torch.version.cuda if is_cuda else None,
         driver_version=_nvidia_driver() if is_cuda else None,
+    )
+
+
+def server_environment(engine: object, label: str | None) -> ServerEnvironment:
+    """The identity of the server behind an engine that runs in another process.
+
+    From the engine's ``served_model`` (``perfsuite.adapters.server_info.ServedModel``,
+    what ``GET /v1/models`` said); an engine that does not say is known by its name.
+    """
+    served = getattr(engine, "served_model", None)
+    if served is None:
+        return ServerEnvironment(served_model=getattr(engine, "name", "unknown"), label=label)
+    return ServerEnvironment(
+        served_model=served.model_id, max_model_len=served.max_model_len, label=label, owned_by=served.owned_by
     )
 
 

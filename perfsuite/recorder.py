@@ -1,11 +1,21 @@
-"""The ``perf`` fixture's object: measure an engine, then assert no regression."""
+"""The ``perf`` fixture's object: measure an engine, then assert no regression.
+
+An engine that runs in this process is measured against this machine: each
+repeat between two machine probes, its baseline under this machine's
+fingerprint. An engine served by another process (``runs_in_process =
+False``: ``openai-http``) is measured against its server: no probe (the
+server may run elsewhere, and this machine's speed says nothing about it),
+its baseline under the server's fingerprint (``environment.server_environment``),
+and the server's model in the sizing parameters rather than ``--perf-model``.
+A session that measures both keeps each under its own fingerprint.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -13,9 +23,18 @@ import pytest
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig
 from perfsuite.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.engine import Request, RunResult
+from perfsuite.environment import server_environment
 from perfsuite.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.session import PerfSession, Repeats, TestResult, sizing_parameters
-from perfsuite.storage import BaselineError, OutputError
+from perfsuite.session import (
+    SERVER_DECODE_MODE,
+    SERVER_PRECISION,
+    PerfSession,
+    Repeats,
+    SizingParameters,
+    TestResult,
+    sizing_parameters,
+)
+from perfsuite.storage import BaselineError, OutputError, ServerEnvironment
 
 QUIET_CHECK_SECONDS = 0.5
 QUIET_WAIT_SECONDS = 5.0
@@ -61,10 +80,13 @@ class PerfRecorder:
         for _ in range(options.profile.warmup_runs):
             engine.run(requests, max_concurrency=max_concurrency)
         measured = self._timed_repeats(engine, requests, max_concurrency, repeats)
-        parameters = sizing_parameters(requests, options.model, options.dtype, max_concurrency or engine.batch_size)
+        server = None if runs_in_process(engine) else server_environment(engine, options.server_label)
+        parameters = self._sizing(engine, requests, max_concurrency, server)
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
         try:
-            self.result = self.session.record(self.test_id, measured, parameters, configuration, arrival_rate)
+            self.result = self.session.record(
+                self.test_id, measured, parameters, configuration, arrival_rate, environment=server
+            )
         except (OutputError, BaselineError) as error:
             pytest.fail(str(error), pytrace=False)
         if options.save_baseline and measured.noisy:
@@ -102,10 +124,11 @@ class PerfRecorder:
 
         threshold = self.session.options.busy_threshold
         checks_machine = self.backend.probe is not None  # a fake that sleeps does not follow the machine
-        in_process = getattr(engine, "runs_in_process", True)
+        in_process = runs_in_process(engine)
         runs: list[RunResult] = []
         uses: list[CpuUse | None] = []
-        probes = _BracketingProbe(self.backend)
+        # A server in another process may run on another machine: this one's probe would only add its noise.
+        probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
 
         def one_run() -> None:
             probes.starting_run()
@@ -133,6 +156,18 @@ class PerfRecorder:
             return Repeats(tuple(runs), probes.per_run(), _shares(uses), f"{reason}; the other repeats were not run")
         return Repeats(tuple(runs), probes.per_run(), _shares(uses), contention_reason(uses, threshold))
 
+    def _sizing(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        max_concurrency: int | None,
+        server: ServerEnvironment | None,
+    ) -> SizingParameters:
+        """The model and precision measured: the server's when it serves them, not ``--perf-model``/``--perf-dtype``."""
+        options = self.session.options
+        model, precision = (options.model, options.dtype) if server is None else (server.served_model, SERVER_PRECISION)
+        return sizing_parameters(requests, model, precision, max_concurrency or engine.batch_size)
+
     def _configuration(
         self,
         engine: BatchingEngine,
@@ -154,7 +189,8 @@ class PerfRecorder:
             num_requests=len(requests),
             engine=name,
             engine_knobs=knobs(engine_knobs),
-            decode_mode=options.decode_mode,
+            # --perf-decode-mode picks this process's runner path, not a server's
+            decode_mode=options.decode_mode if runs_in_process(engine) else SERVER_DECODE_MODE,
             max_seq_len=max_seq_len,
             repeats=repeats,
         )
@@ -166,19 +202,20 @@ class _BracketingProbe:
     bench/probe_drift.py: the machine's speed drifts during a run, and the
     reading after it as well as before cut the drift left in a decode step's
     time by a fifth. A reading serves as the "after" of one run and the
-    "before" of the next. Without a backend probe, there are no readings.
+    "before" of the next. Without a probe, there are no readings.
     """
 
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
+    def __init__(self, probe: Callable[[str], float] | None, device: str) -> None:
+        self._probe = probe
+        self._device = device
         self._latest: float | None = None
         self._before: list[float] = []  # per run, in run order
         self._around: list[float] = []  # per run whose "after" reading is in
 
     def take(self) -> None:
-        if self._backend.probe is None:
+        if self._probe is None:
             return
-        self._latest = self._backend.probe(self._backend.device)
+        self._latest = self._probe(self._device)
         if len(self._around) < len(self._before):  # the last run's "after"
             self._around.append(math.sqrt(self._before[len(self._around)] * self._latest))
 
@@ -199,6 +236,11 @@ class _BracketingProbe:
 
 class _BusyForGood(Exception):
     """The machine stayed busy after a disturbed repeat: more repeats would measure the other work."""
+
+
+def runs_in_process(engine: BatchingEngine) -> bool:
+    """False for an engine whose work a server in another process does (``openai-http``)."""
+    return getattr(engine, "runs_in_process", True)
 
 
 def _shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:

@@ -161,9 +161,23 @@ def _environment_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
         ("device_name", "device"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
         ("torch_version", "torch"), ("transformers_version", "transformers"),
         ("cpu_model", "CPU"), ("num_threads", "threads"),
+        # a server in another process (storage.ServerEnvironment)
+        ("label", "server"), ("served_model", "served model"), ("max_model_len", "max model length"),
+        ("owned_by", "served by"),
     )  # fmt: skip
     facts = [(label, str(environment[key])) for key, label in labels if environment.get(key) is not None]
-    return facts + [("fingerprint", results.get("fingerprint") or "-")]
+    facts.append(("fingerprint", results.get("fingerprint") or "-"))
+    return facts + _server_facts(results)
+
+
+def _server_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """Servers measured in another process: their own fingerprints, and figures not rescaled by the probe."""
+    servers = [s.get("fingerprint") or "-" for s in results.get("servers") or []]
+    if not servers:
+        return []
+    others = [s for s in servers if s != results.get("fingerprint")]
+    facts = [("server fingerprints", ", ".join(others))] if others else []
+    return facts + [("machine probe", "not applied to servers in another process: their figures are as measured")]
 
 
 def _run_facts(results: dict[str, Any]) -> list[tuple[str, str]]:

@@ -40,7 +40,15 @@ from perfsuite.stats import (
     compare_counters,
     mark_noisy,
 )
-from perfsuite.storage import Baseline, BaselineError, BaselineStore, Environment, write_json_atomic
+from perfsuite.storage import (
+    Baseline,
+    BaselineError,
+    BaselineStore,
+    Environment,
+    ServerEnvironment,
+    environment_from_json,
+    write_json_atomic,
+)
 
 RESULTS_SCHEMA_VERSION = 1
 
@@ -69,6 +77,15 @@ ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BET
 PROBE = "probe_bracket_seconds"
 # Other work's share of the machine's CPU time during each repeat (perfsuite.contention); stored, never compared.
 BUSY_SHARE = "cpu_busy_share"
+
+# A server in another process: its precision is its own (no endpoint reports it), its decode path too.
+SERVER_PRECISION = "unknown (server-side)"
+SERVER_DECODE_MODE = "server"
+NORMALISED = "each repeat rescaled by its machine probe over the baseline's median probe"
+RAW_SERVER_FIGURES = (
+    "none: a server in another process (runs_in_process = False) may run on another machine, which this "
+    "machine's probe says nothing about; its figures are stored and compared as measured"
+)
 
 
 def normalize_to_machine_speed(
@@ -142,10 +159,16 @@ class TestResult:
     baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     comparisons: tuple[Comparison, ...] = ()
     counter_changes: tuple[CounterChange, ...] = ()
+    environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
 
     @property
     def regressions(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.verdict is Verdict.REGRESSED]
+
+    @property
+    def is_remote(self) -> bool:
+        """Served by another process: stored under the server's fingerprint, never probe-normalised."""
+        return isinstance(self.environment, ServerEnvironment)
 
 
 def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, float]:
@@ -286,10 +309,20 @@ class PerfSession:
         parameters: SizingParameters,
         configuration: RunConfiguration,
         arrival_rate: float | None = None,
+        environment: Environment | ServerEnvironment | None = None,
     ) -> TestResult:
-        """Summarise a test's timed repeats, judge them against its baseline, and save it if asked."""
-        assert self.environment is not None, "capture the environment before recording"
-        result = self._summarise(test_id, repeats, parameters, configuration, arrival_rate)
+        """Summarise a test's timed repeats, judge them against its baseline, and save it if asked.
+
+        ``environment``: the fingerprint the test's baseline lives under; this
+        machine's (the session's) unless the engine is a server in another process.
+        """
+        environment = environment or self.environment
+        assert environment is not None, "capture the environment before recording"
+        result = dataclasses.replace(
+            self._summarise(test_id, repeats, parameters, configuration, arrival_rate), environment=environment
+        )
+        if result.is_remote and result.environment.label is None:
+            self._warn_once(UNLABELLED_SERVER)
         if result.noisy:
             self.warnings.append(f"{test_id}: noisy, judges nothing: {result.noisy}")
         result = self._judge(result)
@@ -332,6 +365,10 @@ class PerfSession:
             timeline=timeline_of(repeats.runs[-1]),
         )
 
+    def _warn_once(self, warning: str) -> None:
+        if warning not in self.warnings:
+            self.warnings.append(warning)
+
     def _save(self, result: TestResult) -> TestResult:
         if result.noisy:
             return dataclasses.replace(result, baseline_status=f"not saved: {result.noisy}")
@@ -339,7 +376,7 @@ class PerfSession:
         path = self.store.save(
             Baseline(
                 test_id=result.test_id,
-                environment=self.environment,
+                environment=result.environment,
                 configuration=result.configuration,
                 commit=self.commit,
                 created_at=_now(),
@@ -351,9 +388,9 @@ class PerfSession:
         )
         return dataclasses.replace(result, baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
 
-    def _load_baseline(self, test_id: str) -> Baseline | None:
+    def _load_baseline(self, test_id: str, environment: Environment | ServerEnvironment) -> Baseline | None:
         try:
-            return self.store.load(test_id, self.environment)
+            return self.store.load(test_id, environment)
         except BaselineError as error:
             if not self.options.save_baseline:
                 raise
@@ -361,7 +398,7 @@ class PerfSession:
             return None
 
     def _judge(self, result: TestResult) -> TestResult:
-        baseline = self._load_baseline(result.test_id)
+        baseline = self._load_baseline(result.test_id, result.environment)
         if baseline is None:
             return self._without_baseline(result)
         if baseline.configuration != result.configuration:
@@ -383,12 +420,13 @@ class PerfSession:
         )
 
     def _without_baseline(self, result: TestResult) -> TestResult:
-        others = self.store.other_fingerprints(result.test_id, self.environment)
+        others = self.store.other_fingerprints(result.test_id, result.environment)
         if not others:
             return result
+        label = " (a server's label comes from --perf-server-label)" if result.is_remote else ""
         self.warnings.append(
             f"{result.test_id}: baselines exist only for other environments ({', '.join(others)}); "
-            f"not compared. This one is {self.environment.fingerprint()}: "
+            f"not compared. This one is {result.environment.fingerprint()}{label}: "
             "record its baseline with --perf-save-baseline (README, 'Baselines')"
         )
         return dataclasses.replace(result, baseline_status="other environment only")
@@ -456,14 +494,28 @@ class PerfSession:
         self.results.sort(key=lambda r: r.test_id)
         self.warnings.extend(w for w in data["warnings"] if w not in self.warnings)
 
+    @property
+    def shown_environment(self) -> Environment | ServerEnvironment | None:
+        """The environment results.json names at its top: the server's when it alone was measured.
+
+        Each test also names its own (a session may measure in-process engines
+        and a server side by side).
+        """
+        servers = {r.environment for r in self.results if r.is_remote}
+        if self.results and len(servers) == 1 and all(r.is_remote for r in self.results):
+            return servers.pop()
+        return self.environment
+
     def results_json(self) -> dict[str, Any]:
         plan = self.plan_power()
+        shown = self.shown_environment
         return {
             "schema_version": RESULTS_SCHEMA_VERSION,
             "created_at": _now(),
             "commit": self.commit,
-            "environment": dataclasses.asdict(self.environment) if self.environment else None,
-            "fingerprint": self.environment.fingerprint() if self.environment else None,
+            "environment": dataclasses.asdict(shown) if shown else None,
+            "fingerprint": shown.fingerprint() if shown else None,
+            "servers": _servers_json(self.results),
             "profile": self.options.profile.name,
             "repeats": self.options.repeats,
             "decode_mode": self.options.decode_mode,
@@ -472,7 +524,7 @@ class PerfSession:
                 "min_effect": self.options.policy.min_effect,
                 "test": "one-sided Mann-Whitney U on per-repeat samples",
                 "correction": "benjamini-hochberg",
-                "normalization": "each repeat rescaled by its machine probe over the baseline's median probe",
+                "normalization": f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}",
                 "num_planned_comparisons": plan.num_comparisons,
                 "smallest_p": plan.smallest_p,
                 "max_comparisons_for_lone_regression": plan.max_comparisons,
@@ -506,9 +558,28 @@ CUDA_PROBE = (
 )
 
 
-def probe_description(environment: Environment | None) -> dict[str, str]:
-    on_cuda = environment is not None and environment.cuda_version is not None
-    return {"key": PROBE, "unit": "seconds", "measures": CUDA_PROBE if on_cuda else CPU_PROBE}
+UNLABELLED_SERVER = (
+    "a server was measured without --perf-server-label: its baselines are known only by the served model "
+    "and its length, so another server build or machine serving that model would be compared with them; "
+    "name it, e.g. --perf-server-label vllm-0.32-cpu"
+)
+
+
+def probe_description(environment: Environment | ServerEnvironment | None) -> dict[str, str]:
+    on_cuda = isinstance(environment, Environment) and environment.cuda_version is not None
+    return {
+        "key": PROBE,
+        "unit": "seconds",
+        "measures": CUDA_PROBE if on_cuda else CPU_PROBE,
+        "applies_to": "tests of engines that run in this process; a server in another process is not "
+        "probed and its figures are not rescaled (each test's 'normalization' says which)",
+    }
+
+
+def _servers_json(results: Sequence[TestResult]) -> list[dict[str, Any]]:
+    """Each server measured in the session, once, with the fingerprint its baselines live under."""
+    servers = dict.fromkeys(r.environment for r in results if r.is_remote)
+    return [{**dataclasses.asdict(server), "fingerprint": server.fingerprint()} for server in servers]
 
 
 def result_json(result: TestResult) -> dict[str, Any]:
@@ -529,6 +600,9 @@ def result_json(result: TestResult) -> dict[str, Any]:
         "noisy": result.noisy,
         "comparisons": [comparison_json(c) for c in result.comparisons],
         "counter_changes": [dataclasses.asdict(c) for c in result.counter_changes],
+        "environment": dataclasses.asdict(result.environment) if result.environment else None,
+        "fingerprint": result.environment.fingerprint() if result.environment else None,
+        "normalization": RAW_SERVER_FIGURES if result.is_remote else NORMALISED,
     }
 
 
@@ -550,6 +624,7 @@ def result_from_json(data: dict[str, Any]) -> TestResult:
         baseline_request_samples={k: tuple(v) for k, v in data["baseline_request_samples"].items()},
         comparisons=tuple(comparison_from_json(c) for c in data["comparisons"]),
         counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
+        environment=environment_from_json(data["environment"]) if data.get("environment") else None,
     )
 
 

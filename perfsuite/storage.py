@@ -16,7 +16,10 @@ empty parts, absolute paths) raise ValueError.
 
 A baseline is compared only with a run from the same fingerprint (device,
 torch and transformers versions, dtype, model, CPU model and thread count):
-numbers from another machine say nothing about this one. Every number in a
+numbers from another machine say nothing about this one. A test of a server
+in another process (``openai-http``) is stored under the server's fingerprint
+instead (``ServerEnvironment``: the served model, its maximum length, who
+serves it and the user's ``--perf-server-label``), whatever client drove it. Every number in a
 baseline must be finite (machine probes also positive) and every counter an
 integer: ``read_baseline`` raises BaselineError otherwise, and
 ``BaselineStore.save`` refuses to write such a baseline.
@@ -51,6 +54,7 @@ from typing import Any
 from perfsuite.run_config import RunConfiguration
 
 SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
+SERVER_KIND = "server"  # ServerEnvironment.kind
 MAX_NAME_LENGTH = 200  # below the 255 bytes most filesystems allow, with room for ".json"
 
 _SAFE_CHARACTERS = "[]=+,"  # quote() never encodes letters, digits and "_.-~" either
@@ -98,9 +102,43 @@ class Environment:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerEnvironment:
+    """What a measurement of a server in another process depends on: that server, not the client.
+
+    The tokens a remote server computes owe nothing to the client's torch,
+    dtype or CPU, so its results are stored under what the server says it
+    serves (``GET /v1/models``: the model id and its ``max_model_len``, and
+    who serves it) and under a label the user gives (``--perf-server-label``,
+    e.g. ``vllm-0.32-cpu``): the server's software, version and machine,
+    which no endpoint reports.
+    """
+
+    served_model: str
+    max_model_len: int | None = None
+    label: str | None = None
+    owned_by: str | None = None
+    kind: str = SERVER_KIND  # tells it from an ``Environment`` in stored JSON
+
+    def fingerprint(self) -> str:
+        length = f"len{self.max_model_len}" if self.max_model_len is not None else "len-unknown"
+        readable = "-".join(
+            _slug(part) for part in ("server", self.label or "unlabelled", self.served_model, length)
+        )
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        return f"{readable}-{digest}"
+
+
+def environment_from_json(data: dict[str, Any]) -> Environment | ServerEnvironment:
+    """The environment a baseline or result was stored under: this machine's, or a remote server's."""
+    if data.get("kind") == SERVER_KIND:
+        return ServerEnvironment(**data)
+    return Environment(**data)
+
+
+@dataclass(frozen=True, slots=True)
 class Baseline:
     test_id: str
-    environment: Environment
+    environment: Environment | ServerEnvironment
     configuration: RunConfiguration  # what was measured: compared only with a run of the same
     commit: str | None
     created_at: str
@@ -121,7 +159,7 @@ class Baseline:
     def from_json(cls, data: dict[str, Any]) -> Baseline:
         return cls(
             test_id=data["test_id"],
-            environment=Environment(**data["environment"]),
+            environment=environment_from_json(data["environment"]),
             configuration=RunConfiguration.from_json(data["configuration"]),
             commit=data.get("commit"),
             created_at=data["created_at"],
@@ -137,17 +175,17 @@ class BaselineStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
-    def path_for(self, test_id: str, environment: Environment) -> Path:
+    def path_for(self, test_id: str, environment: Environment | ServerEnvironment) -> Path:
         return self.root / environment.fingerprint() / baseline_relative_path(test_id)
 
-    def load(self, test_id: str, environment: Environment) -> Baseline | None:
+    def load(self, test_id: str, environment: Environment | ServerEnvironment) -> Baseline | None:
         """This environment's baseline for ``test_id``, or None when there is none."""
         path = self.path_for(test_id, environment)
         if not path.exists():
             return None
         return read_baseline(path)
 
-    def other_fingerprints(self, test_id: str, environment: Environment) -> list[str]:
+    def other_fingerprints(self, test_id: str, environment: Environment | ServerEnvironment) -> list[str]:
         """Fingerprints that have a baseline for ``test_id`` but are not this one."""
         if not self.root.is_dir():
             return []
