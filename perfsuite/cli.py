@@ -8,9 +8,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from perfsuite.argtypes import integer_at_least, positive_int
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
+from perfsuite.adapters.http_options import (
+    APIS,
+    EOS_CONTROLS,
+    PROMPT_FORMATS,
+    HttpClientOptions,
+    api_key_from_environment,
+)
 from perfsuite.engine import RunResult
 from perfsuite.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
@@ -35,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--engines",
         type=_known_engines,
         default=DEFAULT_ENGINES,
-        help="comma-separated engines, e.g. static,inflight,hf-static,hf-cb (default: static,inflight)",
+        help="comma-separated engines, e.g. static,inflight,hf-static,hf-cb, or openai-http with --endpoint "
+        "(default: static,inflight)",
     )
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
@@ -48,9 +57,76 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
     run.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
     run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
+    _add_server_client_arguments(run)
+    run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
     _add_report_commands(commands)
     _add_serve_command(commands)
     return parser
+
+
+def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
+    """How ``--engines openai-http`` reaches its server: the pytest options ``--perf-endpoint`` and neighbours."""
+    group = run.add_argument_group("openai-http", "for --engines openai-http: the server to measure")
+    group.add_argument("--endpoint", type=_endpoint_url, help="base URL of an OpenAI-compatible server, "
+                       "e.g. http://127.0.0.1:8000 (required by openai-http)")  # fmt: skip
+    group.add_argument("--server-model", help="the served model to ask for (default: the only one served)")
+    group.add_argument("--api-key", help="sent as Authorization: Bearer (default: $PERFSUITE_API_KEY, "
+                       "else $OPENAI_API_KEY)")  # fmt: skip
+    group.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
+                       help="prompts as token_ids, text, or auto: ids unless the server refuses them (auto)")
+    group.add_argument("--eos-control", choices=EOS_CONTROLS, default="both",
+                       help="how a request is asked to run to its length: ignore_eos, min_tokens or both (both)")
+    group.add_argument("--api", choices=APIS, default="completions", help="completions or chat (completions)")
+    group.add_argument("--send-request-ids", action="store_true",
+                       help="send perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)")
+
+
+def _endpoint_url(text: str) -> str:
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"expected a server's base URL such as http://127.0.0.1:8000, got {text!r}")
+    return text.strip()
+
+
+def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Combinations that cannot work fail here, before a model is loaded."""
+    remote = "openai-http" in args.engines
+    if remote and not args.endpoint:
+        parser.error(
+            "--engines openai-http measures a server: pass its base URL with --endpoint http://HOST:PORT "
+            "(e.g. where `perfsuite serve` or vLLM listens)"
+        )
+    if args.endpoint and not remote:
+        parser.error(f"--endpoint is used only by --engines openai-http; add it to --engines {','.join(args.engines)}")
+
+
+def _http_client_options(args: argparse.Namespace) -> HttpClientOptions:
+    return HttpClientOptions(
+        server_model=args.server_model,
+        api_key=args.api_key or api_key_from_environment(),
+        prompt_format=args.prompt_format,
+        eos_control=args.eos_control,
+        api=args.api,
+        send_request_ids=args.send_request_ids,
+    )
+
+
+# Errors of the openai-http client name the pytest options; `perfsuite run` has its own names for them.
+_RUN_FLAGS = {
+    "--perf-endpoint": "--endpoint",
+    "--perf-server-model": "--server-model",
+    "--perf-api-key": "--api-key",
+    "--perf-prompt-format": "--prompt-format",
+    "--perf-eos-control": "--eos-control",
+    "--perf-send-request-ids": "--send-request-ids",
+    "--perf-api": "--api",
+}
+
+
+def _in_run_flags(message: str) -> str:
+    for pytest_flag, run_flag in _RUN_FLAGS.items():
+        message = message.replace(pytest_flag, run_flag)
+    return message
 
 
 def _known_engines(text: str) -> tuple[str, ...]:
@@ -104,12 +180,16 @@ def _add_serve_command(commands) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        _check_run_arguments(args.command_parser, args)
     commands = {"run": _run, "report": _report, "compare": _compare, "serve": _serve}
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
-        print(f"perfsuite: error: {error}", file=sys.stderr)
+        message = _in_run_flags(str(error)) if args.command == "run" else str(error)
+        print(f"perfsuite: error: {message}", file=sys.stderr)
         return 2
 
 
@@ -193,6 +273,9 @@ def _run(args: argparse.Namespace) -> int:
     from perfsuite.models import load_model
 
     workload = mixed_workload(args.num_requests, args.min_new_tokens, args.max_new_tokens, args.seed)
+    http_options = _http_client_options(args)
+    if args.endpoint:
+        _check_server(args.endpoint, http_options)  # seconds, where loading the model takes tens of them
     device = resolve_device(args.device)
     threads = configure_threads(args.threads) if device == "cpu" else None
     started = time.perf_counter()
@@ -206,7 +289,7 @@ def _run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
-    backend = Backend.from_loaded(loaded)
+    backend = Backend.from_loaded(loaded, endpoint=args.endpoint, http_options=http_options)
     config = EngineConfig(
         args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
     )
@@ -221,6 +304,14 @@ def _run(args: argparse.Namespace) -> int:
         rows.append(_row(result, run_metrics(result)))
     print(format_table(HEADERS, rows))
     return 0
+
+
+def _check_server(endpoint: str, options: HttpClientOptions) -> None:
+    """The server answers ``/v1/models`` and serves the model asked for; else a ``RuntimeError`` saying so."""
+    from perfsuite.adapters.openai_http import base_url
+    from perfsuite.adapters.server_info import fetch_server_info
+
+    fetch_server_info(base_url(endpoint), api_key=options.api_key).select(options.server_model)
 
 
 HEADERS = (

@@ -4,12 +4,23 @@ Pure Python. A mismatch report names the request, the first divergent
 position, both tokens and the reference's top-1/top-2 logit margin there, so a
 reader can tell a real bug (a large margin) from a near-tie that rounding in
 a different batch shape can flip (a margin near zero).
+
+``check_greedy_equal`` runs any engine on a few requests and reports its
+divergences that way; ``check_server_greedy`` does it for a server through
+``openai-http`` (``perfsuite serve``, vLLM, ...), so a server's claim to
+decode greedily is checked rather than taken on trust.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from perfsuite.engine.types import Request, SamplingParams
+
+if TYPE_CHECKING:
+    from perfsuite.adapters.protocol import BatchingEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +109,133 @@ def assert_outputs_equal(
     if real:
         raise AssertionError("outputs differ from the unbatched reference:\n" + "\n".join(d.describe() for d in real))
     return [d for d in divergences if d.is_near_tie(near_tie_tolerance)]
+
+
+class GreedyOutput(Protocol):
+    """What the reference decodes for one request (``perfsuite.engine.reference.ReferenceOutput``)."""
+
+    token_ids: Sequence[int]
+    top2_margins: Sequence[float]
+
+
+class GreedyReference(Protocol):
+    """Unbatched greedy decoding, one request at a time (``perfsuite.engine.reference.ReferenceDecoder``)."""
+
+    def generate(self, request: Request) -> GreedyOutput: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GreedyCheck:
+    """An engine's outputs on some requests against unbatched greedy decoding."""
+
+    engine_name: str
+    num_requests: int
+    divergences: tuple[Divergence, ...]
+    near_tie_tolerance: float
+
+    @property
+    def real_divergences(self) -> tuple[Divergence, ...]:
+        return tuple(d for d in self.divergences if not d.is_near_tie(self.near_tie_tolerance))
+
+    @property
+    def near_ties(self) -> tuple[Divergence, ...]:
+        return tuple(d for d in self.divergences if d.is_near_tie(self.near_tie_tolerance))
+
+    @property
+    def passed(self) -> bool:
+        return not self.real_divergences
+
+    def describe(self) -> str:
+        verdict = "equal to unbatched greedy decoding" if self.passed else "differs from unbatched greedy decoding"
+        lines = [
+            f"{self.engine_name}: {verdict} on {self.num_requests} requests "
+            f"({len(self.real_divergences)} diverge, {len(self.near_ties)} near-ties below a margin of "
+            f"{self.near_tie_tolerance:g})"
+        ]
+        lines += [f"  {d.describe()}" for d in self.real_divergences]
+        lines += [f"  near-tie: {d.describe()}" for d in self.near_ties]
+        return "\n".join(lines)
+
+    def assert_passed(self, max_near_ties: int | None = None) -> None:
+        """Fail on any divergence that is not a near-tie, or on more near-ties than chance explains."""
+        if not self.passed:
+            raise AssertionError(self.describe())
+        if max_near_ties is not None and len(self.near_ties) > max_near_ties:
+            raise AssertionError(f"too many near-ties to be chance (at most {max_near_ties}):\n{self.describe()}")
+
+
+def check_greedy_equal(
+    engine: BatchingEngine,
+    requests: Sequence[Request],
+    reference: GreedyReference,
+    near_tie_tolerance: float = 0.0,
+    engine_name: str | None = None,
+) -> GreedyCheck:
+    """Serve ``requests`` with ``engine`` (all at t0) and compare each output with ``reference``'s.
+
+    The reference decodes first and the engine runs after, so the two never
+    share a model at the same time (a server thread may hold the same one).
+    """
+    expected, margins = {}, {}
+    for request in requests:
+        output = reference.generate(request)
+        expected[request.request_id] = tuple(output.token_ids)
+        margins[request.request_id] = tuple(output.top2_margins)
+    name = engine_name or engine.name
+    actual = engine.run(requests).outputs()
+    divergences = find_divergences(name, expected, actual, margins)
+    return GreedyCheck(name, len(requests), tuple(divergences), near_tie_tolerance)
+
+
+def check_server_greedy(
+    engine: BatchingEngine,
+    requests: Sequence[Request],
+    reference: GreedyReference,
+    near_tie_tolerance: float = 0.0,
+) -> GreedyCheck:
+    """``check_greedy_equal`` for a server behind an ``openai-http`` engine, named by its URL and model.
+
+    ``reference`` must decode the model the server serves, in the precision
+    it serves it (SmolLM2 float32 against vLLM's float32, say); near-ties
+    below ``near_tie_tolerance`` are reported apart, as for in-process engines.
+    An engine that cannot claim exact token ids (text prompts or text-only
+    output, see ``openai_http``) is still compared, but its report says so:
+    retokenized text need not be the server's tokens.
+    """
+    check = check_greedy_equal(engine, requests, reference, near_tie_tolerance, server_name(engine))
+    if not engine.greedy_equal:
+        note = " (text in or out: the server's tokens are not seen exactly, so a divergence may be retokenization)"
+        return GreedyCheck(check.engine_name + note, check.num_requests, check.divergences, near_tie_tolerance)
+    return check
+
+
+def server_name(engine: BatchingEngine) -> str:
+    """``openai-http at URL (model M)``, as far as the engine says."""
+    name = engine.name
+    base_url = getattr(engine, "base_url", None)
+    if base_url:
+        name += f" at {base_url}"
+    served = getattr(engine, "served_model", None)
+    model_id = getattr(served, "model_id", None)
+    return f"{name} (model {model_id})" if model_id else name
+
+
+# Prompts that tokenize to a few tokens in any English tokenizer; outputs long enough to show a drift.
+GREEDY_CHECK_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "1, 2, 3, 4,",
+    "Batching requests together",
+    "The quick brown fox",
+)
+
+
+def greedy_check_requests(
+    tokenize: Callable[[str], Sequence[int]], max_new_tokens: int = 24, prompts: Sequence[str] = GREEDY_CHECK_PROMPTS
+) -> list[Request]:
+    """A few requests for a greedy check: each prompt once, each run to ``max_new_tokens`` (EOS ignored)."""
+    return [
+        Request(f"greedy-{i}", tuple(tokenize(text)), SamplingParams(max_new_tokens, ignore_eos=True))
+        for i, text in enumerate(prompts)
+    ]

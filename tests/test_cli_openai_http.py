@@ -1,0 +1,84 @@
+"""`perfsuite run --engines openai-http`: the server is named on the command line and asked before a model loads."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+import perfsuite.models
+from perfsuite.cli import main
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a model takes tens of seconds with SmolLM2: an argument error must come before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(perfsuite.models, "load_model", refuse)
+
+
+def usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_openai_http_without_an_endpoint_fails_while_parsing_naming_endpoint(no_model_load, capsys):
+    err = usage_error(["run", "--engines", "inflight,openai-http", "--model", "tiny-random"], capsys)
+    assert "usage: perfsuite run" in err
+    assert "--endpoint http://HOST:PORT" in err and "--perf-endpoint" not in err
+
+
+def test_an_endpoint_without_openai_http_is_refused(no_model_load, capsys):
+    err = usage_error(["run", "--endpoint", "http://127.0.0.1:8000"], capsys)
+    assert "--endpoint is used only by --engines openai-http" in err
+
+
+def test_an_endpoint_that_is_not_a_url_is_refused(no_model_load, capsys):
+    err = usage_error(["run", "--engines", "openai-http", "--endpoint", "localhost:8000"], capsys)
+    assert "argument --endpoint" in err and "http://127.0.0.1:8000" in err
+
+
+def test_a_server_that_does_not_answer_is_reported_before_the_model_loads(no_model_load, capsys):
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = main(["run", "--engines", "openai-http", "--endpoint", f"http://127.0.0.1:{port}", "--model", "tiny-random"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"127.0.0.1:{port}/v1/models" in err and "--endpoint" in err and "--perf-endpoint" not in err
+
+
+@pytest.fixture(scope="module")
+def served():
+    from perfsuite.adapters import Backend, EngineConfig, build_engine
+    from perfsuite.serve import CompletionServer, ServerThread
+
+    loaded = perfsuite.models.load_model("tiny-random")
+    engine = build_engine("inflight", Backend.from_loaded(loaded), EngineConfig(4, 256))
+    server = CompletionServer(engine, loaded.tokenizer, model_name="tiny-random",
+                              vocab_size=loaded.model.config.vocab_size)  # fmt: skip
+    with ServerThread(server) as thread:
+        yield thread
+
+
+def test_run_measures_a_server_beside_an_in_process_engine(served, capsys):
+    code = main(["run", "--model", "tiny-random", "--engines", "inflight,openai-http", "--endpoint", served.url,
+                 "--num-requests", "4", "--max-new-tokens", "8", "--batch-size", "2", "--no-progress"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.strip().splitlines()[2:]}
+    assert set(rows) == {"inflight", "openai-http"}
+    assert float(rows["openai-http"][1]) > 0, "the server's tokens per second"
+
+
+def test_a_model_the_server_does_not_serve_is_named(served, no_model_load, capsys):
+    code = main(["run", "--model", "tiny-random", "--engines", "openai-http", "--endpoint", served.url,
+                 "--server-model", "smollm2-135m"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "'smollm2-135m'" in err and "--server-model" in err and "--perf-server-model" not in err
