@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfsuite.engine import build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
-from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
-from perfsuite.metrics import run_metrics  # noqa: E402
+from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
+from perfsuite.measure.metrics import run_metrics  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
-from perfsuite.table import format_table  # noqa: E402
+from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import mixed_workload  # noqa: E402
 
 

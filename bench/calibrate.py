@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfsuite.engine import build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
-from perfsuite.measure import configure_threads, machine_probe, max_seq_len_for, timed_run  # noqa: E402
-from perfsuite.metrics import run_metrics  # noqa: E402
+from perfsuite.measure.timing import configure_threads, machine_probe, max_seq_len_for, timed_run  # noqa: E402
+from perfsuite.measure.metrics import run_metrics  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
-from perfsuite.profiles import PROFILES  # noqa: E402
-from perfsuite.session import METRICS, PROBE, normalize_to_machine_speed, repeat_samples  # noqa: E402
-from perfsuite.stats import Policy, Verdict, adjust, adjust_interim, benjamini_hochberg, compare, holm  # noqa: E402
-from perfsuite.table import format_table  # noqa: E402
+from perfsuite.workload.profiles import PROFILES  # noqa: E402
+from perfsuite.plugin.session import METRICS, PROBE, normalize_to_machine_speed, repeat_samples  # noqa: E402
+from perfsuite.judge.stats import Policy, Verdict, adjust, adjust_interim, benjamini_hochberg, compare, holm  # noqa: E402
+from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import Workload  # noqa: E402
 
 SLOWDOWNS = (0.0, 0.10, 0.25, 0.50)

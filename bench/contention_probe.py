@@ -1,4 +1,4 @@
-"""What perfsuite.contention's meter reads around a torch CPU workload, idle and with a busy neighbour.
+"""What perfsuite.measure.contention's meter reads around a torch CPU workload, idle and with a busy neighbour.
 
     python bench/contention_probe.py [--runs 4] [--seconds 5]
 
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from perfsuite.contention import DEFAULT_THRESHOLD, CpuMeter, CpuUse
+from perfsuite.measure.contention import DEFAULT_THRESHOLD, CpuMeter, CpuUse
 
 BUSY_LOOP = "while True: pass"
 

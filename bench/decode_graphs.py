@@ -37,9 +37,9 @@ from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.engine.static_decode import StaticDecodeStep  # noqa: E402
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput  # noqa: E402
-from perfsuite.measure import configure_threads, resolve_device, synchronize  # noqa: E402
+from perfsuite.measure.timing import configure_threads, resolve_device, synchronize  # noqa: E402
 from perfsuite.models import load_model  # noqa: E402
-from perfsuite.table import format_table  # noqa: E402
+from perfsuite.report.table import format_table  # noqa: E402
 
 
 def decode_step(token_ids: list[int], position: int) -> SchedulerOutput:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from perfsuite.measure import configure_threads  # noqa: E402
+from perfsuite.measure.timing import configure_threads  # noqa: E402
 from perfsuite.models import model_config  # noqa: E402
 
 

@@ -53,10 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batching import ProfiledRunner  # noqa: E402
 from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine, check_engine_names  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
-from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
-from perfsuite.metrics import run_metrics  # noqa: E402
+from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
+from perfsuite.measure.metrics import run_metrics  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
-from perfsuite.table import format_table  # noqa: E402
+from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import OutputLengths, Workload, mixed_workload  # noqa: E402
 
 WORKLOADS: dict[str, Callable[[int], Workload]] = {

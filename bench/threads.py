@@ -6,7 +6,7 @@ Times single decode steps of B=8 running requests, interleaving the thread
 settings step by step so drift of the machine hits all of them alike, and
 prints the median step time and its spread (coefficient of variation and
 p90/p10) for each. perfsuite uses one intra-op thread per core and one
-inter-op thread (``perfsuite.measure.configure_threads``).
+inter-op thread (``perfsuite.measure.timing.configure_threads``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput  # noqa: E402
-from perfsuite.metrics import percentile  # noqa: E402
+from perfsuite.measure.metrics import percentile  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
-from perfsuite.table import format_table  # noqa: E402
+from perfsuite.report.table import format_table  # noqa: E402
 
 
 def main() -> None:

@@ -20,14 +20,14 @@ from perfsuite.adapters.http_options import (
     api_key_from_environment,
 )
 from perfsuite.engine import RunResult
-from perfsuite.metrics import RunMetrics, run_metrics
+from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
-from perfsuite.options import engine_names, fraction, probability
-from perfsuite.table import format_table
+from perfsuite.plugin.options import engine_names, fraction, probability
+from perfsuite.report.table import format_table
 from perfsuite.workload import mixed_workload
 
 if TYPE_CHECKING:
-    from perfsuite.report import VerdictRow
+    from perfsuite.report.render import VerdictRow
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,8 +212,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from perfsuite.report import render_report
-    from perfsuite.results_file import ResultsFileError, read_history, read_results
+    from perfsuite.report.render import render_report
+    from perfsuite.judge.results import ResultsFileError, read_history, read_results
 
     results = read_results(args.results)
     history: list[dict] = []
@@ -230,9 +230,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from perfsuite.rejudge import policy_of, rejudge
-    from perfsuite.report import overall_verdict, render_report, verdict_rows
-    from perfsuite.results_file import read_results
+    from perfsuite.judge.compare import policy_of, rejudge
+    from perfsuite.report.render import overall_verdict, render_report, verdict_rows
+    from perfsuite.judge.results import read_results
 
     old, new = read_results(args.old), read_results(args.new)
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
@@ -269,7 +269,7 @@ def _verdict_cells(row: VerdictRow) -> list[object]:
 
 def _run(args: argparse.Namespace) -> int:
     from perfsuite.adapters import Backend, EngineConfig, build_engine
-    from perfsuite.measure import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
+    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
     from perfsuite.models import load_model
 
     workload = mixed_workload(args.num_requests, args.min_new_tokens, args.max_new_tokens, args.seed)

@@ -2,7 +2,7 @@
 
 The runs are real engine runs whose steps sleep a millisecond, so timelines,
 queues and latencies have the shape of a measured session. Verdicts are set
-with ``perfsuite.stats.compare`` on chosen samples, as a session would.
+with ``perfsuite.judge.stats.compare`` on chosen samples, as a session would.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 
 from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.options import PerfOptions
-from perfsuite.profiles import PROFILES
-from perfsuite.session import comparison_json
-from perfsuite.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.session import METRICS, PerfSession, Repeats, sizing_parameters
-from perfsuite.stats import Policy, adjust, compare
-from perfsuite.storage import Environment
+from perfsuite.plugin.options import PerfOptions
+from perfsuite.workload.profiles import PROFILES
+from perfsuite.plugin.session import comparison_json
+from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
+from perfsuite.plugin.session import METRICS, PerfSession, Repeats, sizing_parameters
+from perfsuite.judge.stats import Policy, adjust, compare
+from perfsuite.judge.baselines import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
 ENVIRONMENT = Environment(

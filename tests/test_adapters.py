@@ -117,6 +117,6 @@ def test_a_conftest_can_register_an_engine(monkeypatch):
 
 def test_the_decode_mode_option_offers_what_the_runner_has():
     from perfsuite.engine.model_runner import DECODE_MODES as RUNNER_MODES
-    from perfsuite.options import DECODE_MODES as OPTION_MODES
+    from perfsuite.plugin.options import DECODE_MODES as OPTION_MODES
 
     assert OPTION_MODES == RUNNER_MODES

@@ -15,26 +15,26 @@ PURE_MODULES = [
     "perfsuite.engine.fake_runner",
     "perfsuite.adapters",
     "perfsuite.adapters.builtin",
-    "perfsuite.recorder",
+    "perfsuite.plugin.recorder",
     "perfsuite.adapters.openai_http",
     "perfsuite.adapters.peer_support",
     "perfsuite.serve",
-    "perfsuite.sweep",
-    "perfsuite.metrics",
+    "perfsuite.workload.sweep",
+    "perfsuite.measure.metrics",
     "perfsuite.correctness",
     "perfsuite.models",
     "perfsuite.workload",
-    "perfsuite.stats",
-    "perfsuite.contention",
-    "perfsuite.power",
-    "perfsuite.storage",
-    "perfsuite.session",
-    "perfsuite.options",
-    "perfsuite.plugin",
-    "perfsuite.report",
-    "perfsuite.plots",
-    "perfsuite.results_file",
-    "perfsuite.rejudge",
+    "perfsuite.judge.stats",
+    "perfsuite.measure.contention",
+    "perfsuite.judge.power",
+    "perfsuite.judge.baselines",
+    "perfsuite.plugin.session",
+    "perfsuite.plugin.options",
+    "perfsuite.plugin.hooks",
+    "perfsuite.report.render",
+    "perfsuite.report.plots",
+    "perfsuite.judge.results",
+    "perfsuite.judge.compare",
     "perfsuite.cli",
 ]
 
@@ -49,8 +49,8 @@ def test_module_does_not_import_torch(module):
 def test_the_engine_core_does_not_depend_on_adapters_or_the_plugin():
     code = (
         "import sys, perfsuite.engine, perfsuite.engine.engine, perfsuite.engine.scheduler; "
-        "print(sorted(m for m in sys.modules if m.startswith(('perfsuite.adapters', 'perfsuite.plugin', "
-        "'perfsuite.session', 'pytest'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('perfsuite.adapters', 'perfsuite.plugin.hooks', "
+        "'perfsuite.plugin.session', 'pytest'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"the engine core reaches outward: {out}"

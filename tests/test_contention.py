@@ -1,4 +1,4 @@
-"""perfsuite.contention: reading /proc/stat, turning two readings into shares, and the verdict's reason."""
+"""perfsuite.measure.contention: reading /proc/stat, turning two readings into shares, and the verdict's reason."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfsuite.contention import (
+from perfsuite.measure.contention import (
     DEFAULT_THRESHOLD,
     MIN_BUSY_SECONDS,
     CpuMeter,

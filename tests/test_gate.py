@@ -14,7 +14,7 @@ import stat
 
 import pytest
 
-from perfsuite.session import PROBE
+from perfsuite.plugin.session import PROBE
 
 pytest_plugins = ["pytester"]
 
@@ -25,8 +25,8 @@ from perfsuite.adapters import Backend
 
 if os.environ.get("FAKE_BUSY_SHARE"):
     import dataclasses
-    import perfsuite.recorder
-    from perfsuite.contention import CpuMeter
+    import perfsuite.plugin.recorder
+    from perfsuite.measure.contention import CpuMeter
 
     class BusyMeter(CpuMeter):
         # The real meter's reading, as if other work had used this share of the machine.
@@ -35,8 +35,8 @@ if os.environ.get("FAKE_BUSY_SHARE"):
             share = float(os.environ["FAKE_BUSY_SHARE"])
             return use and dataclasses.replace(use, foreign_share=share, wall_seconds=max(use.wall_seconds, 1.0))
 
-    perfsuite.recorder.CpuMeter = BusyMeter
-    perfsuite.recorder.QUIET_WAIT_SECONDS = 0.0
+    perfsuite.plugin.recorder.CpuMeter = BusyMeter
+    perfsuite.plugin.recorder.QUIET_WAIT_SECONDS = 0.0
 
 @pytest.fixture(scope="session")
 def perf_backend():

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfsuite.engine import EngineCounters, FinishReason, RequestRecord, RunResult
-from perfsuite.metrics import Distribution, percentile, request_metrics, run_metrics
+from perfsuite.measure.metrics import Distribution, percentile, request_metrics, run_metrics
 
 
 def record(request_id, arrival, token_times, reason=FinishReason.LENGTH, first_scheduled=None):
@@ -100,7 +100,7 @@ def _record(request_id, arrival, token_times):
 
 def test_goodput_counts_requests_that_meet_every_slo():
     from perfsuite.engine.types import EngineCounters, RunResult
-    from perfsuite.metrics import SLO, goodput, run_metrics
+    from perfsuite.measure.metrics import SLO, goodput, run_metrics
 
     records = (
         _record("fast", 0.0, [0.1, 0.2, 0.3]),  # ttft 0.1, tpot 0.1
@@ -120,7 +120,7 @@ def test_goodput_counts_requests_that_meet_every_slo():
      ("", "at least one"), ("ttft=1ms,ttft=2ms", "twice")],
 )
 def test_bad_slos_name_the_problem(text, message):
-    from perfsuite.metrics import SLO
+    from perfsuite.measure.metrics import SLO
 
     with pytest.raises(ValueError, match=message):
         SLO.parse(text)

@@ -20,7 +20,7 @@ from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.openai_http import OpenAIHttpEngine, OpenAIHttpError, ShortOutputError
 from perfsuite.engine import FinishReason, Request, SamplingParams
-from perfsuite.metrics import request_metrics
+from perfsuite.measure.metrics import request_metrics
 from perfsuite.serve import ServerThread
 
 pytest_plugins = ["pytester"]
@@ -392,7 +392,7 @@ def test_options_reach_the_engine_through_the_backend(serve):
 
 def test_pytest_options_build_the_client_options(pytester, monkeypatch):
     monkeypatch.setenv("PERFSUITE_API_KEY", "sk-from-env")
-    from perfsuite.options import read_options
+    from perfsuite.plugin.options import read_options
 
     config = pytester.parseconfig(
         "--perf-server-model", "m", "--perf-prompt-format", "text", "--perf-eos-control", "ignore_eos",

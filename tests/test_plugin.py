@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from perfsuite.session import PROBE
+from perfsuite.plugin.session import PROBE
 
 pytest_plugins = ["pytester"]
 

@@ -1,4 +1,4 @@
-"""perfsuite.power: the smallest p-value, session size limits and minimum detectable effects."""
+"""perfsuite.judge.power: the smallest p-value, session size limits and minimum detectable effects."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import mannwhitneyu
 
-from perfsuite.power import (
+from perfsuite.judge.power import (
     max_comparisons_for_lone_regression,
     minimum_detectable_effect,
     plan_power,
     repeats_for_lone_regression,
     smallest_p_value,
 )
-from perfsuite.stats import Direction, benjamini_hochberg
+from perfsuite.judge.stats import Direction, benjamini_hochberg
 
 HIGHER, LOWER = Direction.HIGHER_IS_BETTER, Direction.LOWER_IS_BETTER
 ALPHAS = st.sampled_from([0.001, 0.01, 0.05, 0.1, 0.2])
@@ -25,7 +25,7 @@ SAMPLES = st.lists(st.integers(50, 150).map(float), min_size=2, max_size=9)
 
 
 def worse_p(baseline, current, direction):
-    """The raw one-sided p that perfsuite.stats computes for 'current is worse'."""
+    """The raw one-sided p that perfsuite.judge.stats computes for 'current is worse'."""
     alternative = "less" if direction is HIGHER else "greater"
     return mannwhitneyu(current, baseline, alternative=alternative).pvalue
 

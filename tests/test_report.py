@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from perfsuite.cli import main
-from perfsuite.plots import SVG_NAMESPACE_URIS
-from perfsuite.report import render_report, write_report
-from perfsuite.session import METRICS
+from perfsuite.report.plots import SVG_NAMESPACE_URIS
+from perfsuite.report.render import render_report, write_report
+from perfsuite.plugin.session import METRICS
 from report_fixtures import VERDICT_TESTS, earlier_run, fake_results, with_verdicts
 from smoke_session import run_shipped_smoke_session
 
@@ -143,7 +143,7 @@ def test_the_url_check_catches_external_references():
 
 def test_report_modules_import_neither_torch_nor_plotting_libraries():
     code = (
-        "import sys, perfsuite.report, perfsuite.plots, perfsuite.rejudge, perfsuite.results_file; "
+        "import sys, perfsuite.report.render, perfsuite.report.plots, perfsuite.judge.compare, perfsuite.judge.results; "
         "print(*[m in sys.modules for m in ('torch', 'transformers', 'matplotlib', 'jinja2')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfsuite.engine.types import Request, SamplingParams
-from perfsuite.run_config import RunConfiguration, knobs, workload_digest
+from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 
 CONFIGURATION = RunConfiguration(
     profile="ci", workload_digest="0123456789abcdef", num_requests=8, engine="static",
@@ -77,8 +77,8 @@ def test_request_ids_do_not_matter(prompt, max_new_tokens):
 
 
 def test_perfsuite_compare_never_judges_runs_of_unlike_configurations():
-    from perfsuite.rejudge import rejudge
-    from perfsuite.stats import Policy
+    from perfsuite.judge.compare import rejudge
+    from perfsuite.judge.stats import Policy
 
     def document(configuration, throughput):
         test = {

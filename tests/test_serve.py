@@ -25,7 +25,7 @@ from perfsuite.adapters.openai_http import OpenAIHttpError
 from perfsuite.cli import build_parser
 from perfsuite.engine import FinishReason, Request, SamplingParams, inflight_engine
 from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.metrics import request_metrics
+from perfsuite.measure.metrics import request_metrics
 from perfsuite.models import build_byte_tokenizer, load_model
 from perfsuite.serve import CompletionServer, ServeLimits, ServeOptions, ServerThread, build_server
 

@@ -19,12 +19,12 @@ from perfsuite.adapters import Backend
 from perfsuite.adapters.server_info import ServedModel
 from perfsuite.engine import Request, SamplingParams, inflight_engine
 from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.options import PerfOptions
-from perfsuite.profiles import PROFILES
-from perfsuite.recorder import PerfRecorder
-from perfsuite.session import PROBE, SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
-from perfsuite.stats import Policy
-from perfsuite.storage import Environment, ServerEnvironment, environment_from_json, read_baseline
+from perfsuite.plugin.options import PerfOptions
+from perfsuite.workload.profiles import PROFILES
+from perfsuite.plugin.recorder import PerfRecorder
+from perfsuite.plugin.session import PROBE, SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
+from perfsuite.judge.stats import Policy
+from perfsuite.judge.baselines import Environment, ServerEnvironment, environment_from_json, read_baseline
 
 pytest_plugins = ["pytester"]
 
@@ -262,7 +262,7 @@ def perf_backend():
 
 PERF_TEST = """
 import pytest
-from perfsuite.plugin import perf_options
+from perfsuite.plugin.hooks import perf_options
 
 
 def pytest_generate_tests(metafunc):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.session import METRICS, PROBE, normalize_to_machine_speed
-from perfsuite.stats import Verdict, compare
+from perfsuite.plugin.session import METRICS, PROBE, normalize_to_machine_speed
+from perfsuite.judge.stats import Verdict, compare
 
 
 def samples(throughput, latency, probe):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfsuite.stats import (
+from perfsuite.judge.stats import (
     Comparison,
     Direction,
     Policy,

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfsuite.engine import ENGINE_KINDS
-from perfsuite.sweep import Sweep, SweepCase, load_sweep, parse_sweep
+from perfsuite.workload.sweep import Sweep, SweepCase, load_sweep, parse_sweep
 from perfsuite.workload import Arrivals, JsonlPrompts, OutputLengths, PromptLengths, SyntheticPrompts, Vocab, Workload
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sweep.toml"
@@ -186,6 +186,6 @@ def test_any_grid_has_product_many_cases_with_unique_ids(sizes):
 
 
 def test_sweep_does_not_import_torch():
-    code = "import sys, perfsuite.sweep; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, perfsuite.workload.sweep; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

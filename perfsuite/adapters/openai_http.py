@@ -166,7 +166,7 @@ class OpenAIHttpEngine:
     """
 
     name = "openai-http"
-    # The server does the work, in another process: its CPU use is not "other work" (perfsuite.contention).
+    # The server does the work, in another process: its CPU use is not "other work" (perfsuite.measure.contention).
     runs_in_process = False
 
     def __init__(

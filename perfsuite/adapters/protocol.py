@@ -2,7 +2,7 @@
 
 An engine takes requests (with arrival times in seconds after the start of
 the run) and returns a ``RunResult``: per-request token timestamps from which
-``perfsuite.metrics`` computes TTFT, TPOT, ITL and E2E latency. The harness
+``perfsuite.measure.metrics`` computes TTFT, TPOT, ITL and E2E latency. The harness
 never looks inside; the same perf and correctness tests run against any
 implementation.
 
@@ -55,7 +55,7 @@ class BatchingEngine(Protocol):
 
 
 def _machine_probe(device: str) -> float:
-    from perfsuite.measure import machine_probe
+    from perfsuite.measure.timing import machine_probe
 
     return machine_probe(device)
 
@@ -71,7 +71,7 @@ class Backend:
     ``http_options`` how that engine talks to it. ``probe`` times the machine
     before each repeat (see ``measure.machine_probe``); a backend whose speed
     does not follow the machine's (a fake that sleeps) sets it to None, which
-    also turns off the busy-machine check (``perfsuite.contention``).
+    also turns off the busy-machine check (``perfsuite.measure.contention``).
     """
 
     runner: Any

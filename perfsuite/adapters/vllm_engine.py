@@ -44,7 +44,7 @@ One process. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set by ``build`` unless
 already set) keeps vLLM's engine core and its CPU worker in this process, as
 perfsuite's engines are: ``step()`` runs one forward step in the caller's
 thread, and the CPU the run uses is this process's, so the busy-machine check
-(``perfsuite.contention``) and the machine probe treat both engines alike.
+(``perfsuite.measure.contention``) and the machine probe treat both engines alike.
 Building vLLM's engine replaces ``torch.set_num_threads`` with a no-op and asks
 for one thread "for serving"; ``build`` puts back the function and the thread
 count perfsuite configured, so both engines compute with the same threads.

@@ -1,7 +1,7 @@
 """The engine loop: schedule, run the model, apply the results, record times.
 
 The engine records monotonic timestamps and nothing else; latencies and
-throughput are computed later from ``RunResult`` by ``perfsuite.metrics``.
+throughput are computed later from ``RunResult`` by ``perfsuite.measure.metrics``.
 """
 
 from __future__ import annotations

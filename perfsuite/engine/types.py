@@ -158,7 +158,7 @@ class StepOutput:
 class RequestRecord:
     """Monotonic timestamps (``time.perf_counter`` seconds) of one request's life.
 
-    Metrics are computed from these later (``perfsuite.metrics``); the engine
+    Metrics are computed from these later (``perfsuite.measure.metrics``); the engine
     records and never summarises.
 
     ``token_times`` has one time per output token when the engine sees each

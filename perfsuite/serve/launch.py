@@ -55,7 +55,7 @@ def serve(options: ServeOptions) -> int:
 
 def build_server(options: ServeOptions) -> CompletionServer:
     from perfsuite.adapters import Backend, EngineConfig, build_engine
-    from perfsuite.measure import configure_threads, resolve_device, warm_up
+    from perfsuite.measure.timing import configure_threads, resolve_device, warm_up
     from perfsuite.models import load_model
 
     device = resolve_device(options.device)

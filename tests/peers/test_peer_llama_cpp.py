@@ -15,7 +15,7 @@ from peer_servers import incomplete_tests, run_logged
 PERF_TESTS_TIMEOUT_S = 1800.0
 PERF_SELECTION = "test_throughput and fixed and B4"
 PERF_REPEATS = 3
-CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.profiles)
+CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.workload.profiles)
 
 
 def test_shipped_perf_tests_pass_against_llama_cpp(llama_cpp_server, main_python, tmp_path):

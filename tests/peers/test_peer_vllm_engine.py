@@ -15,7 +15,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this interpreter: r
 PERF_TESTS_TIMEOUT_S = 1800.0
 PERF_SELECTION = "test_throughput and fixed"
 PERF_REPEATS = 3
-CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.profiles)
+CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.workload.profiles)
 NEAR_TIE_TOLERANCE = 1e-3  # float32 both sides; see test_peer_vllm_server.py
 
 

@@ -12,14 +12,14 @@ from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.correctness import check_server_greedy, greedy_check_requests
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from perfsuite.session import RAW_SERVER_FIGURES
+from perfsuite.plugin.session import RAW_SERVER_FIGURES
 
 PERF_TESTS_TIMEOUT_S = 1800.0
 # A reduced selection of the shipped perf tests: offline throughput at both ci batch sizes,
 # fixed and uniform output lengths, and one Poisson latency test.
 PERF_SELECTION = "test_throughput and (fixed or uniform) or test_latency_poisson and 4rps"
 PERF_REPEATS = 3
-CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.profiles)
+CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.workload.profiles)
 GREEDY_NEW_TOKENS = 24
 # float32 on both sides; vLLM's CPU kernels add in another order than torch's, so a
 # top-1/top-2 margin this small can flip (the same tolerance as tests/engine_harness.py's float32 one).

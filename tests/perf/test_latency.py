@@ -2,7 +2,7 @@
 
 import pytest
 
-from perfsuite.plugin import perf_options
+from perfsuite.plugin.hooks import perf_options
 
 
 @pytest.mark.perf

@@ -1,7 +1,7 @@
 """One ``pytest --perf`` session: results, baselines, verdicts and results.json.
 
 Significance is corrected across every comparison of the session by the
-Benjamini-Hochberg procedure (``perfsuite.stats`` says why). A test must pass
+Benjamini-Hochberg procedure (``perfsuite.judge.stats`` says why). A test must pass
 or fail while it runs, before the later p-values exist, so it is judged with
 the comparisons made so far and the rest of the m planned ones counted as
 p = 1 (m: what the collected perf tests will make). That bound only ever
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.engine.types import Request, RunResult
-from perfsuite.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
-from perfsuite.options import PerfOptions
-from perfsuite.power import PowerPlan, minimum_detectable_effect, plan_power
-from perfsuite.run_config import RunConfiguration
-from perfsuite.stats import (
+from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
+from perfsuite.plugin.options import PerfOptions
+from perfsuite.judge.power import PowerPlan, minimum_detectable_effect, plan_power
+from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.judge.stats import (
     Comparison,
     CounterChange,
     Direction,
@@ -40,7 +40,7 @@ from perfsuite.stats import (
     compare_counters,
     mark_noisy,
 )
-from perfsuite.storage import (
+from perfsuite.judge.baselines import (
     Baseline,
     BaselineError,
     BaselineStore,
@@ -75,7 +75,7 @@ ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BET
 # before the repeat): baselines with the old key then lose their probe
 # and are compared as measured, instead of being rescaled by a foreign unit.
 PROBE = "probe_bracket_seconds"
-# Other work's share of the machine's CPU time during each repeat (perfsuite.contention); stored, never compared.
+# Other work's share of the machine's CPU time during each repeat (perfsuite.measure.contention); stored, never compared.
 BUSY_SHARE = "cpu_busy_share"
 
 # A server in another process: its precision is its own (no endpoint reports it), its decode path too.
@@ -139,7 +139,7 @@ class Repeats:
     runs: tuple[RunResult, ...]
     probes: tuple[float, ...] = ()  # machine probe seconds around each repeat (before and after, geometric mean)
     busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
-    noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.contention)
+    noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.measure.contention)
 
 
 @dataclass(frozen=True, slots=True)

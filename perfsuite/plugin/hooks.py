@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.options import add_options, read_options
-from perfsuite.report import write_report
-from perfsuite.session import PerfSession
-from perfsuite.stats import Verdict
-from perfsuite.storage import OutputError
-from perfsuite.table import format_table
+from perfsuite.plugin.options import add_options, read_options
+from perfsuite.report.render import write_report
+from perfsuite.plugin.session import PerfSession
+from perfsuite.judge.stats import Verdict
+from perfsuite.judge.baselines import OutputError
+from perfsuite.report.table import format_table
 
 SESSION_KEY = pytest.StashKey[PerfSession]()
 REPORT_KEY = pytest.StashKey[Path]()
@@ -164,7 +164,7 @@ def perf_session(request: pytest.FixtureRequest) -> PerfSession:
 @pytest.fixture(scope="session")
 def perf_model(perf_session):
     """The model under test, loaded once per session on the chosen device."""
-    from perfsuite.measure import configure_threads, resolve_device
+    from perfsuite.measure.timing import configure_threads, resolve_device
     from perfsuite.models import load_model
 
     options = perf_session.options
@@ -187,7 +187,7 @@ def perf_backend(perf_session, perf_model):
 
 @pytest.fixture(scope="session")
 def _perf_environment(perf_session, perf_backend):
-    from perfsuite.environment import capture_environment, git_commit
+    from perfsuite.measure.environment import capture_environment, git_commit
 
     options = perf_session.options
     perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
@@ -234,7 +234,7 @@ def workload(workload_factory):
 @pytest.fixture(scope="session")
 def perf_max_seq_len(perf_session, perf_backend, workload_factory, requests_for) -> int:
     """One cache length that fits every workload of the profile and of the sweep config."""
-    from perfsuite.measure import max_seq_len_for
+    from perfsuite.measure.timing import max_seq_len_for
 
     options = perf_session.options
     requests = [r for kind in options.profile.lengths for r in workload_factory(kind)]
@@ -261,7 +261,7 @@ def engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engi
     default_batch = max(perf_session.options.profile.batch_sizes)
 
     def make(name: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None):
-        from perfsuite.recorder import BuiltEngine
+        from perfsuite.plugin.recorder import BuiltEngine
 
         config = EngineConfig(batch_size, perf_max_seq_len, prefill_batch_size, token_budget)
         engine = build_engine(name, perf_backend, config)
@@ -284,6 +284,6 @@ def inflight_engine(engine_factory):
 @pytest.fixture
 def perf(request, benchmark, perf_session, perf_backend, _perf_environment, perf_built_engines):
     """Record a run and assert no regression: ``perf.measure(engine, requests)``, ``perf.assert_no_regression()``."""
-    from perfsuite.recorder import PerfRecorder
+    from perfsuite.plugin.recorder import PerfRecorder
 
     return PerfRecorder(perf_session, request.node.nodeid, benchmark, perf_backend, perf_built_engines)

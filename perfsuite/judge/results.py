@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from perfsuite.session import RESULTS_SCHEMA_VERSION
-from perfsuite.storage import write_json_atomic
+from perfsuite.plugin.session import RESULTS_SCHEMA_VERSION
+from perfsuite.judge.baselines import write_json_atomic
 
 COMPARISON_KEYS = (
     "metric", "baseline_median", "current_median", "change", "ci_low", "ci_high", "p_adjusted", "verdict"

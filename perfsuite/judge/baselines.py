@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from perfsuite.run_config import RunConfiguration
+from perfsuite.judge.run_config import RunConfiguration
 
 SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
 SERVER_KIND = "server"  # ServerEnvironment.kind

@@ -11,7 +11,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from perfsuite.storage import Environment, ServerEnvironment
+from perfsuite.judge.baselines import Environment, ServerEnvironment
 
 
 def capture_environment(model: str, dtype: str, device: str) -> Environment:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfsuite.session import (
+from perfsuite.plugin.session import (
     ALL_METRICS,
     GOODPUT,
     comparison_json,
     exact_counter_changes,
     normalize_to_machine_speed,
 )
-from perfsuite.stats import Comparison, Policy, adjust, compare
+from perfsuite.judge.stats import Comparison, Policy, adjust, compare
 
 
 def policy_of(results: dict[str, Any], alpha: float | None = None, min_effect: float | None = None) -> Policy:

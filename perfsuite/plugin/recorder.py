@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import pytest
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig
-from perfsuite.contention import CpuMeter, CpuUse, contention_reason
+from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.engine import Request, RunResult
-from perfsuite.environment import server_environment
-from perfsuite.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.session import (
+from perfsuite.measure.environment import server_environment
+from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
+from perfsuite.plugin.session import (
     SERVER_DECODE_MODE,
     SERVER_PRECISION,
     PerfSession,
@@ -34,7 +34,7 @@ from perfsuite.session import (
     TestResult,
     sizing_parameters,
 )
-from perfsuite.storage import BaselineError, OutputError, ServerEnvironment
+from perfsuite.judge.baselines import BaselineError, OutputError, ServerEnvironment
 
 QUIET_CHECK_SECONDS = 0.5
 QUIET_WAIT_SECONDS = 5.0
@@ -120,7 +120,7 @@ class PerfRecorder:
         test stops and is reported noisy: more repeats would only measure the
         other work.
         """
-        from perfsuite.measure import timed_run
+        from perfsuite.measure.timing import timed_run
 
         threshold = self.session.options.busy_threshold
         checks_machine = self.backend.probe is not None  # a fake that sleeps does not follow the machine

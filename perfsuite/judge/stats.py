@@ -67,7 +67,7 @@ class Comparison:
     p_better: float  # raw one-sided p: current better than baseline
     p_adjusted: float  # Benjamini-Hochberg-adjusted p of the side the verdict is about
     verdict: Verdict
-    min_detectable_effect: float | None = None  # perfsuite.power: from the baseline's own spread
+    min_detectable_effect: float | None = None  # perfsuite.judge.power: from the baseline's own spread
 
     @property
     def change_percent(self) -> float:

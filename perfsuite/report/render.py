@@ -2,7 +2,7 @@
 
 ``render_report`` turns a results document (what ``PerfSession.results_json``
 wrote) into HTML through ``templates/report.html.j2``; the figures come from
-``perfsuite.plots`` as inline SVG, so the file makes no network request.
+``perfsuite.report.plots`` as inline SVG, so the file makes no network request.
 ``write_report`` is what the plugin calls after a session.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfsuite import plots
-from perfsuite.results_file import archive_results, read_history, read_results
-from perfsuite.storage import write_text_atomic
+from perfsuite.report import plots
+from perfsuite.judge.results import archive_results, read_history, read_results
+from perfsuite.judge.baselines import write_text_atomic
 
 VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")
 PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
@@ -397,7 +397,7 @@ def _template() -> Any:
     from markupsafe import Markup
 
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("perfsuite", "templates"),
+        loader=jinja2.PackageLoader("perfsuite.report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

@@ -1,6 +1,6 @@
 """Can this session detect a regression at all, and how small a one?
 
-Two limits follow from the test perfsuite.stats uses, before anything is run:
+Two limits follow from the test perfsuite.judge.stats uses, before anything is run:
 
 - with n baseline and n current repeats, the one-sided exact Mann-Whitney U
   p-value can never go below 1 / C(2n, n) (both samples fully separated);
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from scipy.stats import mannwhitneyu
 
-from perfsuite.stats import Direction
+from perfsuite.judge.stats import Direction
 
 MAX_SUGGESTED_REPEATS = 1000
 
@@ -107,7 +107,7 @@ def minimum_detectable_effect(
 
     If the current run's samples were the baseline's own samples made d slower
     (throughput times 1 - d, latency times 1 + d), the one-sided Mann-Whitney
-    p-value (the call perfsuite.stats makes) falls below ``alpha`` from some
+    p-value (the call perfsuite.judge.stats makes) falls below ``alpha`` from some
     d on; that d, raised to ``min_effect`` (which also gates a verdict), is
     returned. ``None`` when not even complete separation gets below ``alpha``.
 
@@ -170,6 +170,6 @@ def _slowed(samples: list[float], slowdown: float, direction: Direction) -> list
 def _p_worse(baseline: list[float], slowdown: float, direction: Direction) -> float:
     current = _slowed(baseline, slowdown, direction)
     if len(set(baseline) | set(current)) == 1:
-        return 1.0  # every sample equal, as perfsuite.stats treats it
+        return 1.0  # every sample equal, as perfsuite.judge.stats treats it
     alternative = "less" if direction is Direction.HIGHER_IS_BETTER else "greater"
     return float(mannwhitneyu(current, baseline, alternative=alternative).pvalue)

@@ -21,11 +21,11 @@ from perfsuite.adapters.http_options import (
 )
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import integer_at_least, number
-from perfsuite.contention import DEFAULT_THRESHOLD
-from perfsuite.metrics import SLO
-from perfsuite.profiles import PROFILES, Profile
-from perfsuite.stats import Policy
-from perfsuite.sweep import Sweep, load_sweep
+from perfsuite.measure.contention import DEFAULT_THRESHOLD
+from perfsuite.measure.metrics import SLO
+from perfsuite.workload.profiles import PROFILES, Profile
+from perfsuite.judge.stats import Policy
+from perfsuite.workload.sweep import Sweep, load_sweep
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 

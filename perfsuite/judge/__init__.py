@@ -1,0 +1,1 @@
+"""Judging a run: statistics, the baselines it is compared with, the run's identity, and the typed results."""
