@@ -187,17 +187,23 @@ def run_logged(
 def incomplete_tests(results: dict, num_requests: int) -> list[str]:
     """The tests of a results.json whose runs lost a request or returned fewer tokens than were asked for.
 
-    ``completed`` and ``total_output_tokens`` add up over the repeats; ``parameters.output_length`` is
-    the mean number of new tokens asked for, so asked = mean x requests x repeats.
+    ``completed`` and ``total_output_tokens`` add up over the repeats that ran (fewer than planned
+    when the busy-machine check stopped a test early: one sample per repeat);
+    ``parameters.output_length`` is the mean number of new tokens asked for, so asked = mean x requests x repeats.
     """
-    repeats = results["repeats"]
     problems = []
     for test in results["tests"]:
+        repeats = repeats_run(test)
         asked = round(test["parameters"]["output_length"] * num_requests * repeats)
-        if test["completed"] != num_requests * repeats or test["total_output_tokens"] != asked:
+        if repeats == 0 or test["completed"] != num_requests * repeats or test["total_output_tokens"] != asked:
             problems.append(
-                f"{test['test_id']}: {test['completed']} of {num_requests * repeats} requests completed, "
-                f"{test['total_output_tokens']} of {asked} tokens"
+                f"{test['test_id']}: {test['completed']} of {num_requests * repeats} requests completed "
+                f"over {repeats} repeats, {test['total_output_tokens']} of {asked} tokens"
             )
     return problems
+
+
+def repeats_run(test: dict) -> int:
+    """How many timed repeats a results.json test holds: one sample per repeat of each metric."""
+    return len(test["samples"]["output_throughput"])
 
