@@ -19,8 +19,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scipy.stats import mannwhitneyu
-
 from perfsuite.judge.stats import Direction
 
 MAX_SUGGESTED_REPEATS = 1000
@@ -168,6 +166,8 @@ def _slowed(samples: list[float], slowdown: float, direction: Direction) -> list
 
 
 def _p_worse(baseline: list[float], slowdown: float, direction: Direction) -> float:
+    from scipy.stats import mannwhitneyu  # imported here for the reason given in perfsuite.judge.stats
+
     current = _slowed(baseline, slowdown, direction)
     if len(set(baseline) | set(current)) == 1:
         return 1.0  # every sample equal, as perfsuite.judge.stats treats it

@@ -34,8 +34,6 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from scipy.stats import mannwhitneyu
-
 
 class Direction(enum.Enum):
     HIGHER_IS_BETTER = "higher"
@@ -226,6 +224,9 @@ def bootstrap_ratio_ci(
 
 
 def _one_sided_p_values(baseline: list[float], current: list[float], direction: Direction) -> tuple[float, float]:
+    # scipy.stats takes about 1 s to import: only a --perf run that compares pays it, not every pytest run.
+    from scipy.stats import mannwhitneyu
+
     if len(set(baseline) | set(current)) == 1:
         return 1.0, 1.0  # every sample equal: no evidence either way
     # "worse" means lower throughput or higher latency.
