@@ -1,6 +1,7 @@
 """Parsers for argparse ``type=``: a bad value fails while arguments are parsed.
 
-Shared by the CLI and the pytest options (pytest's parser is argparse).
+Shared by the CLI and the pytest options (pytest's parser is argparse). Only
+the standard library is imported here, so ``perfsuite run`` starts without pytest.
 """
 
 from __future__ import annotations
@@ -29,3 +30,37 @@ def number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def probability(text: str) -> float:
+    value = number(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number strictly between 0 and 1, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 (0.1 means 10%), got {text!r}")
+    return value
+
+
+def engine_names(text: str) -> tuple[str, ...]:
+    """Comma-separated names; whether they exist is the caller's check.
+
+    The plugin makes it once conftest files have registered their engines.
+    """
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated engine names, e.g. static,inflight,hf-static")
+    return names
+
+
+def one_of(choices: tuple[str, ...]):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown value {text!r}; choose {', '.join(choices)}")
+        return text
+
+    return parse

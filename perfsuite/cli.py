@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from perfsuite.argtypes import integer_at_least, positive_int
+from perfsuite.argtypes import engine_names, fraction, integer_at_least, positive_int, probability
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.adapters.http_options import (
     APIS,
@@ -22,7 +22,6 @@ from perfsuite.adapters.http_options import (
 from perfsuite.engine import RunResult
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
-from perfsuite.plugin.options import engine_names, fraction, probability
 from perfsuite.report.table import format_table
 from perfsuite.workload import mixed_workload
 

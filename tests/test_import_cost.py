@@ -77,3 +77,7 @@ def test_a_pytest_run_without_perf_imports_no_heavy_module(pytester: pytest.Pyte
     result.assert_outcomes(passed=1, skipped=1)
     assert json.loads((pytester.path / "heavy.json").read_text()) == []
 
+
+
+def test_importing_the_cli_imports_neither_pytest_nor_a_heavy_module():
+    assert _loaded_after("import perfsuite.cli", ("pytest", *HEAVY_MODULES)) == []

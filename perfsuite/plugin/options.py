@@ -20,7 +20,7 @@ from perfsuite.adapters.http_options import (
     api_key_from_environment,
 )
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
-from perfsuite.argtypes import integer_at_least, number
+from perfsuite.argtypes import engine_names, fraction, integer_at_least, one_of, probability
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
 from perfsuite.workload.profiles import PROFILES, Profile
@@ -31,20 +31,6 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
-
-
-def probability(text: str) -> float:
-    value = number(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number strictly between 0 and 1, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    value = number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 (0.1 means 10%), got {text!r}")
-    return value
 
 
 def profile_name(text: str) -> str:
@@ -59,14 +45,6 @@ def dtype_name(text: str) -> str:
     if text not in DTYPES:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose {', '.join(DTYPES)}")
     return text
-
-
-def engine_names(text: str) -> tuple[str, ...]:
-    """Comma-separated names; whether they exist is checked once conftest files have registered theirs."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("expected comma-separated engine names, e.g. static,inflight,hf-static")
-    return names
 
 
 def slo_spec(text: str) -> SLO:
@@ -87,15 +65,6 @@ def server_label(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a label naming the server, e.g. vllm-0.32-cpu")
     return text.strip()
-
-
-def one_of(choices: tuple[str, ...]):
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"unknown value {text!r}; choose {', '.join(choices)}")
-        return text
-
-    return parse
 
 
 DECODE_MODES = ("packed", "static", "cuda-graph")  # perfsuite.engine.model_runner.DECODE_MODES, without torch
