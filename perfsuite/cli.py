@@ -153,7 +153,9 @@ def _add_report_commands(commands) -> None:
     compare.add_argument("old", type=Path, help="results.json of the baseline run")
     compare.add_argument("new", type=Path, help="results.json of the run to judge")
     compare.add_argument("-o", "--output", type=Path, help="also write the HTML report of NEW against OLD")
-    compare.add_argument("--alpha", type=probability, help="significance level after Benjamini-Hochberg (default: NEW's policy)")
+    compare.add_argument(
+        "--alpha", type=probability, help="significance level after Benjamini-Hochberg (default: NEW's policy)"
+    )
     compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
 
 

@@ -63,8 +63,8 @@ import pytest
 
 @pytest.mark.perf
 @pytest.mark.parametrize("batch", [2, 3, 4, 5])
-def test_speed(perf, engine_factory, workload, batch):
-    perf.measure(engine_factory("inflight", batch_size=batch), workload)
+def test_speed(perf, perf_engine_factory, perf_workload, batch):
+    perf.measure(perf_engine_factory("inflight", batch_size=batch), perf_workload)
     perf.assert_no_regression()
 """
 
@@ -116,7 +116,7 @@ def test_a_run_of_another_configuration_is_not_compared(project, monkeypatch, ch
 def test_another_workload_under_the_same_test_id_is_not_compared(project):
     """The ci and full profiles run different workloads under one id; here the smoke workload's length changes."""
     project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
-    project.makepyfile(test_speed=PERF_TESTS.replace("workload)", "workload[:3])"))
+    project.makepyfile(test_speed=PERF_TESTS.replace("perf_workload)", "perf_workload[:3])"))
     result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
     result.stdout.fnmatch_lines(["*another configuration (workload_digest: * -> *; num_requests: 4 -> 3)*"])
 

@@ -33,8 +33,8 @@ PERF_TEST = """
 import pytest
 
 @pytest.mark.perf
-def test_speed(perf, inflight_engine, workload):
-    perf.measure(inflight_engine, workload)
+def test_speed(perf, perf_inflight_engine, perf_workload):
+    perf.measure(perf_inflight_engine, perf_workload)
     perf.assert_no_regression()
 
 def test_plain():

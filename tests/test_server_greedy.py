@@ -19,7 +19,7 @@ import pytest
 
 from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.correctness import check_server_greedy, greedy_check_requests
-from perfsuite.plugin.hooks import perf_options
+from perfsuite.plugin.stash import perf_options
 from engine_harness import FLOAT32_NEAR_TIE
 
 MAX_SEQ_LEN = 128

@@ -262,7 +262,7 @@ def perf_backend():
 
 PERF_TEST = """
 import pytest
-from perfsuite.plugin.hooks import perf_options
+from perfsuite.plugin.stash import perf_options
 
 
 def pytest_generate_tests(metafunc):
@@ -270,8 +270,8 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.mark.perf
-def test_speed(perf, engine_factory, workload, engine_kind):
-    perf.measure(engine_factory(engine_kind, batch_size=2), workload)
+def test_speed(perf, perf_engine_factory, perf_workload, engine_kind):
+    perf.measure(perf_engine_factory(engine_kind, batch_size=2), perf_workload)
 """
 
 

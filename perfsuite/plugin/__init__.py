@@ -1,1 +1,7 @@
-"""perfsuite's pytest plugin: the hooks and fixtures (``hooks``, the pytest11 entry point), the ``--perf-*`` options, the session's state and the ``perf`` fixture's recorder."""
+"""perfsuite's pytest plugin.
+
+``hooks`` (the ``pytest11`` entry point) holds the hooks and the ``perf``/``perf_*``
+fixtures; ``options`` the ``--perf-*`` options; ``stash`` the one session object
+``pytest_configure`` keeps in ``config.stash``; ``session`` its state;
+``recorder`` the ``perf`` fixture's measurements; ``terminal`` the summary table.
+"""

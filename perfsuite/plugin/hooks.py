@@ -1,26 +1,23 @@
 """perfsuite's pytest plugin: hooks and fixtures only.
 
-Registered through the ``pytest11`` entry point. The logic lives in
-``options``, ``session``, ``recorder``, ``stats`` and ``storage``; torch is
-imported inside fixtures, so a run without ``--perf`` never imports it.
+Registered through the ``pytest11`` entry point, so every pytest run in an
+environment that installs perfsuite imports this module: what only ``--perf``
+needs (torch, scipy, the HTML report) is imported inside the hooks and
+fixtures that use it. The logic lives in ``options``, ``session``,
+``recorder``, ``terminal`` and ``perfsuite.judge``. Every fixture is named
+``perf`` or ``perf_*``, so none shadows, or is shadowed by, a project's own.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from perfsuite.plugin.options import add_options, read_options
-from perfsuite.report.render import write_report
-from perfsuite.plugin.session import PerfSession
-from perfsuite.judge.stats import Verdict
 from perfsuite.judge.baselines import OutputError
-from perfsuite.report.table import format_table
+from perfsuite.plugin.options import add_options, read_options
+from perfsuite.plugin.session import PerfSession
+from perfsuite.plugin.stash import OUTPUT_ERROR_KEY, REPORT_KEY, SESSION_KEY
+from perfsuite.plugin.terminal import write_summary
 
-SESSION_KEY = pytest.StashKey[PerfSession]()
-REPORT_KEY = pytest.StashKey[Path]()
-OUTPUT_ERROR_KEY = pytest.StashKey[str]()
 WORKER_OUTPUT_KEY = "perfsuite"
 SKIP_REASON = "perf test: run it with `pytest --perf` (see README, 'pytest --perf')"
 
@@ -78,6 +75,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     try:
         perf_session.finish()
         if perf_session.results:
+            from perfsuite.report.render import write_report  # jinja2 and matplotlib: only a --perf run pays
+
             config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
     except OutputError as error:
         config.stash[OUTPUT_ERROR_KEY] = str(error)
@@ -104,53 +103,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     perf_session = config.stash.get(SESSION_KEY, None)
     if perf_session is None or not perf_session.options.enabled or _is_xdist_worker(config):
         return
-    write = terminalreporter.write_line
     if perf_session.results:
         terminalreporter.section("perfsuite")
-        write(format_table(VERDICT_COLUMNS, verdict_rows(perf_session.results)))
-    for warning in perf_session.warnings:
-        write(f"warning: {warning}", yellow=True)
-    for late in perf_session.late_regressions:
-        write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
-    if OUTPUT_ERROR_KEY in config.stash:
-        write(f"perfsuite error: {config.stash[OUTPUT_ERROR_KEY]}", red=True, bold=True)
-    if not perf_session.results:
-        return
-    options = perf_session.options
-    write(
-        f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} (Benjamini-Hochberg over "
-        f"{perf_session.num_planned_comparisons} comparisons of {len(perf_session.compared_metrics)} metrics), "
-        f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
-    )
-    if REPORT_KEY in config.stash:
-        write(f"report: {config.stash[REPORT_KEY]}")
-
-
-VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]
-
-
-def verdict_rows(results) -> list[list]:
-    rows = []
-    for result in results:
-        name = result.test_id.rpartition("::")[2]
-        if not result.comparisons:
-            rows.append([name, "output_throughput", "-", f"{result.summary['output_throughput']:.4g}",
-                         "-", "-", "-", "-", result.baseline_status])
-        for c in result.comparisons:
-            mde = f"{c.min_detectable_effect:.0%}" if c.min_detectable_effect is not None else "none"
-            verdict = "noisy: inconclusive" if c.verdict is Verdict.NOISY else c.verdict.value
-            rows.append([name, c.metric, f"{c.baseline_median:.4g}", f"{c.current_median:.4g}",
-                         f"{c.change_percent:+.1f}%", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]",
-                         f"{c.p_adjusted:.3g}", mde, verdict])
-        for change in result.counter_changes:
-            rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "-",
-                         "counter changed"])
-    return rows
-
-
-def perf_options(config: pytest.Config):
-    """The parsed ``--perf-*`` options, e.g. to parametrize tests from the profile."""
-    return config.stash[SESSION_KEY].options
+    report, output_error = config.stash.get(REPORT_KEY, None), config.stash.get(OUTPUT_ERROR_KEY, None)
+    write_summary(terminalreporter.write_line, perf_session, report, output_error)
 
 
 # -- fixtures ---------------------------------------------------------------
@@ -196,8 +152,8 @@ def _perf_environment(perf_session, perf_backend):
 
 
 @pytest.fixture(scope="session")
-def requests_for(perf_backend):
-    """``requests_for(workload)`` -> the workload's requests, tokenized for the model under test."""
+def perf_requests_for(perf_backend):
+    """``perf_requests_for(workload)`` -> the workload's requests, tokenized for the model under test."""
     from perfsuite.workload import Vocab
 
     vocab = None
@@ -211,8 +167,8 @@ def requests_for(perf_backend):
 
 
 @pytest.fixture(scope="session")
-def workload_factory(perf_session, requests_for):
-    """``workload_factory(lengths="uniform", rate=None, num_requests=None)`` -> requests of the profile."""
+def perf_workload_factory(perf_session, perf_requests_for):
+    """``perf_workload_factory(lengths="uniform", rate=None, num_requests=None)`` -> requests of the profile."""
     from perfsuite.workload import Arrivals, Workload
 
     profile = perf_session.options.profile
@@ -221,37 +177,38 @@ def workload_factory(perf_session, requests_for):
         if lengths not in profile.lengths:
             raise ValueError(f"profile {profile.name!r} has no {lengths!r} lengths; choose {sorted(profile.lengths)}")
         workload = Workload(num_requests or profile.num_requests, profile.lengths[lengths], Arrivals(rate), seed)
-        return requests_for(workload)
+        return perf_requests_for(workload)
 
     return make
 
 
 @pytest.fixture
-def workload(workload_factory):
-    return workload_factory()
+def perf_workload(perf_workload_factory):
+    """The profile's uniform-lengths requests, all at t0."""
+    return perf_workload_factory()
 
 
 @pytest.fixture(scope="session")
-def perf_max_seq_len(perf_session, perf_backend, workload_factory, requests_for) -> int:
+def perf_max_seq_len(perf_session, perf_backend, perf_workload_factory, perf_requests_for) -> int:
     """One cache length that fits every workload of the profile and of the sweep config."""
     from perfsuite.measure.timing import max_seq_len_for
 
     options = perf_session.options
-    requests = [r for kind in options.profile.lengths for r in workload_factory(kind)]
+    requests = [r for kind in options.profile.lengths for r in perf_workload_factory(kind)]
     if options.sweep is not None:
-        requests += [r for case in options.sweep.cases() for r in requests_for(case.workload)]
+        requests += [r for case in options.sweep.cases() for r in perf_requests_for(case.workload)]
     return max_seq_len_for(requests, perf_backend.max_context)
 
 
 @pytest.fixture
 def perf_built_engines() -> list:
-    """The engines ``engine_factory`` built for this test: the baseline identity records their knobs."""
+    """The engines ``perf_engine_factory`` built for this test: the baseline identity records their knobs."""
     return []
 
 
 @pytest.fixture
-def engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
-    """``engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> a BatchingEngine.
+def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
+    """``perf_engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> a BatchingEngine.
 
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
     Override this fixture to hand the shipped tests an engine of your own.
@@ -272,13 +229,15 @@ def engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engi
 
 
 @pytest.fixture
-def static_engine(engine_factory):
-    return engine_factory("static")
+def perf_static_engine(perf_engine_factory):
+    """The static-batching engine at the profile's largest batch size."""
+    return perf_engine_factory("static")
 
 
 @pytest.fixture
-def inflight_engine(engine_factory):
-    return engine_factory("inflight")
+def perf_inflight_engine(perf_engine_factory):
+    """The in-flight (continuous batching) engine at the profile's largest batch size."""
+    return perf_engine_factory("inflight")
 
 
 @pytest.fixture

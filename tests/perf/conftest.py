@@ -2,7 +2,7 @@
 
 import pytest
 
-from perfsuite.plugin.hooks import perf_options
+from perfsuite.plugin.stash import perf_options
 
 
 def pytest_generate_tests(metafunc):

@@ -2,19 +2,19 @@
 
 import pytest
 
-from perfsuite.plugin.hooks import perf_options
+from perfsuite.plugin.stash import perf_options
 
 
 @pytest.mark.perf
-def test_latency_poisson(perf, engine_factory, workload_factory, engine_kind, arrival_rate):
-    engine = engine_factory(engine_kind)
-    perf.measure(engine, workload_factory("uniform", rate=arrival_rate), arrival_rate=arrival_rate)
+def test_latency_poisson(perf, perf_engine_factory, perf_workload_factory, engine_kind, arrival_rate):
+    engine = perf_engine_factory(engine_kind)
+    perf.measure(engine, perf_workload_factory("uniform", rate=arrival_rate), arrival_rate=arrival_rate)
     perf.assert_no_regression()
 
 
 @pytest.mark.perf
-def test_latency_fixed_concurrency(perf, engine_factory, workload_factory, engine_kind, request):
+def test_latency_fixed_concurrency(perf, perf_engine_factory, perf_workload_factory, engine_kind, request):
     concurrency = perf_options(request.config).profile.concurrency
-    engine = engine_factory(engine_kind)
-    perf.measure(engine, workload_factory("uniform"), max_concurrency=concurrency)
+    engine = perf_engine_factory(engine_kind)
+    perf.measure(engine, perf_workload_factory("uniform"), max_concurrency=concurrency)
     perf.assert_no_regression()

@@ -4,12 +4,12 @@ import pytest
 
 
 @pytest.mark.perf
-def test_sweep(perf, engine_factory, requests_for, sweep_case):
+def test_sweep(perf, perf_engine_factory, perf_requests_for, sweep_case):
     workload = sweep_case.workload
-    engine = engine_factory(sweep_case.engine, batch_size=sweep_case.batch_size)
+    engine = perf_engine_factory(sweep_case.engine, batch_size=sweep_case.batch_size)
     perf.measure(
         engine,
-        requests_for(workload),
+        perf_requests_for(workload),
         max_concurrency=workload.max_concurrency,
         arrival_rate=workload.arrivals.rate,
         repeats=sweep_case.repeats,

@@ -4,7 +4,7 @@ import pytest
 
 
 @pytest.mark.perf
-def test_throughput(perf, engine_factory, workload_factory, engine_kind, batch_size, lengths):
-    engine = engine_factory(engine_kind, batch_size=batch_size)
-    perf.measure(engine, workload_factory(lengths))
+def test_throughput(perf, perf_engine_factory, perf_workload_factory, engine_kind, batch_size, lengths):
+    engine = perf_engine_factory(engine_kind, batch_size=batch_size)
+    perf.measure(engine, perf_workload_factory(lengths))
     perf.assert_no_regression()

@@ -1,0 +1,23 @@
+"""What the plugin keeps in ``config.stash``, and ``perf_options`` for conftest files.
+
+``pytest_configure`` builds one ``PerfSession`` per run and keeps it under
+``SESSION_KEY``; every hook and fixture reads it from there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfsuite.plugin.options import PerfOptions
+from perfsuite.plugin.session import PerfSession
+
+SESSION_KEY = pytest.StashKey[PerfSession]()
+REPORT_KEY = pytest.StashKey[Path]()  # the HTML report written at session end
+OUTPUT_ERROR_KEY = pytest.StashKey[str]()  # why results.json or a baseline could not be written
+
+
+def perf_options(config: pytest.Config) -> PerfOptions:
+    """The parsed ``--perf-*`` options, e.g. to parametrize tests from the profile in ``pytest_generate_tests``."""
+    return config.stash[SESSION_KEY].options

@@ -1,0 +1,56 @@
+"""The ``perfsuite`` section of pytest's terminal summary: one row per compared metric, then the session's notes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from perfsuite.judge.stats import Verdict
+from perfsuite.plugin.session import PerfSession, TestResult
+from perfsuite.report.table import format_table
+
+VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]
+
+
+def write_summary(
+    write: Callable[..., None], perf_session: PerfSession, report: Path | None, output_error: str | None
+) -> None:
+    """The verdict table, the warnings and late regressions, and where the results and report are."""
+    if perf_session.results:
+        write(format_table(VERDICT_COLUMNS, verdict_rows(perf_session.results)))
+    for warning in perf_session.warnings:
+        write(f"warning: {warning}", yellow=True)
+    for late in perf_session.late_regressions:
+        write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
+    if output_error is not None:
+        write(f"perfsuite error: {output_error}", red=True, bold=True)
+    if not perf_session.results:
+        return
+    options = perf_session.options
+    num_metrics = len(perf_session.compared_metrics)
+    write(
+        f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} "
+        f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "
+        f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
+    )
+    if report is not None:
+        write(f"report: {report}")
+
+
+def verdict_rows(results: Sequence[TestResult]) -> list[list]:
+    rows = []
+    for result in results:
+        name = result.test_id.rpartition("::")[2]
+        if not result.comparisons:
+            rows.append([name, "output_throughput", "-", f"{result.summary['output_throughput']:.4g}",
+                         "-", "-", "-", "-", result.baseline_status])
+        for c in result.comparisons:
+            mde = f"{c.min_detectable_effect:.0%}" if c.min_detectable_effect is not None else "none"
+            verdict = "noisy: inconclusive" if c.verdict is Verdict.NOISY else c.verdict.value
+            rows.append([name, c.metric, f"{c.baseline_median:.4g}", f"{c.current_median:.4g}",
+                         f"{c.change_percent:+.1f}%", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]",
+                         f"{c.p_adjusted:.3g}", mde, verdict])
+        for change in result.counter_changes:
+            rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "-",
+                         "counter changed"])
+    return rows
