@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfsuite.workload import OutputLengths
+from perfsuite.workload.lengths import OutputLengths
 
 
 @dataclass(frozen=True, slots=True)

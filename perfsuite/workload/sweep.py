@@ -24,18 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from perfsuite.workload import (
-    Arrivals,
-    JsonlPrompts,
-    OutputLengths,
-    PromptSource,
-    ShippedPrompts,
-    Workload,
-    parse_arrivals,
-    parse_output_lengths,
-    parse_prompts,
-    reject_unknown_keys,
-)
+from perfsuite.workload.arrivals import Arrivals, parse_arrivals
+from perfsuite.workload.checks import is_int, reject_unknown_keys
+from perfsuite.workload.lengths import OutputLengths, parse_output_lengths
+from perfsuite.workload.prompts import JsonlPrompts, PromptSource, ShippedPrompts, parse_prompts
+from perfsuite.workload.workload import Workload
 
 AXIS_KEYS = ("engines", "batch_sizes", "prompts", "output_lengths", "arrivals")
 SWEEP_KEYS = (*AXIS_KEYS, "num_requests", "seed", "repeats")
@@ -185,7 +178,7 @@ def _engine_name(value: object) -> str:
 
 
 def _batch_size(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"a batch size is an integer >= 1, got {value!r}")
     return value
 
@@ -196,7 +189,7 @@ def _setting(
     value = table.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+    if not is_int(value) or (minimum is not None and value < minimum):
         at_least = f" >= {minimum}" if minimum is not None else ""
         raise ValueError(f"{source}: sweep.{key} must be an integer{at_least}, got {value!r}")
     return value
