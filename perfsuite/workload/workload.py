@@ -137,6 +137,8 @@ class Workload:
         ]
 
 
-def mixed_workload(num_requests: int = 32, min_new_tokens: int = 8, max_new_tokens: int = 128, seed: int = 0) -> Workload:
+def mixed_workload(
+    num_requests: int = 32, min_new_tokens: int = 8, max_new_tokens: int = 128, seed: int = 0
+) -> Workload:
     """The default mixed workload: uniform 8..128 new tokens, all at t0."""
     return Workload(num_requests, OutputLengths("uniform", min_new_tokens, max_new_tokens), seed=seed)
