@@ -20,7 +20,7 @@ from perfsuite.plugin.session import comparison_json
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.plugin.session import METRICS, PerfSession, Repeats, sizing_parameters
 from perfsuite.judge.stats import Policy, adjust, compare
-from perfsuite.judge.baselines import Environment
+from perfsuite.measure.environment import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
 ENVIRONMENT = Environment(

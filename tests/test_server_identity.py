@@ -24,7 +24,8 @@ from perfsuite.workload.profiles import PROFILES
 from perfsuite.plugin.recorder import PerfRecorder
 from perfsuite.plugin.session import PROBE, SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
 from perfsuite.judge.stats import Policy
-from perfsuite.judge.baselines import Environment, ServerEnvironment, environment_from_json, read_baseline
+from perfsuite.judge.baselines import read_baseline
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 
 pytest_plugins = ["pytester"]
 

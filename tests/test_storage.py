@@ -13,7 +13,8 @@ import pytest
 
 from perfsuite.judge import baselines as storage
 from perfsuite.judge.run_config import RunConfiguration, knobs
-from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore, Environment, OutputError, read_baseline
+from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore, OutputError, read_baseline
+from perfsuite.measure.environment import Environment
 
 ENV = Environment("cpu", "2.13.0", "5.23.0", "float32", "smollm2-135m", "Some CPU @ 2GHz", 2)
 TEST_ID = "tests/perf/test_throughput.py::test_throughput[static-B8-uniform]"

@@ -52,9 +52,9 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 
 SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
-SERVER_KIND = "server"  # ServerEnvironment.kind
 MAX_NAME_LENGTH = 200  # below the 255 bytes most filesystems allow, with room for ".json"
 
 _SAFE_CHARACTERS = "[]=+,"  # quote() never encodes letters, digits and "_.-~" either
@@ -75,64 +75,6 @@ class BaselineError(RuntimeError):
 
 class OutputError(RuntimeError):
     """A file that cannot be written; the one-line message names the file and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class Environment:
-    """What a measurement depends on besides the code."""
-
-    device_name: str
-    torch_version: str
-    transformers_version: str
-    dtype: str
-    model: str
-    cpu_model: str
-    num_threads: int
-    cuda_version: str | None = None
-    driver_version: str | None = None
-
-    def fingerprint(self) -> str:
-        """A readable directory name, with a short hash of every field for uniqueness."""
-        readable = "-".join(
-            _slug(part)
-            for part in (self.device_name, self.model, self.dtype, f"torch{self.torch_version}", f"t{self.num_threads}")
-        )
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
-        return f"{readable}-{digest}"
-
-
-@dataclass(frozen=True, slots=True)
-class ServerEnvironment:
-    """What a measurement of a server in another process depends on: that server, not the client.
-
-    The tokens a remote server computes owe nothing to the client's torch,
-    dtype or CPU, so its results are stored under what the server says it
-    serves (``GET /v1/models``: the model id and its ``max_model_len``, and
-    who serves it) and under a label the user gives (``--perf-server-label``,
-    e.g. ``vllm-0.32-cpu``): the server's software, version and machine,
-    which no endpoint reports.
-    """
-
-    served_model: str
-    max_model_len: int | None = None
-    label: str | None = None
-    owned_by: str | None = None
-    kind: str = SERVER_KIND  # tells it from an ``Environment`` in stored JSON
-
-    def fingerprint(self) -> str:
-        length = f"len{self.max_model_len}" if self.max_model_len is not None else "len-unknown"
-        readable = "-".join(
-            _slug(part) for part in ("server", self.label or "unlabelled", self.served_model, length)
-        )
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
-        return f"{readable}-{digest}"
-
-
-def environment_from_json(data: dict[str, Any]) -> Environment | ServerEnvironment:
-    """The environment a baseline or result was stored under: this machine's, or a remote server's."""
-    if data.get("kind") == SERVER_KIND:
-        return ServerEnvironment(**data)
-    return Environment(**data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +379,3 @@ def _is_alive(pid: int) -> bool:
     except OSError:
         return True  # EPERM: it exists but belongs to another user
     return True
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"

@@ -1,7 +1,7 @@
 """What a perf test measured, besides the machine: the identity of a baseline.
 
 Two runs are compared only when both their environment fingerprint (the
-machine and library versions, ``storage.Environment``) and their
+machine and library versions, ``measure.environment.Environment``) and their
 ``RunConfiguration`` match. Test ids alone are not enough: the same
 ``test_throughput[static-B4-uniform]`` runs a different workload under the
 ``ci`` and ``full`` profiles, and ``--perf-decode-mode`` changes the runner

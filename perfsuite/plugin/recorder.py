@@ -34,7 +34,8 @@ from perfsuite.plugin.session import (
     TestResult,
     sizing_parameters,
 )
-from perfsuite.judge.baselines import BaselineError, OutputError, ServerEnvironment
+from perfsuite.judge.baselines import BaselineError, OutputError
+from perfsuite.measure.environment import ServerEnvironment
 
 QUIET_CHECK_SECONDS = 0.5
 QUIET_WAIT_SECONDS = 5.0

@@ -40,15 +40,8 @@ from perfsuite.judge.stats import (
     compare_counters,
     mark_noisy,
 )
-from perfsuite.judge.baselines import (
-    Baseline,
-    BaselineError,
-    BaselineStore,
-    Environment,
-    ServerEnvironment,
-    environment_from_json,
-    write_json_atomic,
-)
+from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore, write_json_atomic
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 
 RESULTS_SCHEMA_VERSION = 1
 

@@ -161,7 +161,7 @@ def _environment_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
         ("device_name", "device"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
         ("torch_version", "torch"), ("transformers_version", "transformers"),
         ("cpu_model", "CPU"), ("num_threads", "threads"),
-        # a server in another process (storage.ServerEnvironment)
+        # a server in another process (measure.environment.ServerEnvironment)
         ("label", "server"), ("served_model", "served model"), ("max_model_len", "max model length"),
         ("owned_by", "served by"),
     )  # fmt: skip
