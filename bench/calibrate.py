@@ -45,7 +45,8 @@ from perfsuite.measure.timing import configure_threads, machine_probe, max_seq_l
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
 from perfsuite.workload.profiles import PROFILES  # noqa: E402
-from perfsuite.plugin.session import METRICS, PROBE, normalize_to_machine_speed, repeat_samples  # noqa: E402
+from perfsuite.judge.catalogue import METRICS, PROBE, normalize_to_machine_speed  # noqa: E402
+from perfsuite.measure.summaries import repeat_samples  # noqa: E402
 from perfsuite.judge.stats import Policy, Verdict, adjust, adjust_interim, benjamini_hochberg, compare, holm  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import Workload  # noqa: E402

@@ -16,9 +16,11 @@ from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.plugin.options import PerfOptions
 from perfsuite.workload.profiles import PROFILES
-from perfsuite.plugin.session import comparison_json
+from perfsuite.judge.catalogue import comparison_json
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.plugin.session import METRICS, PerfSession, Repeats, sizing_parameters
+from perfsuite.judge.catalogue import METRICS
+from perfsuite.measure.summaries import sizing_parameters
+from perfsuite.plugin.session import PerfSession, Repeats
 from perfsuite.judge.stats import Policy, adjust, compare
 from perfsuite.measure.environment import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload

@@ -14,7 +14,7 @@ import stat
 
 import pytest
 
-from perfsuite.plugin.session import PROBE
+from perfsuite.judge.catalogue import PROBE
 
 pytest_plugins = ["pytester"]
 

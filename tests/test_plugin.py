@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from perfsuite.plugin.session import PROBE
+from perfsuite.judge.catalogue import PROBE
 
 pytest_plugins = ["pytester"]
 

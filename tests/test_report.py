@@ -15,7 +15,7 @@ import pytest
 from perfsuite.cli import main
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
-from perfsuite.plugin.session import METRICS
+from perfsuite.judge.catalogue import METRICS
 from report_fixtures import VERDICT_TESTS, earlier_run, fake_results, with_verdicts
 from smoke_session import run_shipped_smoke_session
 

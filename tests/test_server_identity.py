@@ -22,7 +22,8 @@ from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.plugin.options import PerfOptions
 from perfsuite.workload.profiles import PROFILES
 from perfsuite.plugin.recorder import PerfRecorder
-from perfsuite.plugin.session import PROBE, SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
+from perfsuite.judge.catalogue import PROBE
+from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
 from perfsuite.judge.stats import Policy
 from perfsuite.judge.baselines import read_baseline
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json

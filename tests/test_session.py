@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.plugin.session import METRICS, PROBE, normalize_to_machine_speed
+from perfsuite.judge.catalogue import METRICS, PROBE, normalize_to_machine_speed
 from perfsuite.judge.stats import Verdict, compare
 
 

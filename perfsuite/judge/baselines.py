@@ -58,7 +58,7 @@ SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
 MAX_NAME_LENGTH = 200  # below the 255 bytes most filesystems allow, with room for ".json"
 
 _SAFE_CHARACTERS = "[]=+,"  # quote() never encodes letters, digits and "_.-~" either
-_PROBE_PREFIX = "probe"  # session.PROBE: seconds of the machine probe, a divisor when normalising
+_PROBE_PREFIX = "probe"  # catalogue.PROBE: seconds of the machine probe, a divisor when normalising
 _TEMPORARY_PATTERN = ".*.tmp"
 _WRITER_PID = re.compile(r"\.pid(\d{1,10})\.[^.]+\.tmp$")
 # A writer in another pid namespace (a container sharing the directory) looks dead

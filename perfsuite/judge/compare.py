@@ -11,13 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfsuite.plugin.session import (
-    ALL_METRICS,
-    GOODPUT,
-    comparison_json,
-    exact_counter_changes,
-    normalize_to_machine_speed,
-)
+from perfsuite.judge.catalogue import ALL_METRICS, comparison_json, exact_counter_changes, normalize_to_machine_speed
+from perfsuite.measure.summaries import GOODPUT
 from perfsuite.judge.stats import Comparison, Policy, adjust, compare
 
 

@@ -1,4 +1,4 @@
-"""Reading results.json documents back, and keeping one copy per run as history.
+"""A test's result (``TestResult``) and its JSON; reading results.json documents back, and keeping history.
 
 A results document is what ``PerfSession.results_json()`` wrote. It stays a
 dict here: the report and ``perfsuite compare`` read it the way a reviewer's
@@ -7,12 +7,94 @@ tool would, and the checks below only make sure it is one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite.plugin.session import RESULTS_SCHEMA_VERSION
 from perfsuite.judge.baselines import write_json_atomic
+from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES, comparison_from_json, comparison_json
+from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.judge.stats import Comparison, CounterChange, Verdict
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.summaries import SizingParameters
+
+
+RESULTS_SCHEMA_VERSION = 1
+
+@dataclass(frozen=True, slots=True)
+class TestResult:
+    test_id: str
+    engine_name: str
+    parameters: SizingParameters
+    arrival_rate: float | None
+    samples: dict[str, tuple[float, ...]]
+    counters: dict[str, int]
+    summary: dict[str, float]  # vLLM-style keys over every request of every repeat
+    baseline_status: str
+    configuration: RunConfiguration | None = None
+    noisy: str | None = None
+    request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, all repeats
+    timeline: dict[str, Any] = field(default_factory=dict)  # one timed run, for the report
+    baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    comparisons: tuple[Comparison, ...] = ()
+    counter_changes: tuple[CounterChange, ...] = ()
+    environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
+
+    @property
+    def regressions(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict is Verdict.REGRESSED]
+
+    @property
+    def is_remote(self) -> bool:
+        """Served by another process: stored under the server's fingerprint, never probe-normalised."""
+        return isinstance(self.environment, ServerEnvironment)
+
+def result_json(result: TestResult) -> dict[str, Any]:
+    return {
+        "test_id": result.test_id,
+        "engine": result.engine_name,
+        "parameters": dataclasses.asdict(result.parameters),
+        "configuration": result.configuration.to_json() if result.configuration else None,
+        "arrival_rate": result.arrival_rate,
+        **result.summary,
+        "summary_keys": sorted(result.summary),
+        "samples": {k: list(v) for k, v in result.samples.items()},
+        "request_samples": {k: list(v) for k, v in result.request_samples.items()},
+        "baseline_request_samples": {k: list(v) for k, v in result.baseline_request_samples.items()},
+        "timeline": result.timeline,
+        "counters": result.counters,
+        "baseline": result.baseline_status,
+        "noisy": result.noisy,
+        "comparisons": [comparison_json(c) for c in result.comparisons],
+        "counter_changes": [dataclasses.asdict(c) for c in result.counter_changes],
+        "environment": dataclasses.asdict(result.environment) if result.environment else None,
+        "fingerprint": result.environment.fingerprint() if result.environment else None,
+        "normalization": RAW_SERVER_FIGURES if result.is_remote else NORMALISED,
+    }
+
+def result_from_json(data: dict[str, Any]) -> TestResult:
+    """The inverse of ``result_json`` (a pytest-xdist worker's results reach the controller this way)."""
+    return TestResult(
+        test_id=data["test_id"],
+        engine_name=data["engine"],
+        parameters=SizingParameters(**data["parameters"]),
+        arrival_rate=data["arrival_rate"],
+        samples={k: tuple(v) for k, v in data["samples"].items()},
+        counters=dict(data["counters"]),
+        summary={key: data[key] for key in data["summary_keys"]},
+        baseline_status=data["baseline"],
+        configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
+        noisy=data["noisy"],
+        request_samples={k: tuple(v) for k, v in data["request_samples"].items()},
+        timeline=data["timeline"],
+        baseline_request_samples={k: tuple(v) for k, v in data["baseline_request_samples"].items()},
+        comparisons=tuple(comparison_from_json(c) for c in data["comparisons"]),
+        counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
+        environment=environment_from_json(data["environment"]) if data.get("environment") else None,
+    )
+
 
 COMPARISON_KEYS = (
     "metric", "baseline_median", "current_median", "change", "ci_low", "ci_high", "p_adjusted", "verdict"

@@ -96,7 +96,7 @@ def machine_probe(device: str, iterations: int = 20) -> float:
     Taken around each repeat (in pytest-benchmark's untimed ``setup``) and
     never touching the code under test, so a slower machine (throttling, a
     noisy neighbour) shows up here too while a slower engine does not.
-    ``perfsuite.plugin.session`` uses it to put baseline and current samples on the
+    ``perfsuite.judge.catalogue`` uses it to put baseline and current samples on the
     same machine speed.
 
     Two parts because an engine's work is both: a decode step streams the

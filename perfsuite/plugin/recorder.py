@@ -25,15 +25,9 @@ from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import server_environment
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.plugin.session import (
-    SERVER_DECODE_MODE,
-    SERVER_PRECISION,
-    PerfSession,
-    Repeats,
-    SizingParameters,
-    TestResult,
-    sizing_parameters,
-)
+from perfsuite.judge.results import TestResult
+from perfsuite.measure.summaries import SizingParameters, sizing_parameters
+from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession, Repeats
 from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.measure.environment import ServerEnvironment
 

@@ -18,111 +18,52 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite.engine.types import Request, RunResult
-from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
+from perfsuite.engine.types import RunResult
+from perfsuite.measure.metrics import SLO, goodput, run_metrics
 from perfsuite.plugin.options import PerfOptions
 from perfsuite.judge.power import PowerPlan, minimum_detectable_effect, plan_power
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import (
     Comparison,
-    CounterChange,
     Direction,
     Verdict,
     adjust,
     adjust_interim,
     compare,
-    compare_counters,
     mark_noisy,
 )
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore, write_json_atomic
-from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.judge.catalogue import (
+    ALL_METRICS,
+    BUSY_SHARE,
+    METRICS,
+    NORMALISED,
+    PROBE,
+    RAW_SERVER_FIGURES,
+    exact_counter_changes,
+    normalize_to_machine_speed,
+)
+from perfsuite.judge.results import RESULTS_SCHEMA_VERSION, TestResult, result_from_json, result_json
+from perfsuite.measure.summaries import (
+    GOODPUT,
+    SizingParameters,
+    counters_of,
+    per_request_samples,
+    repeat_samples,
+    timeline_of,
+    vllm_summary,
+)
+from perfsuite.measure.environment import Environment, ServerEnvironment
 
-RESULTS_SCHEMA_VERSION = 1
-
-# Per-repeat samples compared against the baseline. Repeats, not requests,
-# are the independent units: requests of one run share its conditions.
-# Request throughput is reported but not compared: the workload is seeded, so
-# it is output throughput times a constant, and comparing both would spend the
-# significance budget twice on one signal.
-METRICS: dict[str, Direction] = {
-    "output_throughput": Direction.HIGHER_IS_BETTER,
-    "median_ttft_ms": Direction.LOWER_IS_BETTER,
-    "median_tpot_ms": Direction.LOWER_IS_BETTER,
-    "median_e2el_ms": Direction.LOWER_IS_BETTER,
-}
-
-
-GOODPUT = "request_goodput"
-# Goodput is compared too when the session has an SLO (--perf-slo) and the
-# baseline was measured against the same SLO.
-ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
-
-# Seconds of measure.machine_probe around each repeat. A change to what the probe
-# times must rename this key (it was "probe_seconds" for the memory part alone, taken
-# before the repeat): baselines with the old key then lose their probe
-# and are compared as measured, instead of being rescaled by a foreign unit.
-PROBE = "probe_bracket_seconds"
-# Other work's share of the machine's CPU time during each repeat (perfsuite.measure.contention); stored, never compared.
-BUSY_SHARE = "cpu_busy_share"
 
 # A server in another process: its precision is its own (no endpoint reports it), its decode path too.
 SERVER_PRECISION = "unknown (server-side)"
 SERVER_DECODE_MODE = "server"
-NORMALISED = "each repeat rescaled by its machine probe over the baseline's median probe"
-RAW_SERVER_FIGURES = (
-    "none: a server in another process (runs_in_process = False) may run on another machine, which this "
-    "machine's probe says nothing about; its figures are stored and compared as measured"
-)
-
-
-def normalize_to_machine_speed(
-    baseline: dict[str, Sequence[float]], current: dict[str, Sequence[float]]
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Put every repeat, baseline and current alike, on the baseline's typical machine speed.
-
-    Each repeat carries the machine probe taken around it (the geometric mean
-    of the readings just before and just after it). A repeat whose
-    probe took k times the baseline's median probe ran on a machine k times
-    slower: its throughput is multiplied and its latencies divided by k.
-    Repeat by repeat rather than by one factor per side, because this VM's
-    speed changes within seconds: on the ci workload it took the spread of
-    repeats from 13% to 7% (bench/calibrate.py), and bench/probe_drift.py
-    found a probe after the repeat as well as before it cuts what is left of a
-    decode step's drift by a fifth. Without probes on both
-    sides, samples pass as they are.
-    """
-    base = {name: list(values) for name, values in baseline.items()}
-    cur = {name: list(values) for name, values in current.items()}
-    if not base.get(PROBE) or not cur.get(PROBE):
-        return base, cur
-    reference = statistics.median(base[PROBE])
-    for side in (base, cur):
-        slowdowns = [probe / reference for probe in side[PROBE]]
-        for name, direction in ALL_METRICS.items():
-            if name in side and len(side[name]) == len(slowdowns):
-                side[name] = [
-                    value * k if direction is Direction.HIGHER_IS_BETTER else value / k
-                    for value, k in zip(side[name], slowdowns)
-                ]
-    return base, cur
-
-
-@dataclass(frozen=True, slots=True)
-class SizingParameters:
-    """The six numbers a person sizing a deployment asks for first."""
-
-    model: str
-    precision: str
-    input_length: float  # mean prompt tokens
-    output_length: float  # mean requested new tokens
-    concurrency: int  # batch slots, or clients in a closed loop
-    tensor_parallelism: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,138 +74,6 @@ class Repeats:
     probes: tuple[float, ...] = ()  # machine probe seconds around each repeat (before and after, geometric mean)
     busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
     noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.measure.contention)
-
-
-@dataclass(frozen=True, slots=True)
-class TestResult:
-    test_id: str
-    engine_name: str
-    parameters: SizingParameters
-    arrival_rate: float | None
-    samples: dict[str, tuple[float, ...]]
-    counters: dict[str, int]
-    summary: dict[str, float]  # vLLM-style keys over every request of every repeat
-    baseline_status: str
-    configuration: RunConfiguration | None = None
-    noisy: str | None = None
-    request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, all repeats
-    timeline: dict[str, Any] = field(default_factory=dict)  # one timed run, for the report
-    baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    comparisons: tuple[Comparison, ...] = ()
-    counter_changes: tuple[CounterChange, ...] = ()
-    environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
-
-    @property
-    def regressions(self) -> list[Comparison]:
-        return [c for c in self.comparisons if c.verdict is Verdict.REGRESSED]
-
-    @property
-    def is_remote(self) -> bool:
-        """Served by another process: stored under the server's fingerprint, never probe-normalised."""
-        return isinstance(self.environment, ServerEnvironment)
-
-
-def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, float]:
-    samples = {
-        "output_throughput": metrics.output_throughput,
-        "request_throughput": metrics.request_throughput,
-        "median_ttft_ms": 1e3 * metrics.ttft.median,
-        "median_tpot_ms": 1e3 * metrics.tpot.median,
-        "median_e2el_ms": 1e3 * metrics.e2el.median,
-    }
-    if slo is not None:
-        samples[GOODPUT] = goodput(metrics, slo)
-    return samples
-
-
-def vllm_summary(runs: Sequence[RunMetrics], slo: SLO | None = None) -> dict[str, float]:
-    """vLLM's benchmark keys, pooled over the requests of every repeat."""
-    summary: dict[str, float] = {
-        "request_throughput": statistics.fmean(r.request_throughput for r in runs),
-        "output_throughput": statistics.fmean(r.output_throughput for r in runs),
-        "completed": sum(r.num_completed for r in runs),
-        "total_output_tokens": sum(r.num_output_tokens for r in runs),
-    }
-    if slo is not None:
-        summary[GOODPUT] = statistics.fmean(goodput(r, slo) for r in runs)
-    pooled = {
-        "ttft": [m.ttft for r in runs for m in r.requests if m.ttft is not None],
-        "tpot": [m.tpot for r in runs for m in r.requests if m.tpot is not None],
-        "itl": [gap for r in runs for m in r.requests for gap in m.itls],
-        "e2el": [m.e2e for r in runs for m in r.requests if m.e2e is not None],
-    }
-    for name, values in pooled.items():
-        distribution = Distribution.of(values)
-        summary[f"mean_{name}_ms"] = 1e3 * distribution.mean
-        summary[f"median_{name}_ms"] = 1e3 * distribution.median
-        summary[f"std_{name}_ms"] = 1e3 * distribution.std
-        summary[f"p90_{name}_ms"] = 1e3 * distribution.p90
-        summary[f"p99_{name}_ms"] = 1e3 * distribution.p99
-    return summary
-
-
-def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ...]]:
-    """TTFT, TPOT and E2E of every request of every repeat, in ms (for distributions)."""
-    requests = [m for r in runs for m in r.requests]
-    return {
-        "ttft_ms": tuple(1e3 * m.ttft for m in requests if m.ttft is not None),
-        "tpot_ms": tuple(1e3 * m.tpot for m in requests if m.tpot is not None),
-        "e2el_ms": tuple(1e3 * m.e2e for m in requests if m.e2e is not None),
-    }
-
-
-def timeline_of(run: RunResult) -> dict[str, Any]:
-    """Which request held which slot at every step, and the queue, relative to the run's start."""
-    t0 = run.start_time
-    return {
-        "duration": run.duration,
-        "num_slots": 1 + max((c.slot for step in run.steps for c in step.chunks), default=0),
-        "steps": [
-            {
-                "start": step.start_time - t0,
-                "end": step.end_time - t0,
-                "waiting": step.num_waiting,
-                "chunks": [[c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding] for c in step.chunks],
-            }
-            for step in run.steps
-        ],
-        "requests": [
-            {
-                "id": r.request_id,
-                "arrival": r.arrival_time - t0,
-                "first_token": r.token_times[0] - t0 if r.token_times else None,
-                "finished": r.finished_time - t0 if r.finished_time is not None else None,
-            }
-            for r in run.records
-        ],
-    }
-
-
-def exact_counter_changes(
-    baseline: dict[str, int], current: dict[str, int], arrival_rate: float | None
-) -> list[CounterChange]:
-    """Counter changes, where counters are exact.
-
-    With wall-clock arrivals the number of steps depends on the machine's
-    speed, so those runs' counters are not compared.
-    """
-    return [] if arrival_rate else compare_counters(baseline, current)
-
-
-def counters_of(result: RunResult) -> dict[str, int]:
-    return dataclasses.asdict(result.counters)
-
-
-def sizing_parameters(
-    requests: Sequence[Request], model: str, precision: str, concurrency: int
-) -> SizingParameters:
-    return SizingParameters(
-        model=model,
-        precision=precision,
-        input_length=statistics.fmean(r.num_prompt_tokens for r in requests),
-        output_length=statistics.fmean(r.sampling_params.max_new_tokens for r in requests),
-        concurrency=concurrency,
-    )
 
 
 @dataclass
@@ -573,65 +382,6 @@ def _servers_json(results: Sequence[TestResult]) -> list[dict[str, Any]]:
     """Each server measured in the session, once, with the fingerprint its baselines live under."""
     servers = dict.fromkeys(r.environment for r in results if r.is_remote)
     return [{**dataclasses.asdict(server), "fingerprint": server.fingerprint()} for server in servers]
-
-
-def result_json(result: TestResult) -> dict[str, Any]:
-    return {
-        "test_id": result.test_id,
-        "engine": result.engine_name,
-        "parameters": dataclasses.asdict(result.parameters),
-        "configuration": result.configuration.to_json() if result.configuration else None,
-        "arrival_rate": result.arrival_rate,
-        **result.summary,
-        "summary_keys": sorted(result.summary),
-        "samples": {k: list(v) for k, v in result.samples.items()},
-        "request_samples": {k: list(v) for k, v in result.request_samples.items()},
-        "baseline_request_samples": {k: list(v) for k, v in result.baseline_request_samples.items()},
-        "timeline": result.timeline,
-        "counters": result.counters,
-        "baseline": result.baseline_status,
-        "noisy": result.noisy,
-        "comparisons": [comparison_json(c) for c in result.comparisons],
-        "counter_changes": [dataclasses.asdict(c) for c in result.counter_changes],
-        "environment": dataclasses.asdict(result.environment) if result.environment else None,
-        "fingerprint": result.environment.fingerprint() if result.environment else None,
-        "normalization": RAW_SERVER_FIGURES if result.is_remote else NORMALISED,
-    }
-
-
-def result_from_json(data: dict[str, Any]) -> TestResult:
-    """The inverse of ``result_json`` (a pytest-xdist worker's results reach the controller this way)."""
-    return TestResult(
-        test_id=data["test_id"],
-        engine_name=data["engine"],
-        parameters=SizingParameters(**data["parameters"]),
-        arrival_rate=data["arrival_rate"],
-        samples={k: tuple(v) for k, v in data["samples"].items()},
-        counters=dict(data["counters"]),
-        summary={key: data[key] for key in data["summary_keys"]},
-        baseline_status=data["baseline"],
-        configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
-        noisy=data["noisy"],
-        request_samples={k: tuple(v) for k, v in data["request_samples"].items()},
-        timeline=data["timeline"],
-        baseline_request_samples={k: tuple(v) for k, v in data["baseline_request_samples"].items()},
-        comparisons=tuple(comparison_from_json(c) for c in data["comparisons"]),
-        counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
-        environment=environment_from_json(data["environment"]) if data.get("environment") else None,
-    )
-
-
-def comparison_json(comparison: Comparison) -> dict[str, Any]:
-    """The shape results.json stores a comparison in."""
-    return {
-        **dataclasses.asdict(comparison),
-        "direction": comparison.direction.value,
-        "verdict": comparison.verdict.value,
-    }
-
-
-def comparison_from_json(data: dict[str, Any]) -> Comparison:
-    return Comparison(**{**data, "direction": Direction(data["direction"]), "verdict": Verdict(data["verdict"])})
 
 
 def _shown_path(path: Path, rootdir: Path) -> str:

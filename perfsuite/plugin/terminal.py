@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from perfsuite.judge.stats import Verdict
-from perfsuite.plugin.session import PerfSession, TestResult
+from perfsuite.judge.results import TestResult
+from perfsuite.plugin.session import PerfSession
 from perfsuite.report.table import format_table
 
 VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]

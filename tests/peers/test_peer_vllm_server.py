@@ -12,7 +12,7 @@ from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.correctness import check_server_greedy, greedy_check_requests
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from perfsuite.plugin.session import RAW_SERVER_FIGURES
+from perfsuite.judge.catalogue import RAW_SERVER_FIGURES
 
 PERF_TESTS_TIMEOUT_S = 1800.0
 # A reduced selection of the shipped perf tests: offline throughput at both ci batch sizes,
