@@ -52,9 +52,9 @@ def decode_step(token_ids: list[int], position: int) -> SchedulerOutput:
 
 def step_functions(runner: ModelRunner, device: str) -> dict:
     """Each mode as ``step(output, kv_cache) -> tokens``, all over the runner's one copy of the weights."""
-    steps = {"packed": runner.execute, "static": _taking_output(StaticDecodeStep(runner))}
+    steps = {"packed": runner.execute, "static": _taking_output(StaticDecodeStep(runner.decoder))}
     if device.startswith("cuda"):
-        steps["graph"] = _taking_output(StaticDecodeStep(runner, use_cuda_graph=True))
+        steps["graph"] = _taking_output(StaticDecodeStep(runner.decoder, use_cuda_graph=True))
     return steps
 
 

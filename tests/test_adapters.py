@@ -116,7 +116,9 @@ def test_a_conftest_can_register_an_engine(monkeypatch):
 
 
 def test_the_decode_mode_option_offers_what_the_runner_has():
-    from perfsuite.engine.model_runner import DECODE_MODES as RUNNER_MODES
+    from perfsuite.engine.types import DECODE_MODES, DecodeMode
     from perfsuite.plugin.options import DECODE_MODES as OPTION_MODES
 
+    RUNNER_MODES = tuple(mode.value for mode in DecodeMode)
     assert OPTION_MODES == RUNNER_MODES
+    assert OPTION_MODES is DECODE_MODES, "the modes are listed once, in the engine"

@@ -160,7 +160,7 @@ class _LeakyStore(StaticDecodeStep):
 
 def _runner_with(loaded, step_class) -> ModelRunner:
     runner = ModelRunner(loaded.model, decode_mode="static")
-    runner.static_decode = step_class(runner)
+    runner.static_decode = step_class(runner.decoder)
     return runner
 
 

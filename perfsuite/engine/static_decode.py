@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.model_runner import KVCache, ModelRunner, _rotate_half
+from perfsuite.engine.layers import Decoder, KVCache
 from perfsuite.engine.types import ScheduledChunk
 
 # Runs on a side stream before capture, as PyTorch's CUDA graph notes ask, so
@@ -45,16 +45,16 @@ class _CapturedStep:
 
 
 class StaticDecodeStep:
-    """Runs decode-only steps of ``runner`` over all slots of a ``KVCache``.
+    """Runs decode-only steps of ``decoder`` over all slots of a ``KVCache``.
 
     With ``use_cuda_graph`` the step is captured once per cache (its tensors'
     addresses and shape, which is what a graph bakes in) and replayed after.
     """
 
-    def __init__(self, runner: ModelRunner, *, use_cuda_graph: bool = False) -> None:
-        if use_cuda_graph and runner.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, the runner is on {runner.device}")
-        self.runner = runner
+    def __init__(self, decoder: Decoder, *, use_cuda_graph: bool = False) -> None:
+        if use_cuda_graph and decoder.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {decoder.device}")
+        self.decoder = decoder
         self.use_cuda_graph = use_cuda_graph
         self.num_captures = 0
         self._captured: dict[tuple[int, int, int, int], _CapturedStep] = {}
@@ -71,7 +71,7 @@ class StaticDecodeStep:
         if self.use_cuda_graph:
             next_tokens = self._captured_step(kv_cache).replay(inputs)
         else:
-            next_tokens = self.forward(inputs.to(self.runner.device), kv_cache)
+            next_tokens = self.forward(inputs.to(self.decoder.device), kv_cache)
         tokens = next_tokens.tolist()
         return [tokens[chunk.slot] for chunk in chunks if chunk.samples]
 
@@ -99,13 +99,13 @@ class StaticDecodeStep:
 
     def _capture(self, kv_cache: KVCache) -> _CapturedStep:
         # All rows unscheduled: warm-up runs store back what the cache holds.
-        inputs = torch.zeros(3, kv_cache.num_slots, dtype=torch.long, device=self.runner.device)
-        side_stream = torch.cuda.Stream(self.runner.device)
-        side_stream.wait_stream(torch.cuda.current_stream(self.runner.device))
+        inputs = torch.zeros(3, kv_cache.num_slots, dtype=torch.long, device=self.decoder.device)
+        side_stream = torch.cuda.Stream(self.decoder.device)
+        side_stream.wait_stream(torch.cuda.current_stream(self.decoder.device))
         with torch.cuda.stream(side_stream):
             for _ in range(NUM_WARMUP_RUNS):
                 self.forward(inputs, kv_cache)
-        torch.cuda.current_stream(self.runner.device).wait_stream(side_stream)
+        torch.cuda.current_stream(self.decoder.device).wait_stream(side_stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             next_tokens = self.forward(inputs, kv_cache)
@@ -116,42 +116,21 @@ class StaticDecodeStep:
 
     def forward(self, inputs: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         """One decode token for every slot's row; no host sync, so CUDA can capture it."""
-        runner = self.runner
         token_ids, positions, is_scheduled = inputs[0], inputs[1], inputs[2] != 0  # each [num_slots]
         rows = torch.arange(kv_cache.num_slots, device=inputs.device)
         mask = self._mask(positions, kv_cache.max_seq_len)
-        hidden = runner.embed[token_ids]  # [num_slots, hidden]
-        cos = runner.cos_table[positions].unsqueeze(1)  # [num_slots, 1, head_dim]
-        sin = runner.sin_table[positions].unsqueeze(1)
-        for layer_index, layer in enumerate(runner.layers):
-            normed = runner._rms_norm(hidden, layer.input_norm)
-            q, k, v = self._split_heads(F.linear(normed, layer.qkv, layer.qkv_bias))
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+
+        def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
             self._store(k_cache, rows, positions, is_scheduled, k)
             self._store(v_cache, rows, positions, is_scheduled, v)
             attended = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache, v_cache, attn_mask=mask, enable_gqa=True
             )  # [num_slots, heads, 1, head_dim]
-            hidden = hidden + F.linear(attended.flatten(1), layer.out)
-            normed = runner._rms_norm(hidden, layer.post_norm)
-            gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
-        logits = runner._rms_norm(hidden, runner.final_norm) @ runner.lm_head.T  # [num_slots, vocab]
-        return logits.argmax(dim=-1)
+            return attended.squeeze(2)
 
-    def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        runner = self.runner
-        q_size = runner.num_heads * runner.head_dim
-        kv_size = runner.num_kv_heads * runner.head_dim
-        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-        num_rows = qkv.shape[0]
-        return (
-            q.view(num_rows, runner.num_heads, runner.head_dim),
-            k.view(num_rows, runner.num_kv_heads, runner.head_dim),
-            v.view(num_rows, runner.num_kv_heads, runner.head_dim),
-        )
+        hidden = self.decoder.forward(token_ids, positions, attend)  # [num_slots, hidden]
+        return self.decoder.greedy_tokens(hidden)
 
     @staticmethod
     def _mask(positions: torch.Tensor, max_seq_len: int) -> torch.Tensor:

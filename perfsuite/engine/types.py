@@ -17,6 +17,24 @@ class FinishReason(enum.Enum):
     ABORT = "abort"
 
 
+class DecodeMode(enum.Enum):
+    """How the model runner computes a step whose chunks are all one token; other steps are always packed."""
+
+    PACKED = "packed"  # as every step: the chunks' tokens packed into one batch
+    STATIC = "static"  # over all cache slots with static shapes (perfsuite.engine.static_decode)
+    CUDA_GRAPH = "cuda-graph"  # the static step captured once as a CUDA graph and replayed
+
+    @classmethod
+    def parse(cls, value: DecodeMode | str) -> DecodeMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown decode_mode {value!r}; choose one of {', '.join(DECODE_MODES)}") from None
+
+
+DECODE_MODES = tuple(mode.value for mode in DecodeMode)  # the names options and stored runs use
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Greedy decoding limits for one request.

@@ -21,6 +21,7 @@ from perfsuite.adapters.http_options import (
 )
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import engine_names, fraction, integer_at_least, one_of, probability
+from perfsuite.engine.types import DECODE_MODES
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
 from perfsuite.workload.profiles import PROFILES, Profile
@@ -65,9 +66,6 @@ def server_label(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a label naming the server, e.g. vllm-0.32-cpu")
     return text.strip()
-
-
-DECODE_MODES = ("packed", "static", "cuda-graph")  # perfsuite.engine.model_runner.DECODE_MODES, without torch
 
 
 def decode_mode(text: str) -> str:

@@ -1,0 +1,222 @@
+"""The decoder itself: its weights, its KV cache and the math of one layer.
+
+Both decode paths run the model through ``Decoder.forward``: the packed path
+(``perfsuite.engine.model_runner``) over the tokens of any mix of chunks, the
+static path (``perfsuite.engine.static_decode``) over one row per cache slot.
+They differ only in how a layer stores its keys and values and attends, which
+each passes in as ``Attend``; the norms, rotary embedding, projections and MLP
+are written once, here.
+
+The weights are read from a Hugging Face ``LlamaForCausalLM`` and follow its
+numerics (RMSNorm in float32, rotary tables in float32), so greedy outputs
+match the unbatched reference that runs the Hugging Face model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+# (layer_index, q [T, heads, head_dim], k and v [T, kv_heads, head_dim]) -> attended [T, heads, head_dim].
+# Stores the layer's new keys and values in the cache, then attends over it.
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCache:
+    """Keys and values of every slot. An engine owns one; the runner fills it."""
+
+    keys: torch.Tensor  # [layers, slots, kv_heads, max_seq_len, head_dim]
+    values: torch.Tensor
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.keys.shape[3]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    out: torch.Tensor  # [hidden, heads * head_dim]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+@dataclass(frozen=True, slots=True)
+class HeadLayout:
+    """How the fused query-key-value projection splits into attention heads (grouped-query attention)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] from qkv [T, (heads + 2 * kv_heads) * head_dim]."""
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        num_tokens = qkv.shape[0]
+        return (
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            v.view(num_tokens, self.num_kv_heads, self.head_dim),
+        )
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Hugging Face's LlamaRMSNorm normalises in float32 whatever the model
+    # dtype (float64 included); doing the same keeps greedy choices equal.
+    as_float = hidden.to(torch.float32)
+    variance = as_float.pow(2).mean(-1, keepdim=True)
+    return weight * (as_float * torch.rsqrt(variance + eps)).to(hidden.dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x [T, heads, head_dim] with cos and sin [T, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated_half * sin
+
+
+def decoder_layer(
+    layer: LayerWeights,
+    layer_index: int,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: HeadLayout,
+    eps: float,
+    attend: Attend,
+) -> torch.Tensor:
+    """One pre-norm Llama layer over hidden [T, hidden_size]: attention, then the gated MLP, each residual."""
+    normed = rms_norm(hidden, layer.input_norm, eps)
+    q, k, v = heads.split(F.linear(normed, layer.qkv, layer.qkv_bias))
+    attended = attend(layer_index, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+    hidden = hidden + F.linear(attended.reshape(hidden.shape[0], -1), layer.out)
+    normed = rms_norm(hidden, layer.post_norm, eps)
+    gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
+    return hidden + F.linear(F.silu(gate) * up, layer.down)
+
+
+@dataclass(frozen=True, slots=True)
+class Decoder:
+    """A Llama-architecture decoder's weights on one device, and its forward pass."""
+
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [vocab, hidden]
+    cos_table: torch.Tensor  # [max_context, head_dim]
+    sin_table: torch.Tensor  # [max_context, head_dim]
+    heads: HeadLayout
+    rms_norm_eps: float
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def max_context(self) -> int:
+        return self.cos_table.shape[0]
+
+    @classmethod
+    def from_hf(cls, model, device: torch.device, dtype: torch.dtype) -> Decoder:
+        """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``."""
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"perfsuite's model runner supports {SUPPORTED_MODEL_TYPES} decoders, got model_type "
+                f"{config.model_type!r}; use a Llama-architecture model (SmolLM2, Llama, TinyLlama)"
+            )
+        num_heads = config.num_attention_heads
+        heads = HeadLayout(
+            num_heads=num_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+        )
+
+        def moved(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(device=device, dtype=dtype)
+
+        decoder = model.model
+        cos_table, sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
+        return cls(
+            embed=moved(decoder.embed_tokens.weight),
+            layers=tuple(_layer_weights(layer, moved) for layer in decoder.layers),
+            final_norm=moved(decoder.norm.weight),
+            lm_head=moved(model.lm_head.weight),
+            cos_table=cos_table,
+            sin_table=sin_table,
+            heads=heads,
+            rms_norm_eps=config.rms_norm_eps,
+        )
+
+    def new_kv_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        if not 2 <= max_seq_len <= self.max_context:
+            raise ValueError(
+                f"max_seq_len must be in 2..{self.max_context} (the model's max_position_embeddings), "
+                f"got {max_seq_len}"
+            )
+        shape = (len(self.layers), num_slots, self.heads.num_kv_heads, max_seq_len, self.heads.head_dim)
+        return KVCache(
+            keys=torch.zeros(shape, device=self.device, dtype=self.dtype),
+            values=torch.zeros(shape, device=self.device, dtype=self.dtype),
+        )
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """The last layer's hidden states [T, hidden] of token_ids [T] at positions [T]."""
+        hidden = self.embed[token_ids]  # [T, hidden]
+        cos = self.cos_table[positions].unsqueeze(1)  # [T, 1, head_dim]
+        sin = self.sin_table[positions].unsqueeze(1)
+        for layer_index, layer in enumerate(self.layers):
+            hidden = decoder_layer(layer, layer_index, hidden, cos, sin, self.heads, self.rms_norm_eps, attend)
+        return hidden
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The most likely next token [N] after each of hidden [N, hidden]."""
+        logits = rms_norm(hidden, self.final_norm, self.rms_norm_eps) @ self.lm_head.T  # [N, vocab]
+        return logits.argmax(dim=-1)
+
+
+def _layer_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    biases = [p.bias for p in projections]
+    return LayerWeights(
+        input_norm=moved(layer.input_layernorm.weight),
+        qkv=moved(torch.cat([p.weight for p in projections])),
+        qkv_bias=None if biases[0] is None else moved(torch.cat(biases)),
+        out=moved(attn.o_proj.weight),
+        post_norm=moved(layer.post_attention_layernorm.weight),
+        gate_up=moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+        down=moved(mlp.down_proj.weight),
+    )
+
+
+def _rotary_tables(
+    rotary, max_context: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = rotary.inv_freq.to(device=device, dtype=torch.float32)
+    positions = torch.arange(max_context, device=device, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [max_context, head_dim]
+    scaling = getattr(rotary, "attention_scaling", 1.0)
+    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
