@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfsuite.engine import build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
-from perfsuite.measure.timing import configure_threads, machine_probe, max_seq_len_for, timed_run  # noqa: E402
+from perfsuite.measure.probe import machine_probe  # noqa: E402
+from perfsuite.measure.timing import configure_threads, max_seq_len_for, timed_run  # noqa: E402
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
 from perfsuite.workload.profiles import PROFILES  # noqa: E402

@@ -8,7 +8,7 @@ part, a prefill of 8 x 10 tokens, a decode-shaped forward of 8 x 1 tokens
 prefill and decode, the spread of log time left after dividing by each
 probe (lower is better) and the fitted slope (1 means the probe moves one
 for one with the model), and whether a probe taken after the step as well
-as before helps. ``perfsuite.measure.timing.machine_probe`` cites its figures.
+as before helps. ``perfsuite.measure.probe.machine_probe`` cites its figures.
 Run it on a quiet machine: other work is exactly what it measures.
 """
 
@@ -21,7 +21,8 @@ import time
 import numpy as np
 import torch
 
-from perfsuite.measure.timing import compute_probe, configure_threads, memory_probe, seconds_per_call
+from perfsuite.measure.probe import compute_probe, memory_probe, seconds_per_call
+from perfsuite.measure.timing import configure_threads
 from perfsuite.models import load_model
 
 

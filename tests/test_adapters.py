@@ -122,3 +122,15 @@ def test_the_decode_mode_option_offers_what_the_runner_has():
     RUNNER_MODES = tuple(mode.value for mode in DecodeMode)
     assert OPTION_MODES == RUNNER_MODES
     assert OPTION_MODES is DECODE_MODES, "the modes are listed once, in the engine"
+
+
+def test_a_backend_probes_the_machine_only_with_the_probe_its_builder_passes_in():
+    from perfsuite.models import load_model
+
+    def probe(device: str) -> float:
+        return 0.001
+
+    loaded = load_model("tiny-random", dtype="float32")
+    assert Backend(runner=None, tokenize=list, eos_token_id=None, max_context=64, device="cpu").probe is None
+    assert Backend.from_loaded(loaded).probe is None
+    assert Backend.from_loaded(loaded, probe=probe).probe is probe

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import perfsuite.measure.timing as measure  # noqa: E402
-from perfsuite.measure.timing import CUDA_PROBE_BYTES, compute_probe, machine_probe, memory_probe  # noqa: E402
+import perfsuite.measure.probe as measure  # noqa: E402
+from perfsuite.measure.probe import CUDA_PROBE_BYTES, compute_probe, machine_probe, memory_probe  # noqa: E402
 
 
 def test_the_cpu_probe_is_seconds_per_iteration():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from perfsuite.adapters.http_options import HttpClientOptions
-from perfsuite.engine.types import Request, RunResult, StepOutput
+from perfsuite.engine.types import DecodeMode, Request, RunResult, StepOutput
 
 
 @runtime_checkable
@@ -54,12 +54,6 @@ class BatchingEngine(Protocol):
     ) -> RunResult: ...
 
 
-def _machine_probe(device: str) -> float:
-    from perfsuite.measure.timing import machine_probe
-
-    return machine_probe(device)
-
-
 @dataclass(frozen=True, slots=True)
 class Backend:
     """One loaded model, as the engines and the perf fixtures see it.
@@ -69,9 +63,11 @@ class Backend:
     adapters drive (None for a fake backend). ``endpoint`` is the base URL
     of an OpenAI-compatible server for the ``openai-http`` engine, and
     ``http_options`` how that engine talks to it. ``probe`` times the machine
-    before each repeat (see ``measure.machine_probe``); a backend whose speed
-    does not follow the machine's (a fake that sleeps) sets it to None, which
-    also turns off the busy-machine check (``perfsuite.measure.contention``).
+    before each repeat: the plugin's ``perf_backend`` passes in
+    ``perfsuite.measure.probe.machine_probe``. Without one (a fake that sleeps,
+    whose speed does not follow the machine's) samples are not normalised by
+    machine speed and the busy-machine check (``perfsuite.measure.contention``)
+    is off.
     """
 
     runner: Any
@@ -79,7 +75,7 @@ class Backend:
     eos_token_id: int | None
     max_context: int
     device: str
-    probe: Callable[[str], float] | None = _machine_probe
+    probe: Callable[[str], float] | None = None
     model: Any = None
     tokenizer: Any = None
     endpoint: str | None = None
@@ -92,14 +88,16 @@ class Backend:
         cls,
         loaded: Any,
         endpoint: str | None = None,
-        decode_mode: str = "packed",
+        decode_mode: DecodeMode | str = DecodeMode.PACKED,
         http_options: HttpClientOptions | None = None,
+        probe: Callable[[str], float] | None = None,
     ) -> Backend:
         """The backend of a ``perfsuite.models.LoadedModel``, with perfsuite's runner over it."""
         from perfsuite.engine.model_runner import ModelRunner
 
         return cls(
             runner=ModelRunner(loaded.model, decode_mode=decode_mode),
+            probe=probe,
             tokenize=lambda text: loaded.tokenizer(text)["input_ids"],
             eos_token_id=loaded.eos_token_id,
             max_context=loaded.max_context,

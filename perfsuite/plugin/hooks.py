@@ -134,10 +134,12 @@ def perf_model(perf_session):
 def perf_backend(perf_session, perf_model):
     """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner."""
     from perfsuite.adapters import Backend
+    from perfsuite.measure.probe import machine_probe
 
     options = perf_session.options
     return Backend.from_loaded(
-        perf_model, endpoint=options.endpoint, decode_mode=options.decode_mode, http_options=options.http_client
+        perf_model, endpoint=options.endpoint, decode_mode=options.decode_mode, http_options=options.http_client,
+        probe=machine_probe,
     )
 
 
