@@ -163,6 +163,21 @@ def test_abort_frees_the_slot_and_records_the_reason():
     assert len(records["next"].output_token_ids) == 2
 
 
+def test_an_aborted_request_gets_no_placeholder_token():
+    scheduler = InflightScheduler(KVCacheManager(2, 32), EOS, decode_batch_size=2)
+    scheduler.add_request(make_request("victim", max_new_tokens=10))
+    assert scheduler.abort_request("victim") is True, "the abort is a yes or no, not a step output with a token"
+    assert scheduler.abort_request("victim") is False
+    engine = inflight_engine(FakeRunner(VOCAB), decode_batch_size=1, max_seq_len=32, eos_token_id=EOS)
+    engine.add_request(make_request("victim", max_new_tokens=10))
+    engine.step()
+    engine.abort_request("victim")
+    [record] = engine.result(0.0, 1.0).records
+    assert record.finish_reason is FinishReason.ABORT
+    assert len(record.output_token_ids) == len(record.token_times) == 1
+    assert all(token >= 0 for token in record.output_token_ids)
+
+
 @pytest.mark.parametrize("build", ["static", "inflight"])
 @pytest.mark.parametrize(
     ("bad_request", "words"),

@@ -87,7 +87,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, data):
         active = sorted(r for r in self.requests if self.scheduler.is_active(r))
         request_id = data.draw(st.sampled_from(active))
-        assert self.scheduler.abort_request(request_id) is not None
+        assert self.scheduler.abort_request(request_id) is True
         self.aborted.add(request_id)
         self.finish[request_id] = FinishReason.ABORT
 

@@ -47,8 +47,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
-from perfsuite.adapters.peer_support import ArrivalQueue, RecordBuilder, check_requests_fit
+from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 
 PAGE_SIZE = 32  # tokens per KV page; small, so a request wastes at most 31 slots
@@ -79,7 +80,7 @@ class HFContinuousBatchingEngine:
         on_step: Callable[[list[StepOutput]], None] | None = None,
         max_concurrency: int | None = None,
     ) -> RunResult:
-        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.adapters.peer_support``).
+        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.engine.arrivals``).
 
         ``on_step`` sees a request's outputs when its result arrives, all at
         once: the manager reports finished requests, not steps.
@@ -122,7 +123,7 @@ class _Serving:
     def submit_arrived(self) -> None:
         for admission in self.arrivals.admit(len(self.unfinished)):
             request = admission.request
-            record = RecordBuilder(request, admission.arrival_time, self.engine.eos_token_id)
+            record = RecordBuilder(request, admission.arrival_time)
             self.records[request.request_id] = self.unfinished[request.request_id] = record
             submitted = self.manager.add_request(
                 list(request.prompt_token_ids),
@@ -172,7 +173,7 @@ class _Serving:
             raise RuntimeError(f"hf-cb: request {result.request_id!r} failed in the manager: {result.error}")
         self._check_times(result)
         record.first_scheduled_time = result.lifespan[0]
-        outputs = record.add_tokens(result.generated_tokens, result.timestamps)
+        outputs = record.add_tokens(result.generated_tokens, result.timestamps, self.engine.eos_token_id)
         if not record.is_finished:
             raise RuntimeError(
                 f"hf-cb: request {result.request_id!r} ended after {len(result.generated_tokens)} tokens "

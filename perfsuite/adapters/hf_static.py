@@ -35,8 +35,9 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from perfsuite.adapters.peer_support import ArrivalQueue, RecordBuilder, check_requests_fit
+from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
 from perfsuite.engine.types import EngineCounters, Request, RunResult, StepOutput
 
 StepHook = Callable[[list[StepOutput]], None]
@@ -49,8 +50,9 @@ class _StepStreamer(BaseStreamer):
     column right after choosing it (before it asks its stopping criteria).
     """
 
-    def __init__(self, rows: Sequence[RecordBuilder], after_step: StepHook) -> None:
+    def __init__(self, rows: Sequence[RecordBuilder], eos_token_id: int | None, after_step: StepHook) -> None:
         self.rows = rows
+        self.eos_token_id = eos_token_id
         self.after_step = after_step
         self.num_steps = 0
         self._seen_prompt = False
@@ -62,7 +64,11 @@ class _StepStreamer(BaseStreamer):
         new_tokens = value.reshape(-1).tolist()  # the host copy waits for the device
         now = time.perf_counter()
         self.num_steps += 1
-        outputs = [row.add_token(token, now) for row, token in zip(self.rows, new_tokens) if not row.is_finished]
+        outputs = [
+            row.add_token(token, now, self.eos_token_id)
+            for row, token in zip(self.rows, new_tokens)
+            if not row.is_finished
+        ]
         self.after_step(outputs)
 
     def end(self) -> None:
@@ -129,7 +135,7 @@ class HFStaticEngine:
         on_step: StepHook | None = None,
         max_concurrency: int | None = None,
     ) -> RunResult:
-        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.adapters.peer_support``).
+        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.engine.arrivals``).
 
         Requests get in between steps, as in ``Engine.run``; one that gets in
         while a batch runs waits for the next batch.
@@ -142,7 +148,7 @@ class HFStaticEngine:
 
         def admit(num_running: int) -> None:
             for admission in arrivals.admit(len(waiting) + num_running):
-                row = RecordBuilder(admission.request, admission.arrival_time, self.eos_token_id)
+                row = RecordBuilder(admission.request, admission.arrival_time)
                 records[admission.request.request_id] = row
                 waiting.append(row)
 
@@ -164,10 +170,10 @@ class HFStaticEngine:
                 on_step(outputs)
             admit(sum(1 for row in rows if not row.is_finished))
 
-        streamer = _StepStreamer(rows, after_step)
+        streamer = _StepStreamer(rows, self.eos_token_id, after_step)
         started = time.perf_counter()
         for row in rows:
-            row.first_scheduled_time = started
+            row.scheduled_at(started)
         input_ids, attention_mask = self._left_padded([row.request for row in rows])
         generation_config = GenerationConfig(
             do_sample=False,

@@ -1,143 +1,27 @@
-"""What the peer adapters share with ``Engine.run``: when requests get in, and their records.
+"""What the peer adapters check before a run; their run semantics come from ``perfsuite.engine.arrivals``.
 
-Pure Python, no torch. A peer adapter drives someone else's engine but must
-keep perfsuite's run semantics, or its latencies would not be comparable:
-
-- a request gets in once its ``arrival_time`` has passed, and its record's
-  arrival is the run start plus that offset;
-- with ``max_concurrency`` the run is a closed loop: a request gets in only
-  while fewer than that many are unfinished, and its arrival is that moment;
-- every request gets a record; duplicate ids and requests that cannot fit
-  raise ``ValueError`` before anything runs.
+Pure Python, no torch. A peer adapter drives someone else's engine but keeps
+``Engine.run``'s semantics, or its latencies would not be comparable: it
+lets requests in with an ``ArrivalQueue`` and records them with
+``RecordBuilder``s, stopped by each request's own ``SamplingParams``
+(``RecordBuilder.add_token``). Duplicate ids and requests that cannot fit
+raise ``ValueError`` before anything runs.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
-from perfsuite.engine.types import FinishReason, Request, RequestRecord, StepOutput, check_unique_ids
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A request let into the engine, with its record's (absolute, ``perf_counter``) arrival time."""
-
-    request: Request
-    arrival_time: float
-
-
-class ArrivalQueue:
-    """The requests of one run that are not in the engine yet, released as ``Engine.run`` releases them."""
-
-    def __init__(
-        self,
-        requests: Iterable[Request],
-        max_concurrency: int | None,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
-        self.requests = tuple(sorted(requests, key=lambda r: r.arrival_time))
-        check_unique_ids(self.requests)
-        self.max_concurrency = max_concurrency
-        self._pending = deque(self.requests)
-        self._clock = clock
-        self.start_time = clock()
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def start(self) -> float:
-        """Start the run's clock now (after the engine's set-up) and return the start time."""
-        self.start_time = self._clock()
-        return self.start_time
-
-    def admit(self, num_unfinished: int) -> list[Admission]:
-        """Every request whose arrival has passed, as far as the concurrency limit lets them in."""
-        now = self._clock()
-        admitted: list[Admission] = []
-        while self._pending and self._pending[0].arrival_time <= now - self.start_time:
-            if not self.has_room(num_unfinished + len(admitted)):
-                break
-            request = self._pending.popleft()
-            arrival = now if self.max_concurrency is not None else self.start_time + request.arrival_time
-            admitted.append(Admission(request, arrival))
-        return admitted
-
-    def has_room(self, num_unfinished: int) -> bool:
-        return self.max_concurrency is None or num_unfinished < self.max_concurrency
-
-    def seconds_to_next_arrival(self) -> float:
-        """How long until the next pending request arrives (0 if it has); inf when none is pending."""
-        if not self._pending:
-            return float("inf")
-        return max(0.0, self._pending[0].arrival_time - (self._clock() - self.start_time))
+from perfsuite.engine.types import Request
 
 
 def check_requests_fit(requests: Iterable[Request], max_seq_len: int, vocab_size: int) -> None:
     """Refuse, before anything runs, a request the engine could never serve (it would fail or wait forever)."""
     for request in requests:
-        if request.max_total_tokens > max_seq_len:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt ({request.num_prompt_tokens} tokens) + max_new_tokens "
-                f"({request.sampling_params.max_new_tokens}) = {request.max_total_tokens} exceeds the "
-                f"engine's context of {max_seq_len} tokens; shorten the prompt, lower "
-                "max_new_tokens or build the engine with a larger max_seq_len"
-            )
+        request.check_fits(max_seq_len)
         outside = [t for t in request.prompt_token_ids if not 0 <= t < vocab_size]
         if outside:
             raise ValueError(
                 f"request {request.request_id!r}: prompt token ids {outside[:5]} are outside the model's "
                 f"vocabulary 0..{vocab_size - 1}"
             )
-
-
-@dataclass(slots=True)
-class RecordBuilder:
-    """One request's tokens and timestamps as they come, stopped by its own ``SamplingParams``."""
-
-    request: Request
-    arrival_time: float
-    eos_token_id: int | None
-    first_scheduled_time: float | None = None
-    token_ids: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def add_token(self, token_id: int, token_time: float) -> StepOutput:
-        if self.is_finished:
-            raise RuntimeError(f"request {self.request.request_id!r} got a token after it finished")
-        self.token_ids.append(token_id)
-        self.token_times.append(token_time)
-        self.finish_reason = self.request.sampling_params.finish_reason(
-            token_id, len(self.token_ids), self.eos_token_id
-        )
-        return StepOutput(self.request.request_id, token_id, self.finish_reason)
-
-    def add_tokens(self, token_ids: Sequence[int], times: Sequence[float]) -> list[StepOutput]:
-        """Tokens up to the first that finishes the request; any the engine produced past it are dropped."""
-        outputs = []
-        for token_id, token_time in zip(token_ids, times):
-            outputs.append(self.add_token(token_id, token_time))
-            if self.is_finished:
-                break
-        return outputs
-
-    def build(self) -> RequestRecord:
-        return RequestRecord(
-            request_id=self.request.request_id,
-            num_prompt_tokens=self.request.num_prompt_tokens,
-            output_token_ids=tuple(self.token_ids),
-            arrival_time=self.arrival_time,
-            first_scheduled_time=self.first_scheduled_time,
-            token_times=tuple(self.token_times),
-            finished_time=self.token_times[-1] if self.is_finished else None,
-            finish_reason=self.finish_reason,
-        )

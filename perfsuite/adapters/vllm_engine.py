@@ -2,7 +2,7 @@
 
 Registered only where ``vllm`` is importable (``make peers`` builds such a
 virtual environment, ``.venv-peers``). It serves perfsuite's requests with
-``Engine.run``'s semantics (``perfsuite.adapters.peer_support``): a request is
+``Engine.run``'s semantics (``perfsuite.engine.arrivals``): a request is
 added to vLLM's ``LLMEngine`` once its arrival time has passed (or a closed-loop
 client is free), between two ``step()`` calls, as perfsuite's engines add
 requests between two forward steps. So ``--perf-engines inflight,vllm`` runs
@@ -65,8 +65,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfsuite.adapters.peer_support import ArrivalQueue, RecordBuilder, check_requests_fit
+from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size: a request may waste up to one block
@@ -248,7 +249,7 @@ class _Serving:
     def add_arrived(self) -> None:
         for admission in self.arrivals.admit(len(self.unfinished)):
             request = admission.request
-            record = RecordBuilder(request, admission.arrival_time, self.engine.eos_token_id)
+            record = RecordBuilder(request, admission.arrival_time)
             self.records[request.request_id] = self.unfinished[request.request_id] = record
             self.engine.llm_engine.add_request(
                 request.request_id,
@@ -268,7 +269,7 @@ class _Serving:
             if record.first_scheduled_time is None:
                 record.first_scheduled_time = self.vllm_time(output, "scheduled_ts")
             token_time = self.vllm_time(output, "last_token_ts")
-            step_outputs = record.add_tokens(new_tokens, [token_time] * len(new_tokens))
+            step_outputs = record.add_tokens(new_tokens, [token_time] * len(new_tokens), self.engine.eos_token_id)
         if record.is_finished:
             del self.unfinished[output.request_id]
             if not output.finished:  # perfsuite's stop rule met first: vLLM must not go on with it

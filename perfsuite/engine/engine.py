@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
 from perfsuite.engine.types import (
@@ -23,7 +23,7 @@ from perfsuite.engine.types import (
     SchedulerOutput,
     StepOutput,
     StepTrace,
-    check_unique_ids,
+    check_new_request_id,
 )
 
 
@@ -33,29 +33,6 @@ class Runner(Protocol):
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> Any: ...
 
     def execute(self, output: SchedulerOutput, kv_cache: Any) -> list[int]: ...
-
-
-@dataclass(slots=True)
-class _RecordBuilder:
-    request: Request
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    output_token_ids: list[int] = field(default_factory=list)
-    finished_time: float | None = None
-    finish_reason: FinishReason | None = None
-
-    def build(self) -> RequestRecord:
-        return RequestRecord(
-            request_id=self.request.request_id,
-            num_prompt_tokens=self.request.num_prompt_tokens,
-            output_token_ids=tuple(self.output_token_ids),
-            arrival_time=self.arrival_time,
-            first_scheduled_time=self.first_scheduled_time,
-            token_times=tuple(self.token_times),
-            finished_time=self.finished_time,
-            finish_reason=self.finish_reason,
-        )
 
 
 class Engine:
@@ -82,7 +59,7 @@ class Engine:
         self._reset_accounting()
 
     def _reset_accounting(self) -> None:
-        self._records: dict[str, _RecordBuilder] = {}
+        self._records: dict[str, RecordBuilder] = {}
         self._counters = EngineCounters()
         self._steps: deque[StepTrace] = deque()
 
@@ -98,21 +75,16 @@ class Engine:
 
     def add_request(self, request: Request, arrival_time: float | None = None) -> None:
         """Queue a request; bad input raises ``ValueError`` and changes nothing."""
-        if request.request_id in self._records:
-            raise ValueError(
-                f"request_id {request.request_id!r} was already used in this run; give every request a unique id"
-            )
+        check_new_request_id(request.request_id, self._records, "was already used in this run")
         self.scheduler.add_request(request)
         arrival = self._clock() if arrival_time is None else arrival_time
-        self._records[request.request_id] = _RecordBuilder(request, arrival)
+        self._records[request.request_id] = RecordBuilder(request, arrival)
 
     def abort_request(self, request_id: str) -> bool:
-        aborted = self.scheduler.abort_request(request_id)
-        if aborted is None:
+        """Stop a request wherever it is; False when it is not in flight."""
+        if not self.scheduler.abort_request(request_id):
             return False
-        builder = self._records[request_id]
-        builder.finished_time = self._clock()
-        builder.finish_reason = FinishReason.ABORT
+        self._records[request_id].finish(FinishReason.ABORT, self._clock())
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -129,7 +101,7 @@ class Engine:
         flight, the counters and step traces start over, as a new run would
         start them.
         """
-        finished_ids = [rid for rid, builder in self._records.items() if builder.finished_time is not None]
+        finished_ids = [rid for rid, builder in self._records.items() if builder.is_finished]
         records = [self._records.pop(rid).build() for rid in finished_ids]
         if not self._records:
             self._reset_accounting()
@@ -149,19 +121,13 @@ class Engine:
             return []
         start = self._clock()
         for chunk in output.chunks:
-            builder = self._records.get(chunk.request_id)
-            if builder is not None and builder.first_scheduled_time is None:
-                builder.first_scheduled_time = start
+            if not chunk.is_padding:  # a padding row's request has finished; its record may be handed out
+                self._records[chunk.request_id].scheduled_at(start)
         sampled = self.runner.execute(output, self.kv_cache)
         now = self._clock()
         step_outputs = self.scheduler.update_from_output(output, sampled)
         for step_output in step_outputs:
-            builder = self._records[step_output.request_id]
-            builder.token_times.append(now)
-            builder.output_token_ids.append(step_output.token_id)
-            if step_output.finished:
-                builder.finished_time = now
-                builder.finish_reason = step_output.finish_reason
+            self._records[step_output.request_id].add(step_output, now)
         self._counters = self._counters.plus(output)
         self._steps.append(StepTrace(start, now, output.num_waiting, output.chunks))
         return step_outputs
@@ -180,33 +146,21 @@ class Engine:
         its arrival is the moment it gets in. ``on_step`` sees each step's
         outputs (for progress).
         """
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         if self.has_unfinished_requests():
             raise RuntimeError(f"engine {self.name!r} still has unfinished requests; finish or abort them first")
-        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-        check_unique_ids(pending)
+        arrivals = ArrivalQueue(requests, max_concurrency, clock=self._clock)
         self._reset_accounting()
-        start = self._clock()
-        while pending or self.has_unfinished_requests():
-            elapsed = self._clock() - start
-            while pending and pending[0].arrival_time <= elapsed and self._has_room(max_concurrency):
-                request = pending.popleft()
-                arrival = None if max_concurrency else start + request.arrival_time
-                self.add_request(request, arrival_time=arrival)
+        start = arrivals.start()
+        while arrivals or self.has_unfinished_requests():
+            for admission in arrivals.admit(self.scheduler.num_waiting + self.scheduler.num_running):
+                self.add_request(admission.request, arrival_time=admission.arrival_time)
             if self.has_unfinished_requests():
                 step_outputs = self.step()
                 if on_step is not None:
                     on_step(step_outputs)
-            elif pending:
-                self._sleep(max(0.0, pending[0].arrival_time - (self._clock() - start)))
+            elif arrivals:
+                self._sleep(arrivals.seconds_to_next_arrival())
         return self.result(start, self._clock())
-
-    def _has_room(self, max_concurrency: int | None) -> bool:
-        if max_concurrency is None:
-            return True
-        in_flight = self.scheduler.num_waiting + self.scheduler.num_running
-        return in_flight < max_concurrency
 
     def result(self, start_time: float, end_time: float) -> RunResult:
         """Everything recorded since the last ``run`` started."""

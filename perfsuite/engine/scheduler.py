@@ -24,6 +24,7 @@ from perfsuite.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
     StepOutput,
+    check_new_request_id,
 )
 
 
@@ -45,18 +46,15 @@ class Scheduler(abc.ABC):
         self._active[request.request_id] = sequence
         self.waiting.append(sequence)
 
-    def abort_request(self, request_id: str) -> StepOutput | None:
-        """Stop a request wherever it is and release its slot.
-
-        Returns the abort as a step output, or None when the id is not active.
-        """
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request wherever it is and release its slot; False when the id is not active."""
         sequence = self._active.get(request_id)
         if sequence is None:
-            return None
+            return False
         if sequence.status is SequenceStatus.WAITING:
             self.waiting.remove(sequence)
         self._finish(sequence, FinishReason.ABORT)
-        return StepOutput(request_id, -1, FinishReason.ABORT)
+        return True
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or any(not s.is_finished for s in self.running)
@@ -102,19 +100,8 @@ class Scheduler(abc.ABC):
     # -- shared helpers -----------------------------------------------------
 
     def _validate(self, request: Request) -> None:
-        request_id = request.request_id
-        if request_id in self._active:
-            raise ValueError(
-                f"request_id {request_id!r} is already in use by an unfinished request; "
-                "give every request a unique id"
-            )
-        if not self.kv_cache.fits(request.max_total_tokens):
-            raise ValueError(
-                f"request {request_id!r}: prompt ({request.num_prompt_tokens} tokens) + max_new_tokens "
-                f"({request.sampling_params.max_new_tokens}) = {request.max_total_tokens} exceeds the "
-                f"engine's context of {self.kv_cache.max_seq_len} tokens; shorten the prompt, lower "
-                "max_new_tokens or build the engine with a larger max_seq_len"
-            )
+        check_new_request_id(request.request_id, self._active, "is already in use by an unfinished request")
+        request.check_fits(self.kv_cache.max_seq_len)
 
     def _admit(self, sequence: Sequence) -> None:
         sequence.slot = self.kv_cache.allocate(sequence.request_id, sequence.request.max_total_tokens)

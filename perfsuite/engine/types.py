@@ -7,7 +7,7 @@ metrics and the tests use these types without importing torch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 
@@ -114,6 +114,16 @@ class Request:
     @property
     def max_total_tokens(self) -> int:
         return self.num_prompt_tokens + self.sampling_params.max_new_tokens
+
+    def check_fits(self, max_seq_len: int) -> None:
+        """Refuse a request that no slot of ``max_seq_len`` tokens could hold (it would fail or wait forever)."""
+        if self.max_total_tokens > max_seq_len:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt ({self.num_prompt_tokens} tokens) + max_new_tokens "
+                f"({self.sampling_params.max_new_tokens}) = {self.max_total_tokens} exceeds the "
+                f"engine's context of {max_seq_len} tokens; shorten the prompt, lower "
+                "max_new_tokens or build the engine with a larger max_seq_len"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +269,11 @@ def check_unique_ids(requests: Iterable[Request]) -> None:
     """Every engine refuses a run whose request ids repeat: records are keyed by id."""
     seen: set[str] = set()
     for request in requests:
-        if request.request_id in seen:
-            raise ValueError(
-                f"request_id {request.request_id!r} appears twice in the run; give every request a unique id"
-            )
+        check_new_request_id(request.request_id, seen, "appears twice in the run")
         seen.add(request.request_id)
+
+
+def check_new_request_id(request_id: str, ids_in_use: Container[str], clash: str) -> None:
+    """Refuse an id already in ``ids_in_use``; ``clash`` says where it is in use, for the message."""
+    if request_id in ids_in_use:
+        raise ValueError(f"request_id {request_id!r} {clash}; give every request a unique id")

@@ -1,0 +1,141 @@
+"""When a run's requests get into an engine, and what is recorded of each.
+
+Pure Python, no torch. ``Engine.run`` and every peer adapter (hf-static,
+hf-cb, vllm) serve a run with these, so their latencies are comparable:
+
+- a request gets in once its ``arrival_time`` has passed, and its record's
+  arrival is the run start plus that offset;
+- with ``max_concurrency`` the run is a closed loop: a request gets in only
+  while fewer than that many are unfinished, and its arrival is that moment;
+- every request gets a record; duplicate ids raise ``ValueError`` before
+  anything runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from perfsuite.engine.types import FinishReason, Request, RequestRecord, StepOutput, check_unique_ids
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request let into the engine, with its record's (absolute, clock) arrival time."""
+
+    request: Request
+    arrival_time: float
+
+
+class ArrivalQueue:
+    """The requests of one run that are not in the engine yet, released when they are due."""
+
+    def __init__(
+        self,
+        requests: Iterable[Request],
+        max_concurrency: int | None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+        self.requests = tuple(sorted(requests, key=lambda r: r.arrival_time))
+        check_unique_ids(self.requests)
+        self.max_concurrency = max_concurrency
+        self._pending = deque(self.requests)
+        self._clock = clock
+        self.start_time = clock()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> float:
+        """Start the run's clock now (after the engine's set-up) and return the start time."""
+        self.start_time = self._clock()
+        return self.start_time
+
+    def admit(self, num_unfinished: int) -> list[Admission]:
+        """Every request whose arrival has passed, as far as the concurrency limit lets them in."""
+        now = self._clock()
+        admitted: list[Admission] = []
+        while self._pending and self._pending[0].arrival_time <= now - self.start_time:
+            if not self.has_room(num_unfinished + len(admitted)):
+                break
+            request = self._pending.popleft()
+            arrival = now if self.max_concurrency is not None else self.start_time + request.arrival_time
+            admitted.append(Admission(request, arrival))
+        return admitted
+
+    def has_room(self, num_unfinished: int) -> bool:
+        return self.max_concurrency is None or num_unfinished < self.max_concurrency
+
+    def seconds_to_next_arrival(self) -> float:
+        """How long until the next pending request arrives (0 if it has); inf when none is pending."""
+        if not self._pending:
+            return float("inf")
+        return max(0.0, self._pending[0].arrival_time - (self._clock() - self.start_time))
+
+
+@dataclass(slots=True)
+class RecordBuilder:
+    """One request's tokens and timestamps as they come; ``build`` makes its ``RequestRecord``."""
+
+    request: Request
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finished_time: float | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def scheduled_at(self, scheduled_time: float) -> None:
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = scheduled_time
+
+    def add(self, output: StepOutput, token_time: float) -> None:
+        """A token whose finish reason the engine decided (perfsuite's scheduler)."""
+        if self.is_finished:
+            raise RuntimeError(f"request {self.request.request_id!r} got a token after it finished")
+        self.token_ids.append(output.token_id)
+        self.token_times.append(token_time)
+        if output.finish_reason is not None:
+            self.finish(output.finish_reason, token_time)
+
+    def add_token(self, token_id: int, token_time: float, eos_token_id: int | None) -> StepOutput:
+        """A token from an engine that does not stop requests our way: the request's own rule decides."""
+        reason = self.request.sampling_params.finish_reason(token_id, len(self.token_ids) + 1, eos_token_id)
+        output = StepOutput(self.request.request_id, token_id, reason)
+        self.add(output, token_time)
+        return output
+
+    def add_tokens(
+        self, token_ids: Sequence[int], times: Sequence[float], eos_token_id: int | None
+    ) -> list[StepOutput]:
+        """Tokens up to the first that finishes the request; any the engine produced past it are dropped."""
+        outputs = []
+        for token_id, token_time in zip(token_ids, times):
+            outputs.append(self.add_token(token_id, token_time, eos_token_id))
+            if self.is_finished:
+                break
+        return outputs
+
+    def finish(self, reason: FinishReason, finished_time: float) -> None:
+        self.finish_reason = reason
+        self.finished_time = finished_time
+
+    def build(self) -> RequestRecord:
+        return RequestRecord(
+            request_id=self.request.request_id,
+            num_prompt_tokens=self.request.num_prompt_tokens,
+            output_token_ids=tuple(self.token_ids),
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            token_times=tuple(self.token_times),
+            finished_time=self.finished_time,
+            finish_reason=self.finish_reason,
+        )
