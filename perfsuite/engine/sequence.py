@@ -21,14 +21,20 @@ class Sequence:
     ``num_computed_tokens`` counts tokens whose keys and values sit in the
     sequence's cache slot. The last sampled token is not computed yet: a decode
     step computes it and samples the next one.
+
+    ``all_token_ids`` is the prompt followed by the output so far, one list
+    appended in place, so a step reads its chunk without copying the prompt.
     """
 
     request: Request
-    output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
     finish_reason: FinishReason | None = None
+    all_token_ids: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.request.prompt_token_ids)
 
     @property
     def request_id(self) -> str:
@@ -40,7 +46,11 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prompt_tokens + len(self.output_token_ids)
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -55,11 +65,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
-        prompt = self.request.prompt_token_ids
-        if stop <= len(prompt):
-            return prompt[start:stop]
-        return (prompt + tuple(self.output_token_ids))[start:stop]
+        return tuple(self.all_token_ids[start:stop])
 
     def append_token(self, token_id: int, eos_token_id: int | None) -> FinishReason | None:
-        self.output_token_ids.append(token_id)
-        return self.request.sampling_params.finish_reason(token_id, len(self.output_token_ids), eos_token_id)
+        self.all_token_ids.append(token_id)
+        return self.request.sampling_params.finish_reason(token_id, self.num_output_tokens, eos_token_id)
