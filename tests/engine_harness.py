@@ -31,7 +31,7 @@ class Scenario:
     arrival_steps: tuple[int, ...]
     batch_size: int
     prefill_batch_size: int
-    token_budget: int
+    max_num_batched_tokens: int
 
     def engines(self, runner, eos_token_id, max_seq_len):
         yield static_engine(runner, batch_size=self.batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id)
@@ -39,7 +39,7 @@ class Scenario:
             runner,
             decode_batch_size=self.batch_size,
             prefill_batch_size=self.prefill_batch_size,
-            max_num_batched_tokens=self.token_budget,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             max_seq_len=max_seq_len,
             eos_token_id=eos_token_id,
         )
@@ -60,7 +60,7 @@ def scenarios(draw, vocab_size, max_requests=12, max_prompt_len=40, max_new_toke
         arrival_steps=tuple(arrival_steps),
         batch_size=batch_size,
         prefill_batch_size=draw(st.integers(1, batch_size)),
-        token_budget=draw(st.integers(1, 2 * max_prompt_len)),
+        max_num_batched_tokens=draw(st.integers(1, 2 * max_prompt_len)),
     )
 
 

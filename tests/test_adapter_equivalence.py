@@ -31,7 +31,7 @@ def tiny():
 
 
 def engine_config(scenario: Scenario) -> EngineConfig:
-    return EngineConfig(scenario.batch_size, MAX_SEQ_LEN, scenario.prefill_batch_size, scenario.token_budget)
+    return EngineConfig(scenario.batch_size, MAX_SEQ_LEN, scenario.prefill_batch_size, scenario.max_num_batched_tokens)
 
 
 @pytest.fixture(scope="module", params=sorted(available_engines()))

@@ -39,7 +39,9 @@ def check_scenario(scenario: Scenario, loaded, runner, reference, max_seq_len, n
     return near_ties
 
 
-def _scenario(*lengths, batch_size=3, prefill_batch_size=2, token_budget=16, arrival_steps=None, prompt_len=9):
+def _scenario(
+    *lengths, batch_size=3, prefill_batch_size=2, max_num_batched_tokens=16, arrival_steps=None, prompt_len=9
+):
     requests = tuple(
         Request(f"r{i}", tuple((7 * i + 3 * j) % 250 + 3 for j in range(prompt_len + i)), SamplingParams(n, ignore_eos=True))
         for i, n in enumerate(lengths)
@@ -49,13 +51,13 @@ def _scenario(*lengths, batch_size=3, prefill_batch_size=2, token_budget=16, arr
         arrival_steps=arrival_steps or tuple(0 for _ in lengths),
         batch_size=batch_size,
         prefill_batch_size=prefill_batch_size,
-        token_budget=token_budget,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
 
 
 @settings(max_examples=200)
 @given(scenario=scenarios(vocab_size=320))
-@example(scenario=_scenario(5, 12, 3, 20, 7, batch_size=3, token_budget=4, arrival_steps=(0, 0, 2, 5, 5)))
+@example(scenario=_scenario(5, 12, 3, 20, 7, batch_size=3, max_num_batched_tokens=4, arrival_steps=(0, 0, 2, 5, 5)))
 def test_tiny_random_float64_engines_equal_reference(tiny, scenario):
     loaded, runner, reference = tiny
     check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)
@@ -98,7 +100,7 @@ def test_a_runner_bug_breaks_the_property(tiny, mutant):
     loaded, _, reference = tiny
     broken = mutant(loaded.model)
     # Slots 0 and 2 decode while slot 1 is free, so the decode group needs an index, not a slice.
-    scenario = _scenario(14, 2, 14, 6, batch_size=3, prefill_batch_size=3, token_budget=64)
+    scenario = _scenario(14, 2, 14, 6, batch_size=3, prefill_batch_size=3, max_num_batched_tokens=64)
     expected, margins = reference.outputs(scenario.requests)
     engine = inflight_engine(broken, decode_batch_size=3, max_seq_len=TINY_MAX_SEQ_LEN,
                              eos_token_id=loaded.eos_token_id, prefill_batch_size=3, max_num_batched_tokens=64)
@@ -132,7 +134,7 @@ def test_smollm2_fun_fact_prompts_equal_reference(smollm2):
     requests = tuple(
         Request(f"fun-{n}", prompt, SamplingParams(n, ignore_eos=True)) for n in (3, 17, 9, 24, 1, 12)
     )
-    scenario = Scenario(requests, (0, 0, 1, 3, 3, 8), batch_size=4, prefill_batch_size=2, token_budget=20)
+    scenario = Scenario(requests, (0, 0, 1, 3, 3, 8), batch_size=4, prefill_batch_size=2, max_num_batched_tokens=20)
     check_scenario(scenario, loaded, runner, reference, 64, near_tie_tolerance=FLOAT32_NEAR_TIE)
 
 
@@ -158,5 +160,5 @@ def test_cuda_engines_equal_reference():
     loaded = load_model("tiny-random", device="cuda", dtype="float64")
     runner = ModelRunner(loaded.model)
     reference = CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
-    scenario = _scenario(5, 12, 3, 20, 7, batch_size=3, token_budget=4, arrival_steps=(0, 0, 2, 5, 5))
+    scenario = _scenario(5, 12, 3, 20, 7, batch_size=3, max_num_batched_tokens=4, arrival_steps=(0, 0, 2, 5, 5))
     check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)

@@ -73,7 +73,7 @@ def test_inflight_fills_a_freed_slot_at_the_next_step():
     assert second.num_padding_tokens == 0
 
 
-def test_inflight_respects_prefill_batch_size_and_token_budget():
+def test_inflight_respects_prefill_batch_size_and_max_num_batched_tokens():
     kv = KVCacheManager(num_slots=4, max_seq_len=64)
     scheduler = InflightScheduler(kv, EOS, decode_batch_size=4, prefill_batch_size=1, max_num_batched_tokens=5)
     for request_id in "abc":

@@ -27,23 +27,23 @@ class SchedulerMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["static", "inflight"]),
         batch_size=st.integers(1, 4),
         prefill_batch_size=st.integers(1, 4),
-        token_budget=st.integers(1, 30),
+        max_num_batched_tokens=st.integers(1, 30),
     )
-    def build(self, policy, batch_size, prefill_batch_size, token_budget):
+    def build(self, policy, batch_size, prefill_batch_size, max_num_batched_tokens):
         self.runner = FakeRunner(VOCAB)
         if policy == "static":
             self.engine = static_engine(self.runner, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, eos_token_id=EOS)
-            self.token_budget = None
+            self.max_num_batched_tokens = None
         else:
             self.engine = inflight_engine(
                 self.runner,
                 decode_batch_size=batch_size,
                 prefill_batch_size=min(prefill_batch_size, batch_size),
-                max_num_batched_tokens=token_budget,
+                max_num_batched_tokens=max_num_batched_tokens,
                 max_seq_len=MAX_SEQ_LEN,
                 eos_token_id=EOS,
             )
-            self.token_budget = token_budget
+            self.max_num_batched_tokens = max_num_batched_tokens
         self.scheduler = self.engine.scheduler
         self.kv = self.scheduler.kv_cache
         self.requests: dict[str, Request] = {}
@@ -73,8 +73,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def step(self):
         output = self.scheduler.schedule()
-        if self.token_budget is not None:
-            assert output.num_scheduled_tokens <= self.token_budget
+        if self.max_num_batched_tokens is not None:
+            assert output.num_scheduled_tokens <= self.max_num_batched_tokens
         sampled = self.runner.execute(output, self.engine.kv_cache)
         for step_output in self.scheduler.update_from_output(output, sampled):
             self.outputs[step_output.request_id].append(step_output.token_id)

@@ -47,7 +47,7 @@ FREE_MIDDLE_SLOT_AND_CHUNKED_PREFILL = Scenario(
     arrival_steps=(0, 0, 0, 12),
     batch_size=4,
     prefill_batch_size=1,
-    token_budget=3,
+    max_num_batched_tokens=3,
 )
 
 

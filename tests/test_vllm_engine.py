@@ -210,7 +210,7 @@ def test_engine_arguments_size_vllm_like_the_inflight_engine():
     assert arguments["kv_cache_memory_bytes"] == 8 * (300 + KV_BLOCK_TOKENS) * per_token  # B requests always fit
     assert arguments["enable_prefix_caching"] is False
     assert arguments["disable_log_stats"] is False
-    budgeted = VLLMSettings.from_config("/m", "float32", EngineConfig(8, 300, token_budget=256), per_token)
+    budgeted = VLLMSettings.from_config("/m", "float32", EngineConfig(8, 300, max_num_batched_tokens=256), per_token)
     assert budgeted.engine_arguments()["max_num_batched_tokens"] == 256
 
 

@@ -17,7 +17,7 @@ def build_inflight(backend: Backend, config: EngineConfig) -> Engine:
         backend.runner,
         decode_batch_size=config.batch_size,
         prefill_batch_size=config.prefill_batch_size,
-        max_num_batched_tokens=config.token_budget,
+        max_num_batched_tokens=config.max_num_batched_tokens,
         max_seq_len=config.max_seq_len,
         eos_token_id=backend.eos_token_id,
     )

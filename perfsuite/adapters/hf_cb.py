@@ -9,7 +9,7 @@ ids, and collects the results. ``generate_batch`` is not used: it takes one
 Sizing. On CPU the manager's defaults size the paged KV cache at 60% of free
 RAM, so it is sized from ``EngineConfig`` instead: room for B requests of
 ``max_seq_len`` tokens (``num_blocks``), B requests per step, and the same
-token budget as perfsuite's in-flight engine (``token_budget``, else B x
+token budget as perfsuite's in-flight engine (``max_num_batched_tokens``, else B x
 ``max_seq_len``). The free-block safety margin is 0, since the cache holds B
 full requests, so the concurrency limit is B and nothing else. Prefix sharing
 is off: perfsuite's engines do not cache prefixes, and the shipped prompts
@@ -203,7 +203,7 @@ def continuous_batching_config(config: EngineConfig) -> ContinuousBatchingConfig
     return ContinuousBatchingConfig(
         page_size=PAGE_SIZE,
         num_blocks=config.batch_size * pages_per_request,
-        max_batch_tokens=config.token_budget or config.batch_size * config.max_seq_len,
+        max_batch_tokens=config.max_num_batched_tokens or config.batch_size * config.max_seq_len,
         max_requests_per_batch=config.batch_size,
         safety_margin=0.0,
         allow_block_sharing=False,

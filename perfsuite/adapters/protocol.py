@@ -123,7 +123,7 @@ class EngineConfig:
     batch_size: int
     max_seq_len: int
     prefill_batch_size: int | None = None
-    token_budget: int | None = None
+    max_num_batched_tokens: int | None = None  # the most tokens one step computes (vLLM's name)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

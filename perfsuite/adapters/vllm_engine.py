@@ -96,7 +96,7 @@ class VLLMSettings:
     def from_config(
         cls, model_dir: str | Path, dtype: str, config: EngineConfig, kv_bytes_per_token: int
     ) -> VLLMSettings:
-        budget = config.token_budget or config.batch_size * config.max_seq_len
+        budget = config.max_num_batched_tokens or config.batch_size * config.max_seq_len
         kv_bytes = kv_cache_bytes(config, kv_bytes_per_token)
         return cls(str(model_dir), dtype, config.batch_size, config.max_seq_len, budget, kv_bytes)
 
