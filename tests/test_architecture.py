@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,97 @@ def test_the_engine_core_does_not_depend_on_adapters_or_the_plugin():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"the engine core reaches outward: {out}"
+
+
+# -- layering: which package may import which --------------------------------------------------------------------
+#
+# Read from the source (every import statement, lazy ones inside functions included), so a dependency
+# cannot hide behind a function-level import. "<top>" is a module directly under perfsuite/.
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "perfsuite"
+
+ALLOWED = {
+    "engine": set(),
+    "models": set(),
+    "workload": {"engine"},
+    "measure": {"engine"},
+    "adapters": {"engine", "models"},
+    "judge": {"engine", "measure"},
+    "report": {"judge"},
+    "correctness": {"adapters", "engine"},
+    "serve": {"adapters", "engine", "measure", "models"},
+    "argtypes": set(),
+    "plugin": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "workload", "correctness"},
+    "cli": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "serve", "workload",
+            "correctness"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(module: str) -> str:
+    """A module's layer: its sub-package, or its own name for a module directly under perfsuite/."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name == "perfsuite" or name.startswith("perfsuite.")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(path): path for path in PACKAGE_ROOT.rglob("*.py")}
+    return {
+        module: {name for name in imported_modules(path) if name in paths and name != module}
+        for module, path in paths.items()
+    }
+
+
+def test_every_layer_is_listed():
+    assert {unit_of(module) for module in import_graph()} <= set(ALLOWED)
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_a_layer_imports_only_the_layers_below_it(layer):
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if unit_of(module) == layer
+        for target in targets
+        if unit_of(target) != layer and unit_of(target) not in ALLOWED[layer]
+    )
+    assert not wrong, f"{layer} may import only {sorted(ALLOWED[layer])}: " + "; ".join(wrong)
+
+
+def test_no_import_circles_between_modules():
+    graph = import_graph()
+    # a package's __init__ re-exporting its own modules is not a circle of ideas
+    edges = {m: {t for t in ts if not (m == t.rsplit(".", 1)[0] or t == m.rsplit(".", 1)[0])} for m, ts in graph.items()}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges.get(module, ())):
+            if state.get(target) == 1:
+                circles.append(" -> ".join(stack[stack.index(target):] + [target]))
+            elif target not in state:
+                visit(target, stack + [target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "import circles: " + "; ".join(circles)
