@@ -1,7 +1,8 @@
 """Engines: pure-Python scheduling over one torch model runner.
 
-Importing this package does not import torch; ``model_runner`` and
-``reference`` do, and are imported only where a model is used.
+Importing this package does not import torch; ``layers`` (the decoder),
+``model_runner``, ``static_decode`` and ``reference`` do, and are imported
+only where a model is used.
 """
 
 from perfsuite.engine.engine import ENGINE_KINDS, Engine, build_engine, inflight_engine, static_engine

@@ -1,7 +1,7 @@
 """KV cache accounting: which request owns which fixed-shape cache slot.
 
-Pure Python. The tensors live in the model runner; this module only decides
-who may write where, with nano-vllm's check/act pairs.
+Pure Python. The tensors live in ``perfsuite.engine.layers.KVCache``; this
+module only decides who may write where, with nano-vllm's check/act pairs.
 """
 
 from __future__ import annotations
