@@ -214,10 +214,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from perfsuite.report.render import render_report
-    from perfsuite.judge.results import ResultsFileError, read_history, read_results
+    from perfsuite.judge.results import Results, ResultsFileError, read_history, read_results
 
     results = read_results(args.results)
-    history: list[dict] = []
+    history: list[Results] = []
     if args.history is not None:
         if not args.history.is_dir():
             raise ResultsFileError(f"{args.history}: no such directory; pass the history folder, e.g. reports/history")
@@ -239,7 +239,7 @@ def _compare(args: argparse.Namespace) -> int:
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
     rows = verdict_rows(judged)
     print(format_table(VERDICT_HEADERS, [_verdict_cells(row) for row in rows]))
-    for warning in judged["warnings"]:
+    for warning in judged.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     verdict = overall_verdict(rows)
     print(f"overall: {verdict}")

@@ -1,4 +1,4 @@
-"""Results documents for the report tests, made with the pure-Python fake runner (no torch).
+"""Session results for the report tests, made with the pure-Python fake runner (no torch).
 
 The runs are real engine runs whose steps sleep a millisecond, so timelines,
 queues and latencies have the shape of a measured session. Verdicts are set
@@ -7,21 +7,20 @@ with ``perfsuite.judge.stats.compare`` on chosen samples, as a session would.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any
 
 from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.plugin.options import PerfOptions
-from perfsuite.workload.profiles import PROFILES
-from perfsuite.judge.catalogue import comparison_json
-from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.judge.catalogue import METRICS
-from perfsuite.measure.summaries import sizing_parameters
-from perfsuite.plugin.session import PerfSession, Repeats
-from perfsuite.judge.stats import Policy, adjust, compare
+from perfsuite.judge.results import Results
+from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
+from perfsuite.judge.stats import CounterChange, Policy, adjust, compare
+from perfsuite.measure.summaries import Repeats, sizing_parameters
+from perfsuite.plugin.options import PerfOptions
+from perfsuite.plugin.session import PerfSession
+from perfsuite.workload.profiles import PROFILES
 from perfsuite.measure.environment import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
@@ -40,28 +39,25 @@ THROUGHPUT = "tests/perf/test_throughput.py::test_throughput[{engine}-B{batch}-{
 POISSON = "tests/perf/test_latency.py::test_latency_poisson[{engine}-400rps]"
 
 
-def fake_results(root: Path, step_seconds: float = 0.001) -> dict[str, Any]:
+def fake_results(root: Path, step_seconds: float = 0.001) -> Results:
     """A session's results.json: throughput tests over engine x batch size x lengths, and a Poisson test."""
-    session = _session(root)
+    session = fake_session(root)
     runner = FakeRunner(on_execute=lambda output: time.sleep(step_seconds))
     for engine_kind in ("static", "inflight"):
         for batch_size in (2, 4):
             for lengths in LENGTHS:
-                requests = Workload(8, LENGTHS[lengths], seed=3).requests(_tokenize)
+                requests = Workload(8, LENGTHS[lengths], seed=3).requests(tokenize)
                 test_id = THROUGHPUT.format(engine=engine_kind, batch=batch_size, lengths=lengths)
-                _record(session, test_id, engine_kind, runner, requests, batch_size)
-        requests = Workload(6, LENGTHS["uniform"], Arrivals(400.0), seed=3).requests(_tokenize)
-        _record(session, POISSON.format(engine=engine_kind), engine_kind, runner, requests, 4, arrival_rate=400.0)
+                record_fake_test(session, test_id, engine_kind, runner, requests, batch_size)
+        requests = Workload(6, LENGTHS["uniform"], Arrivals(400.0), seed=3).requests(tokenize)
+        record_fake_test(session, POISSON.format(engine=engine_kind), engine_kind, runner, requests, 4, 400.0)
     session.finish()
-    results = session.results_json()
-    results["created_at"] = "2026-01-02T03:04:05+00:00"
-    return results
+    return dataclasses.replace(session.document(), created_at="2026-01-02T03:04:05+00:00")
 
 
-def with_verdicts(results: dict[str, Any]) -> dict[str, Any]:
+def with_verdicts(results: Results) -> Results:
     """``results`` with a regressed, an improved and an inconclusive test, each named in ``VERDICT_TESTS``."""
-    results = copy.deepcopy(results)
-    tests = {test["test_id"]: test for test in results["tests"]}
+    tests = {test.test_id: test for test in results.tests}
     baseline = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0]
     chosen = {
         "regressed": [70.0, 71.0, 72.0, 73.0, 74.0, 75.0, 76.0],
@@ -75,13 +71,18 @@ def with_verdicts(results: dict[str, Any]) -> dict[str, Any]:
     for (verdict, _), comparison in zip(chosen.items(), adjust(raw, Policy())):
         assert comparison.verdict.value == verdict, comparison
         test = tests[VERDICT_TESTS[verdict]]
-        test["comparisons"] = [comparison_json(comparison)]
-        test["baseline"] = "compared"
-        test["baseline_request_samples"] = {k: [0.8 * v for v in vs] for k, vs in test["request_samples"].items()}
+        tests[test.test_id] = dataclasses.replace(
+            test,
+            comparisons=(comparison,),
+            baseline_status="compared",
+            baseline_request_samples={k: tuple(0.8 * v for v in vs) for k, vs in test.request_samples.items()},
+        )
     regressed = tests[VERDICT_TESTS["regressed"]]
-    passes = regressed["counters"]["num_forward_passes"]
-    regressed["counter_changes"] = [{"name": "num_forward_passes", "baseline": passes - 2, "current": passes}]
-    return results
+    passes = regressed.counters.num_forward_passes
+    tests[regressed.test_id] = dataclasses.replace(
+        regressed, counter_changes=(CounterChange("num_forward_passes", passes - 2, passes),)
+    )
+    return dataclasses.replace(results, tests=tuple(tests.values()))
 
 
 VERDICT_TESTS = {
@@ -91,23 +92,34 @@ VERDICT_TESTS = {
 }
 
 
-def earlier_run(results: dict[str, Any], created_at: str, throughput_factor: float) -> dict[str, Any]:
+def earlier_run(results: Results, created_at: str, throughput_factor: float) -> Results:
     """A stored earlier run of the same tests, as ``reports/history/*.json`` holds."""
-    earlier = copy.deepcopy(results)
-    earlier["created_at"] = created_at
-    for test in earlier["tests"]:
-        test["samples"]["output_throughput"] = [v * throughput_factor for v in test["samples"]["output_throughput"]]
-    return earlier
+    tests = tuple(
+        dataclasses.replace(test, samples=with_samples(test.samples, "output_throughput", throughput_factor))
+        for test in results.tests
+    )
+    return dataclasses.replace(results, created_at=created_at, tests=tests)
 
 
-def _tokenize(text: str) -> list[int]:
+def with_samples(samples: dict, metric: str, factor: float) -> dict:
+    return {**samples, metric: tuple(v * factor for v in samples[metric])}
+
+
+def with_test_samples(results: Results, index: int, metric: str, values: list[float]) -> Results:
+    """``results`` with one test's samples of ``metric`` replaced."""
+    tests = list(results.tests)
+    tests[index] = dataclasses.replace(tests[index], samples={**tests[index].samples, metric: tuple(values)})
+    return dataclasses.replace(results, tests=tuple(tests))
+
+
+def tokenize(text: str) -> list[int]:
     return [3 + b % 90 for b in text.encode()][:12]
 
 
-def _session(root: Path) -> PerfSession:
+def fake_session(root: Path, save_baseline: bool = False) -> PerfSession:
     options = PerfOptions(
         enabled=True,
-        save_baseline=False,
+        save_baseline=save_baseline,
         model="fake",
         device="cpu",
         dtype="float32",
@@ -123,7 +135,7 @@ def _session(root: Path) -> PerfSession:
     return session
 
 
-def _record(session, test_id, engine_kind, runner, requests, batch_size, arrival_rate=None) -> None:
+def record_fake_test(session, test_id, engine_kind, runner, requests, batch_size, arrival_rate=None) -> None:
     engine = build_engine(engine_kind, runner, batch_size=batch_size, max_seq_len=64, eos_token_id=None)
     runs = tuple(engine.run(requests) for _ in range(REPEATS))
     parameters = sizing_parameters(requests, "fake", "float32", batch_size)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import re
 import shutil
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from perfsuite.cli import main
+from perfsuite.judge.catalogue import METRICS
+from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
-from perfsuite.judge.catalogue import METRICS
-from report_fixtures import VERDICT_TESTS, earlier_run, fake_results, with_verdicts
+from report_fixtures import ENVIRONMENT, VERDICT_TESTS, earlier_run, fake_results, with_test_samples, with_verdicts
 from smoke_session import run_shipped_smoke_session
 
 pytest_plugins = ["pytester"]
@@ -28,13 +29,13 @@ CHROMIUM_FLAGS = (
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> dict:
+def measured(tmp_path_factory) -> Results:
     """A fake session's results (no baselines yet)."""
     return fake_results(tmp_path_factory.mktemp("session"))
 
 
 @pytest.fixture(scope="module")
-def judged(measured) -> dict:
+def judged(measured) -> Results:
     return with_verdicts(measured)
 
 
@@ -45,6 +46,10 @@ def html(judged) -> str:
         earlier_run(judged, "2025-12-31T00:00:00+00:00", 1.1),
     ]
     return render_report(judged, history)
+
+
+def first_tests(results: Results, count: int) -> Results:
+    return dataclasses.replace(results, tests=results.tests[:count])
 
 
 def external_references(html: str) -> list[str]:
@@ -91,12 +96,12 @@ def test_header_carries_the_environment_sizing_parameters_commit_and_overall_ver
 
 
 def test_overall_verdict_without_baselines_says_so(measured):
-    page = render_report({**measured, "tests": measured["tests"][:1]})
+    page = render_report(first_tests(measured, 1))
     assert 'id="overall-verdict">no baseline<' in page
 
 
 def test_figures_cover_throughput_distributions_timeline_and_history(html, judged):
-    assert html.count("<svg") == 1 + len(judged["tests"]) + 1 + 1, "throughput, one per test, timeline, history"
+    assert html.count("<svg") == 1 + len(judged.tests) + 1 + 1, "throughput, one per test, timeline, history"
     timeline = html.split('id="timeline-figure"')[1].split("</figure>")[0]
     for text in (
         "static: test_throughput[static-B4-uniform]",
@@ -114,8 +119,7 @@ def test_figures_cover_throughput_distributions_timeline_and_history(html, judge
 
 
 def test_counters_show_the_exact_change(html, judged):
-    regressed = next(t for t in judged["tests"] if t["test_id"] == VERDICT_TESTS["regressed"])
-    passes = regressed["counters"]["num_forward_passes"]
+    passes = judged.test(VERDICT_TESTS["regressed"]).counters.num_forward_passes
     assert re.search(
         rf'<tr class="changed">\s*<td class="text">num_forward_passes</td>\s*<td>{passes - 2}</td>'
         rf"\s*<td>{passes}</td>\s*<td>\+2</td>",
@@ -125,7 +129,8 @@ def test_counters_show_the_exact_change(html, judged):
 
 def test_history_needs_two_runs_of_this_machine(judged):
     assert "Fewer than two stored runs" in render_report(judged)
-    other_machine = {**earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9), "fingerprint": "elsewhere"}
+    elsewhere = dataclasses.replace(ENVIRONMENT, cpu_model="elsewhere")
+    other_machine = dataclasses.replace(earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9), environment=elsewhere)
     assert "Fewer than two stored runs" in render_report(judged, [other_machine])
 
 
@@ -156,9 +161,9 @@ def test_report_modules_import_neither_torch_nor_plotting_libraries():
 def test_write_report_keeps_each_run_in_history(tmp_path, judged):
     reports = tmp_path / "reports"
     reports.mkdir()
-    small = {**judged, "tests": judged["tests"][:2]}
+    small = first_tests(judged, 2)
     for stamp in ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"):
-        (reports / "results.json").write_text(json.dumps({**small, "created_at": stamp}))
+        write_results(reports / "results.json", dataclasses.replace(small, created_at=stamp))
         path = write_report(reports)
     assert path == reports / "report.html"
     assert sorted(p.name for p in (reports / "history").iterdir()) == [
@@ -171,7 +176,7 @@ def test_write_report_keeps_each_run_in_history(tmp_path, judged):
 def test_write_report_skips_a_corrupt_history_file_and_says_so(tmp_path, judged):
     (tmp_path / "history").mkdir(parents=True)
     (tmp_path / "history" / "broken.json").write_text("{")
-    (tmp_path / "results.json").write_text(json.dumps({**judged, "tests": judged["tests"][:1]}))
+    write_results(tmp_path / "results.json", first_tests(judged, 1))
     page = write_report(tmp_path).read_text()
     assert "broken.json" in page and "delete it" in page
 
@@ -185,8 +190,7 @@ def test_the_report_of_a_real_smoke_session(pytester):
     written = (reports / "report.html").read_text()
     assert 'id="verdict-table"' in written and 'id="timeline-figure"' in written
     assert len(list((reports / "history").glob("*.json"))) == 1
-    results = json.loads((reports / "results.json").read_text())
-    page = render_report(results)
+    page = render_report(read_results(reports / "results.json"))
     assert external_references(page) == []
     assert 'id="overall-verdict">no baseline<' in page
     assert "tiny-random" in page and "static vs in-flight" in page
@@ -198,7 +202,7 @@ def test_the_report_of_a_real_smoke_session(pytester):
 @pytest.fixture
 def results_file(tmp_path, judged) -> Path:
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({**judged, "tests": judged["tests"][:3]}))
+    write_results(path, first_tests(judged, 3))
     return path
 
 
@@ -212,8 +216,8 @@ def test_cli_report_renders_a_results_file(results_file, tmp_path, capsys):
 def test_cli_report_reads_a_history_folder(results_file, tmp_path, judged):
     history = tmp_path / "history"
     history.mkdir()
-    earlier = earlier_run({**judged, "tests": judged["tests"][:3]}, "2025-12-30T00:00:00+00:00", 0.9)
-    (history / "a.json").write_text(json.dumps(earlier))
+    earlier = earlier_run(first_tests(judged, 3), "2025-12-30T00:00:00+00:00", 0.9)
+    write_results(history / "a.json", earlier)
     assert main(["report", str(results_file), "--history", str(history)]) == 0
     assert "2 runs on this machine" in (tmp_path / "report.html").read_text()
 
@@ -239,19 +243,17 @@ def test_cli_report_names_a_missing_history_folder(results_file, tmp_path, capsy
 
 
 def test_cli_compare_prints_the_verdict_table_and_fails_on_a_regression(tmp_path, measured, capsys):
-    old, new = json.loads(json.dumps(measured)), json.loads(json.dumps(measured))
-    old["tests"], new["tests"] = old["tests"][:3], new["tests"][:3]
-    old["tests"][0]["samples"]["output_throughput"] = [100.0, 101, 102, 103, 104, 105, 106]
-    new["tests"][0]["samples"]["output_throughput"] = [70.0, 71, 72, 73, 74, 75, 76]
-    (tmp_path / "old.json").write_text(json.dumps(old))
-    (tmp_path / "new.json").write_text(json.dumps(new))
+    old = with_test_samples(first_tests(measured, 3), 0, "output_throughput", [100.0, 101, 102, 103, 104, 105, 106])
+    new = with_test_samples(first_tests(measured, 3), 0, "output_throughput", [70.0, 71, 72, 73, 74, 75, 76])
+    write_results(tmp_path / "old.json", old)
+    write_results(tmp_path / "new.json", new)
     output = tmp_path / "compare.html"
     code = main(["compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "-o", str(output)])
     out = capsys.readouterr().out
     assert code == 1, out
     header, _, first, *rest = out.splitlines()
     assert header.split()[:4] == ["test", "metric", "baseline", "current"]
-    assert first.split()[:2] == [new["tests"][0]["test_id"].rpartition("::")[2], "output_throughput"]
+    assert first.split()[:2] == [new.tests[0].test_id.rpartition("::")[2], "output_throughput"]
     assert first.split()[-1] == "regressed"
     assert "overall: regressed" in out
     assert sum(line.split()[-1] == "unchanged" for line in rest if "test_throughput[" in line) == 3 * len(METRICS) - 1

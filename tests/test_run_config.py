@@ -79,19 +79,16 @@ def test_request_ids_do_not_matter(prompt, max_new_tokens):
 def test_perfsuite_compare_never_judges_runs_of_unlike_configurations():
     from perfsuite.judge.compare import rejudge
     from perfsuite.judge.stats import Policy
+    from results_builders import make_result, make_results
 
     def document(configuration, throughput):
-        test = {
-            "test_id": "t.py::t", "engine": "static", "parameters": {}, "configuration": configuration,
-            "samples": {"output_throughput": throughput}, "counters": {}, "arrival_rate": None,
-        }  # fmt: skip
-        return {"tests": [test], "fingerprint": "f", "slo": None}
+        return make_results(make_result("t.py::t", configuration=configuration, output_throughput=throughput))
 
-    old = document(CONFIGURATION.to_json(), [100.0, 101, 99, 100, 102, 98])
+    old = document(CONFIGURATION, [100.0, 101, 99, 100, 102, 98])
     slower = [50.0, 51, 49, 50, 52, 48]
-    same = rejudge(old, document(CONFIGURATION.to_json(), slower), Policy())
-    assert [c["verdict"] for c in same["tests"][0]["comparisons"]] == ["regressed"]
-    other = dataclasses.replace(CONFIGURATION, decode_mode="static").to_json()
+    same = rejudge(old, document(CONFIGURATION, slower), Policy())
+    assert [c.verdict.value for c in same.tests[0].comparisons] == ["regressed"]
+    other = dataclasses.replace(CONFIGURATION, decode_mode="static")
     unlike = rejudge(old, document(other, slower), Policy())
-    assert unlike["tests"][0]["comparisons"] == []
-    assert unlike["tests"][0]["baseline"] == "another configuration in the old run: not compared"
+    assert unlike.tests[0].comparisons == ()
+    assert unlike.tests[0].baseline_status == "another configuration in the old run: not compared"

@@ -8,13 +8,16 @@ import os
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from perfsuite.engine.types import EngineCounters
 from perfsuite.judge import baselines as storage
 from perfsuite.judge.run_config import RunConfiguration, knobs
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore, OutputError, read_baseline
 from perfsuite.measure.environment import Environment
+from perfsuite.measure.summaries import SizingParameters
 
 ENV = Environment("cpu", "2.13.0", "5.23.0", "float32", "smollm2-135m", "Some CPU @ 2GHz", 2)
 TEST_ID = "tests/perf/test_throughput.py::test_throughput[static-B8-uniform]"
@@ -34,8 +37,9 @@ def make_baseline(**changes) -> Baseline:
         commit="abc123",
         created_at="2026-11-22T00:00:00+00:00",
         samples={"output_throughput": (40.0, 41.5, 39.8)},
-        counters={"num_forward_passes": 32},
-        parameters={"model": "smollm2-135m"},
+        counters=EngineCounters(num_forward_passes=32),
+        parameters=SizingParameters("smollm2-135m", "float32", input_length=9.5, output_length=7.0, concurrency=8),
+        slo="ttft=500ms",
     )
     return dataclasses.replace(base, **changes)
 
@@ -48,6 +52,23 @@ def test_round_trip(tmp_path):
     )
     assert store.load(TEST_ID, ENV) == make_baseline()
     assert store.load("tests/other.py::test_x", ENV) is None
+
+
+def test_the_slo_is_stored_among_the_sizing_parameters_as_before(tmp_path):
+    path = BaselineStore(tmp_path).save(make_baseline())
+    parameters = json.loads(path.read_text())["parameters"]
+    assert parameters == {"model": "smollm2-135m", "precision": "float32", "input_length": 9.5,
+                          "output_length": 7.0, "concurrency": 8, "tensor_parallelism": 1, "slo": "ttft=500ms"}
+
+
+SHIPPED = sorted((Path(__file__).parent.parent / "baselines").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_baseline_loads_typed_and_writes_back_the_same_json(path):
+    baseline = read_baseline(path)
+    assert isinstance(baseline.parameters, SizingParameters) and isinstance(baseline.counters, EngineCounters)
+    assert baseline.to_json() == json.loads(path.read_text()), "the on-disk shape of a baseline changed"
 
 
 def test_fingerprint_is_readable_stable_and_sensitive_to_every_field():
@@ -324,7 +345,7 @@ def test_finite_positive_probes_and_integer_counters_load(tmp_path):
     baseline = make_baseline(
         samples={"output_throughput": (40.0, 0.0, -1.0), "probe_seconds": (0.01, 0.02, 0.015)},
         request_samples={"ttft_ms": (1.0, 2.0)},
-        counters={"num_forward_passes": 32, "num_padding_tokens": 0},
+        counters=EngineCounters(num_forward_passes=32, num_padding_tokens=0),
     )
     store = BaselineStore(tmp_path)
     store.save(baseline)

@@ -51,8 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.summaries import SizingParameters
 
 SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
 MAX_NAME_LENGTH = 200  # below the 255 bytes most filesystems allow, with room for ".json"
@@ -85,20 +87,31 @@ class Baseline:
     commit: str | None
     created_at: str
     samples: dict[str, tuple[float, ...]]  # metric -> one value per repeat
-    counters: dict[str, int] = field(default_factory=dict)
-    parameters: dict[str, Any] = field(default_factory=dict)  # the six sizing parameters
+    counters: EngineCounters = EngineCounters()
+    parameters: SizingParameters | None = None  # the six sizing parameters
+    slo: str | None = None  # the SLO its goodput counts (--perf-slo); stored among the parameters
     request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, for plots
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["configuration"] = self.configuration.to_json()
-        data["samples"] = {k: list(v) for k, v in self.samples.items()}
-        data["request_samples"] = {k: list(v) for k, v in self.request_samples.items()}
-        return data
+        parameters = dataclasses.asdict(self.parameters) if self.parameters else {}
+        return {
+            "test_id": self.test_id,
+            "environment": dataclasses.asdict(self.environment),
+            "configuration": self.configuration.to_json(),
+            "commit": self.commit,
+            "created_at": self.created_at,
+            "samples": {k: list(v) for k, v in self.samples.items()},
+            "counters": dataclasses.asdict(self.counters),
+            "parameters": {**parameters, "slo": self.slo},
+            "request_samples": {k: list(v) for k, v in self.request_samples.items()},
+            "schema_version": self.schema_version,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Baseline:
+        parameters = dict(data.get("parameters", {}))
+        slo = parameters.pop("slo", None)
         return cls(
             test_id=data["test_id"],
             environment=environment_from_json(data["environment"]),
@@ -106,8 +119,9 @@ class Baseline:
             commit=data.get("commit"),
             created_at=data["created_at"],
             samples={k: tuple(float(x) for x in v) for k, v in data["samples"].items()},
-            counters={k: int(v) for k, v in data.get("counters", {}).items()},
-            parameters=dict(data.get("parameters", {})),
+            counters=EngineCounters(**{k: int(v) for k, v in data.get("counters", {}).items()}),
+            parameters=SizingParameters(**parameters) if parameters else None,
+            slo=slo,
             request_samples={k: tuple(float(x) for x in v) for k, v in data.get("request_samples", {}).items()},
             schema_version=data["schema_version"],
         )

@@ -1,18 +1,23 @@
 """The metric catalogue and what judging needs besides statistics: which samples are compared and which way
-is better, speed normalisation by the machine probe, exact counter changes, and a comparison's stored shape.
+is better, speed normalisation by the machine probe, and exact counter changes.
 
-One place for both the ``pytest --perf`` session and ``perfsuite compare``.
+One place for both the ``pytest --perf`` session and ``perfsuite compare`` (``perfsuite.judge.judge``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict, compare_counters
-from perfsuite.measure.summaries import GOODPUT
+from perfsuite.engine.types import EngineCounters
+from perfsuite.judge.stats import CounterChange, Direction, compare_counters
+from perfsuite.measure.summaries import BUSY_SHARE, GOODPUT, PROBE
+
+__all__ = [  # PROBE, BUSY_SHARE and GOODPUT are the sample keys measure.summaries writes
+    "ALL_METRICS", "BUSY_SHARE", "GOODPUT", "METRICS", "NORMALISED", "PROBE", "RAW_SERVER_FIGURES",
+    "exact_counter_changes", "normalize_to_machine_speed",
+]  # fmt: skip
 
 # Per-repeat samples compared against the baseline. Repeats, not requests,
 # are the independent units: requests of one run share its conditions.
@@ -30,15 +35,6 @@ METRICS: dict[str, Direction] = {
 # baseline was measured against the same SLO.
 ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
 
-# Seconds of measure.machine_probe around each repeat. A change to what the probe
-# times must rename this key (it was "probe_seconds" for the memory part alone, taken
-# before the repeat): baselines with the old key then lose their probe
-# and are compared as measured, instead of being rescaled by a foreign unit.
-PROBE = "probe_bracket_seconds"
-
-# Other work's share of the machine's CPU time during each repeat (perfsuite.measure.contention); stored, never compared.
-BUSY_SHARE = "cpu_busy_share"
-
 NORMALISED = "each repeat rescaled by its machine probe over the baseline's median probe"
 
 RAW_SERVER_FIGURES = (
@@ -46,8 +42,9 @@ RAW_SERVER_FIGURES = (
     "machine's probe says nothing about; its figures are stored and compared as measured"
 )
 
+
 def normalize_to_machine_speed(
-    baseline: dict[str, Sequence[float]], current: dict[str, Sequence[float]]
+    baseline: Mapping[str, Sequence[float]], current: Mapping[str, Sequence[float]]
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Put every repeat, baseline and current alike, on the baseline's typical machine speed.
 
@@ -77,23 +74,13 @@ def normalize_to_machine_speed(
                 ]
     return base, cur
 
+
 def exact_counter_changes(
-    baseline: dict[str, int], current: dict[str, int], arrival_rate: float | None
+    baseline: EngineCounters, current: EngineCounters, arrival_rate: float | None
 ) -> list[CounterChange]:
     """Counter changes, where counters are exact.
 
     With wall-clock arrivals the number of steps depends on the machine's
     speed, so those runs' counters are not compared.
     """
-    return [] if arrival_rate else compare_counters(baseline, current)
-
-def comparison_json(comparison: Comparison) -> dict[str, Any]:
-    """The shape results.json stores a comparison in."""
-    return {
-        **dataclasses.asdict(comparison),
-        "direction": comparison.direction.value,
-        "verdict": comparison.verdict.value,
-    }
-
-def comparison_from_json(data: dict[str, Any]) -> Comparison:
-    return Comparison(**{**data, "direction": Direction(data["direction"]), "verdict": Verdict(data["verdict"])})
+    return [] if arrival_rate else compare_counters(dataclasses.asdict(baseline), dataclasses.asdict(current))

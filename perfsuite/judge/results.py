@@ -1,46 +1,101 @@
-"""A test's result (``TestResult``) and its JSON; reading results.json documents back, and keeping history.
+"""results.json as typed values: a test's result, a session's results, and the one place they meet JSON.
 
-A results document is what ``PerfSession.results_json()`` wrote. It stays a
-dict here: the report and ``perfsuite compare`` read it the way a reviewer's
-tool would, and the checks below only make sure it is one.
+``Results`` is what a ``pytest --perf`` session wrote and what ``perfsuite
+report`` and ``perfsuite compare`` read back: every field below is a frozen
+dataclass or a mapping of metric name to samples, from the session to the
+HTML report. ``write_results`` and ``read_results`` are the only code that
+turns them into JSON and back; the on-disk keys are documented by ``to_json``.
+
+Schema versions: 2 stores each timeline step and request as an object with
+named fields (1 stored a step's chunks as positional lists); a version 1 file
+is converted on reading, so a history of older runs keeps its trend.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.baselines import write_json_atomic
-from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES, comparison_from_json, comparison_json
+from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
-from perfsuite.judge.stats import Comparison, CounterChange, Verdict
+from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
-from perfsuite.measure.summaries import SizingParameters
+from perfsuite.measure.summaries import (
+    Measured,
+    RunSummary,
+    RunTimeline,
+    SizingParameters,
+    TimelineChunk,
+    TimelineRequest,
+    TimelineStep,
+)
 
+__all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
+    "RESULTS_SCHEMA_VERSION", "PolicyDescription", "ProbeDescription", "Results", "ResultsFileError",
+    "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk", "TimelineRequest",
+    "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
+]  # fmt: skip
 
-RESULTS_SCHEMA_VERSION = 1
+RESULTS_SCHEMA_VERSION = 2  # 2: timeline steps, chunks and requests as objects with named fields
+CONVERTED_VERSIONS = (1,)
+REWRITE_HINT = "re-create it with `pytest --perf` (it writes reports/results.json)"
+
 
 @dataclass(frozen=True, slots=True)
 class TestResult:
+    """One perf test of a session: what it measured, and how it was judged."""
+
+    __test__ = False  # a result, not a test class for pytest to collect
+
     test_id: str
     engine_name: str
     parameters: SizingParameters
     arrival_rate: float | None
-    samples: dict[str, tuple[float, ...]]
-    counters: dict[str, int]
-    summary: dict[str, float]  # vLLM-style keys over every request of every repeat
+    samples: dict[str, tuple[float, ...]]  # metric -> one value per repeat
+    counters: EngineCounters
+    summary: RunSummary  # vLLM's figures over every request of every repeat
     baseline_status: str
     configuration: RunConfiguration | None = None
     noisy: str | None = None
     request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, all repeats
-    timeline: dict[str, Any] = field(default_factory=dict)  # one timed run, for the report
+    timeline: RunTimeline | None = None  # one timed run, for the report
     baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     comparisons: tuple[Comparison, ...] = ()
     counter_changes: tuple[CounterChange, ...] = ()
     environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
+
+    @classmethod
+    def measured(
+        cls,
+        test_id: str,
+        measured: Measured,
+        parameters: SizingParameters,
+        configuration: RunConfiguration,
+        arrival_rate: float | None,
+        environment: Environment | ServerEnvironment,
+    ) -> TestResult:
+        """A result not judged yet."""
+        return cls(
+            test_id=test_id,
+            engine_name=measured.engine_name,
+            parameters=parameters,
+            arrival_rate=arrival_rate,
+            samples=measured.samples,
+            counters=measured.counters,
+            summary=measured.summary,
+            baseline_status="no baseline",
+            configuration=configuration,
+            noisy=measured.noisy,
+            request_samples=measured.request_samples,
+            timeline=measured.timeline,
+            environment=environment,
+        )
 
     @property
     def regressions(self) -> list[Comparison]:
@@ -51,62 +106,154 @@ class TestResult:
         """Served by another process: stored under the server's fingerprint, never probe-normalised."""
         return isinstance(self.environment, ServerEnvironment)
 
-def result_json(result: TestResult) -> dict[str, Any]:
-    return {
-        "test_id": result.test_id,
-        "engine": result.engine_name,
-        "parameters": dataclasses.asdict(result.parameters),
-        "configuration": result.configuration.to_json() if result.configuration else None,
-        "arrival_rate": result.arrival_rate,
-        **result.summary,
-        "summary_keys": sorted(result.summary),
-        "samples": {k: list(v) for k, v in result.samples.items()},
-        "request_samples": {k: list(v) for k, v in result.request_samples.items()},
-        "baseline_request_samples": {k: list(v) for k, v in result.baseline_request_samples.items()},
-        "timeline": result.timeline,
-        "counters": result.counters,
-        "baseline": result.baseline_status,
-        "noisy": result.noisy,
-        "comparisons": [comparison_json(c) for c in result.comparisons],
-        "counter_changes": [dataclasses.asdict(c) for c in result.counter_changes],
-        "environment": dataclasses.asdict(result.environment) if result.environment else None,
-        "fingerprint": result.environment.fingerprint() if result.environment else None,
-        "normalization": RAW_SERVER_FIGURES if result.is_remote else NORMALISED,
-    }
+    @property
+    def normalization(self) -> str:
+        return RAW_SERVER_FIGURES if self.is_remote else NORMALISED
 
-def result_from_json(data: dict[str, Any]) -> TestResult:
-    """The inverse of ``result_json`` (a pytest-xdist worker's results reach the controller this way)."""
-    return TestResult(
-        test_id=data["test_id"],
-        engine_name=data["engine"],
-        parameters=SizingParameters(**data["parameters"]),
-        arrival_rate=data["arrival_rate"],
-        samples={k: tuple(v) for k, v in data["samples"].items()},
-        counters=dict(data["counters"]),
-        summary={key: data[key] for key in data["summary_keys"]},
-        baseline_status=data["baseline"],
-        configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
-        noisy=data["noisy"],
-        request_samples={k: tuple(v) for k, v in data["request_samples"].items()},
-        timeline=data["timeline"],
-        baseline_request_samples={k: tuple(v) for k, v in data["baseline_request_samples"].items()},
-        comparisons=tuple(comparison_from_json(c) for c in data["comparisons"]),
-        counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
-        environment=environment_from_json(data["environment"]) if data.get("environment") else None,
-    )
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "test_id": self.test_id,
+            "engine": self.engine_name,
+            "parameters": dataclasses.asdict(self.parameters),
+            "configuration": self.configuration.to_json() if self.configuration else None,
+            "arrival_rate": self.arrival_rate,
+            **self.summary.vllm_keys(),  # at the top of each test, as vLLM's benchmark writes them
+            "samples": _lists(self.samples),
+            "request_samples": _lists(self.request_samples),
+            "baseline_request_samples": _lists(self.baseline_request_samples),
+            "timeline": dataclasses.asdict(self.timeline) if self.timeline else None,
+            "counters": dataclasses.asdict(self.counters),
+            "baseline": self.baseline_status,
+            "noisy": self.noisy,
+            "comparisons": [_comparison_json(c) for c in self.comparisons],
+            "counter_changes": [dataclasses.asdict(c) for c in self.counter_changes],
+            "environment": dataclasses.asdict(self.environment) if self.environment else None,
+            "fingerprint": self.environment.fingerprint() if self.environment else None,
+            "normalization": self.normalization,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TestResult:
+        return cls(
+            test_id=data["test_id"],
+            engine_name=data["engine"],
+            parameters=SizingParameters(**data["parameters"]),
+            arrival_rate=data["arrival_rate"],
+            samples=_tuples(data["samples"]),
+            counters=EngineCounters(**data["counters"]),
+            summary=RunSummary.from_vllm_keys(data),
+            baseline_status=data["baseline"],
+            configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
+            noisy=data["noisy"],
+            request_samples=_tuples(data["request_samples"]),
+            timeline=_timeline_from_json(data["timeline"]) if data["timeline"] else None,
+            baseline_request_samples=_tuples(data["baseline_request_samples"]),
+            comparisons=tuple(_comparison_from_json(c) for c in data["comparisons"]),
+            counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
+            environment=environment_from_json(data["environment"]) if data["environment"] else None,
+        )
 
 
-COMPARISON_KEYS = (
-    "metric", "baseline_median", "current_median", "change", "ci_low", "ci_high", "p_adjusted", "verdict"
-)  # fmt: skip
-REWRITE_HINT = "re-create it with `pytest --perf` (it writes reports/results.json)"
+@dataclass(frozen=True, slots=True)
+class PolicyDescription:
+    """How a session judged: what results.json's readers need to trust or question a verdict."""
+
+    alpha: float
+    min_effect: float
+    test: str
+    correction: str
+    normalization: str
+    num_planned_comparisons: int
+    smallest_p: float
+    max_comparisons_for_lone_regression: int
+    min_detectable_effect: str
+    noisy: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeDescription:
+    """What the machine probe (``PROBE`` samples) measures, and which tests it rescales."""
+
+    key: str
+    unit: str
+    measures: str
+    applies_to: str
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    """One session's results.json."""
+
+    created_at: str
+    commit: str | None
+    environment: Environment | ServerEnvironment | None  # the session's machine, or its one server
+    servers: tuple[ServerEnvironment, ...]  # each server measured in another process, once
+    profile: str
+    repeats: int
+    decode_mode: str
+    policy: PolicyDescription
+    probe: ProbeDescription
+    slo: str | None
+    tests: tuple[TestResult, ...]
+    late_regressions: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.environment.fingerprint() if self.environment else None
+
+    def test(self, test_id: str) -> TestResult | None:
+        return next((t for t in self.tests if t.test_id == test_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "created_at": self.created_at,
+            "commit": self.commit,
+            "environment": dataclasses.asdict(self.environment) if self.environment else None,
+            "fingerprint": self.fingerprint,
+            "servers": [{**dataclasses.asdict(s), "fingerprint": s.fingerprint()} for s in self.servers],
+            "profile": self.profile,
+            "repeats": self.repeats,
+            "decode_mode": self.decode_mode,
+            "policy": dataclasses.asdict(self.policy),
+            "probe": dataclasses.asdict(self.probe),
+            "slo": self.slo,
+            "tests": [t.to_json() for t in self.tests],
+            "late_regressions": list(self.late_regressions),
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Results:
+        return cls(
+            created_at=data["created_at"],
+            commit=data["commit"],
+            environment=environment_from_json(data["environment"]) if data["environment"] else None,
+            servers=tuple(
+                ServerEnvironment(**{k: v for k, v in s.items() if k != "fingerprint"}) for s in data["servers"]
+            ),
+            profile=data["profile"],
+            repeats=data["repeats"],
+            decode_mode=data["decode_mode"],
+            policy=PolicyDescription(**data["policy"]),
+            probe=ProbeDescription(**data["probe"]),
+            slo=data["slo"],
+            tests=tuple(TestResult.from_json(t) for t in data["tests"]),
+            late_regressions=tuple(data["late_regressions"]),
+            warnings=tuple(data["warnings"]),
+        )
 
 
 class ResultsFileError(RuntimeError):
     """A results file that cannot be used; the message names the file and the fix."""
 
 
-def read_results(path: Path) -> dict[str, Any]:
+def write_results(path: Path, results: Results) -> None:
+    write_json_atomic(path, results.to_json())
+
+
+def read_results(path: Path) -> Results:
     path = Path(path)
     if not path.is_file():
         raise ResultsFileError(f"{path}: no such file; pass the path of a results.json, or {REWRITE_HINT}")
@@ -114,14 +261,27 @@ def read_results(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ResultsFileError(f"{path} is not a readable JSON file ({error}); {REWRITE_HINT}") from error
-    problem = _problem_with(data)
-    if problem:
-        raise ResultsFileError(f"{path} is not a perfsuite results file: {problem}; {REWRITE_HINT}")
-    return data
+    if not isinstance(data, dict):
+        raise ResultsFileError(
+            f"{path} is not a perfsuite results file: expected a JSON object, found {type(data).__name__}; "
+            f"{REWRITE_HINT}"
+        )
+    version = data.get("schema_version")
+    if version != RESULTS_SCHEMA_VERSION and version not in CONVERTED_VERSIONS:
+        readable = ", ".join(map(str, (*CONVERTED_VERSIONS, RESULTS_SCHEMA_VERSION)))
+        raise ResultsFileError(
+            f"{path} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
+        )
+    try:
+        return Results.from_json(_from_version_1(data) if version == 1 else data)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ResultsFileError(
+            f"{path} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
+        ) from error
 
 
-def read_history(directory: Path, newest: int | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """The stored results documents in ``directory`` (the ``newest`` by name), and why any is unusable."""
+def read_history(directory: Path, newest: int | None = None) -> tuple[list[Results], list[str]]:
+    """The stored results in ``directory`` (the ``newest`` by name), and why any is unusable."""
     documents, problems = [], []
     paths = sorted(Path(directory).glob("*.json"))
     for path in paths[-newest:] if newest else paths:
@@ -132,30 +292,76 @@ def read_history(directory: Path, newest: int | None = None) -> tuple[list[dict[
     return documents, problems
 
 
-def archive_results(results: dict[str, Any], history_dir: Path) -> Path:
+def archive_results(results: Results, history_dir: Path) -> Path:
     """Keep a copy of one run's results under ``history_dir``, named by when it was made."""
-    stamp = str(results.get("created_at") or "unknown").replace(":", "-")
+    stamp = (results.created_at or "unknown").replace(":", "-")
     path = Path(history_dir) / f"{stamp}.json"
-    write_json_atomic(path, results)
+    write_results(path, results)
     return path
 
 
-def _problem_with(data: Any) -> str | None:
-    if not isinstance(data, dict):
-        return f"expected a JSON object, found {type(data).__name__}"
-    version = data.get("schema_version")
-    if version != RESULTS_SCHEMA_VERSION:
-        return f"schema_version is {version!r}, this perfsuite reads {RESULTS_SCHEMA_VERSION}"
-    tests = data.get("tests")
-    if not isinstance(tests, list):
-        return "it has no 'tests' list"
-    for index, test in enumerate(tests):
-        if not isinstance(test, dict):
-            return f"tests[{index}] is not an object"
-        missing = [key for key in ("test_id", "engine", "parameters") if key not in test]
-        if missing:
-            return f"tests[{index}] lacks {', '.join(missing)}"
-        for comparison in test.get("comparisons") or []:
-            if not isinstance(comparison, dict) or any(key not in comparison for key in COMPARISON_KEYS):
-                return f"tests[{index}] ({test['test_id']}) has a comparison without {', '.join(COMPARISON_KEYS)}"
-    return None
+def _comparison_json(comparison: Comparison) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(comparison),
+        "direction": comparison.direction.value,
+        "verdict": comparison.verdict.value,
+    }
+
+
+def _comparison_from_json(data: Mapping[str, Any]) -> Comparison:
+    return Comparison(**{**data, "direction": Direction(data["direction"]), "verdict": Verdict(data["verdict"])})
+
+
+def _timeline_from_json(data: Mapping[str, Any]) -> RunTimeline:
+    return RunTimeline(
+        duration=data["duration"],
+        num_slots=data["num_slots"],
+        steps=tuple(
+            TimelineStep(
+                start=step["start"],
+                end=step["end"],
+                num_waiting=step["num_waiting"],
+                chunks=tuple(TimelineChunk(**chunk) for chunk in step["chunks"]),
+            )
+            for step in data["steps"]
+        ),
+        requests=tuple(TimelineRequest(**request) for request in data["requests"]),
+    )
+
+
+def _from_version_1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 1 document as version 2 writes it: only the timeline's shape changed."""
+    return {**data, "tests": [{**test, "timeline": _timeline_v1(test.get("timeline"))} for test in data["tests"]]}
+
+
+def _timeline_v1(timeline: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not timeline:
+        return None
+    return {
+        "duration": timeline["duration"],
+        "num_slots": timeline["num_slots"],
+        "steps": [
+            {
+                "start": step["start"],
+                "end": step["end"],
+                "num_waiting": step["waiting"],
+                "chunks": [dict(zip(_V1_CHUNK_FIELDS, chunk)) for chunk in step["chunks"]],
+            }
+            for step in timeline["steps"]
+        ],
+        "requests": [
+            {"request_id": r["id"], "arrival": r["arrival"], "first_token": r["first_token"], "finished": r["finished"]}
+            for r in timeline["requests"]
+        ],
+    }
+
+
+_V1_CHUNK_FIELDS = ("slot", "request_id", "num_tokens", "is_prefill", "is_padding")
+
+
+def _lists(samples: Mapping[str, tuple[float, ...]]) -> dict[str, list[float]]:
+    return {name: list(values) for name, values in samples.items()}
+
+
+def _tuples(samples: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
+    return {name: tuple(values) for name, values in samples.items()}

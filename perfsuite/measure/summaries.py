@@ -1,21 +1,33 @@
-"""What a test's repeats add up to: per-repeat samples, vLLM's summary keys, per-request samples, the timeline.
+"""What a test's repeats add up to: per-repeat samples, vLLM's summary, per-request samples, the timeline.
 
-Pure functions of ``measure.metrics.RunMetrics`` and the engine's records; the
-judge compares what they return, the report draws it.
+Pure functions of ``measure.metrics.RunMetrics`` and the engine's records,
+returning frozen dataclasses; the judge compares what they return, the report
+draws it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from perfsuite.engine.types import Request, RunResult
-from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput
+from perfsuite.engine.types import EngineCounters, Request, RunResult
+from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
 
 GOODPUT = "request_goodput"
+
+# Seconds of measure.machine_probe around each repeat. A change to what the probe
+# times must rename this key (it was "probe_seconds" for the memory part alone, taken
+# before the repeat): baselines with the old key then lose their probe
+# and are compared as measured, instead of being rescaled by a foreign unit.
+PROBE = "probe_bracket_seconds"
+
+# Other work's share of the machine's CPU time during each repeat (perfsuite.measure.contention); stored, never compared.
+BUSY_SHARE = "cpu_busy_share"
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+
 
 @dataclass(frozen=True, slots=True)
 class SizingParameters:
@@ -27,6 +39,159 @@ class SizingParameters:
     output_length: float  # mean requested new tokens
     concurrency: int  # batch slots, or clients in a closed loop
     tensor_parallelism: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Repeats:
+    """A test's timed repeats and what was measured around each of them."""
+
+    runs: tuple[RunResult, ...]
+    probes: tuple[float, ...] = ()  # machine probe seconds around each repeat (before and after, geometric mean)
+    busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
+    noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.measure.contention)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """One latency over every request of every repeat, in milliseconds."""
+
+    mean_ms: float
+    median_ms: float
+    std_ms: float
+    p90_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> LatencySummary:
+        distribution = Distribution.of(seconds)
+        return cls(
+            mean_ms=1e3 * distribution.mean,
+            median_ms=1e3 * distribution.median,
+            std_ms=1e3 * distribution.std,
+            p90_ms=1e3 * distribution.p90,
+            p99_ms=1e3 * distribution.p99,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """vLLM's benchmark figures, pooled over the requests of every repeat."""
+
+    request_throughput: float
+    output_throughput: float
+    completed: int
+    total_output_tokens: int
+    ttft: LatencySummary
+    tpot: LatencySummary
+    itl: LatencySummary
+    e2el: LatencySummary
+    request_goodput: float | None = None  # with an SLO (--perf-slo) only
+
+    def vllm_keys(self) -> dict[str, float]:
+        """The figures under the flat keys vLLM's benchmark JSON uses (``median_ttft_ms``...)."""
+        keys: dict[str, float] = {
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "completed": self.completed,
+            "total_output_tokens": self.total_output_tokens,
+        }
+        if self.request_goodput is not None:
+            keys[GOODPUT] = self.request_goodput
+        for name in LATENCIES:
+            latency: LatencySummary = getattr(self, name)
+            for statistic in ("mean", "median", "std", "p90", "p99"):
+                keys[f"{statistic}_{name}_ms"] = getattr(latency, f"{statistic}_ms")
+        return keys
+
+    @classmethod
+    def from_vllm_keys(cls, keys: Mapping[str, float]) -> RunSummary:
+        latencies = {
+            name: LatencySummary(*(keys[f"{s}_{name}_ms"] for s in ("mean", "median", "std", "p90", "p99")))
+            for name in LATENCIES
+        }
+        return cls(
+            request_throughput=keys["request_throughput"],
+            output_throughput=keys["output_throughput"],
+            completed=int(keys["completed"]),
+            total_output_tokens=int(keys["total_output_tokens"]),
+            request_goodput=keys.get(GOODPUT),
+            **latencies,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineChunk:
+    """What one batch slot computed in one step."""
+
+    slot: int
+    request_id: str
+    num_tokens: int
+    is_prefill: bool
+    is_padding: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineStep:
+    start: float  # seconds since the run started
+    end: float
+    num_waiting: int  # requests queued while it ran
+    chunks: tuple[TimelineChunk, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRequest:
+    request_id: str
+    arrival: float  # seconds since the run started
+    first_token: float | None
+    finished: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimeline:
+    """One timed run: which request held which slot at every step, and the queue."""
+
+    duration: float
+    num_slots: int
+    steps: tuple[TimelineStep, ...]  # none for an engine that shows no steps (a server)
+    requests: tuple[TimelineRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a test's repeats add up to, before any judging."""
+
+    engine_name: str
+    samples: dict[str, tuple[float, ...]]  # metric -> one value per repeat
+    counters: EngineCounters  # of the last repeat: exact, so every repeat has the same
+    summary: RunSummary
+    request_samples: dict[str, tuple[float, ...]]  # per request, all repeats
+    timeline: RunTimeline  # of the last repeat
+    noisy: str | None
+
+
+def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) -> Measured:
+    """The per-repeat samples of ``metrics`` (and the probes), the pooled summary and the last run's timeline."""
+    per_run = [run_metrics(run) for run in repeats.runs]
+    per_repeat = [repeat_samples(m, slo) for m in per_run]
+    samples = {name: tuple(s[name] for s in per_repeat) for name in metrics}
+    # A metric that is undefined in some repeat (TPOT when every request
+    # made one token) has nothing to compare: dropped, not stored as NaN.
+    samples = {name: values for name, values in samples.items() if all(map(math.isfinite, values))}
+    if repeats.probes:
+        samples[PROBE] = tuple(repeats.probes)
+    if repeats.busy_shares:
+        samples[BUSY_SHARE] = tuple(repeats.busy_shares)
+    last = repeats.runs[-1]
+    return Measured(
+        engine_name=last.engine_name,
+        samples=samples,
+        counters=last.counters,
+        summary=vllm_summary(per_run, slo),
+        request_samples={k: v for k, v in per_request_samples(per_run).items() if v},
+        timeline=timeline_of(last),
+        noisy=repeats.noisy,
+    )
+
 
 def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, float]:
     samples = {
@@ -40,30 +205,22 @@ def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, flo
         samples[GOODPUT] = goodput(metrics, slo)
     return samples
 
-def vllm_summary(runs: Sequence[RunMetrics], slo: SLO | None = None) -> dict[str, float]:
-    """vLLM's benchmark keys, pooled over the requests of every repeat."""
-    summary: dict[str, float] = {
-        "request_throughput": statistics.fmean(r.request_throughput for r in runs),
-        "output_throughput": statistics.fmean(r.output_throughput for r in runs),
-        "completed": sum(r.num_completed for r in runs),
-        "total_output_tokens": sum(r.num_output_tokens for r in runs),
-    }
-    if slo is not None:
-        summary[GOODPUT] = statistics.fmean(goodput(r, slo) for r in runs)
-    pooled = {
-        "ttft": [m.ttft for r in runs for m in r.requests if m.ttft is not None],
-        "tpot": [m.tpot for r in runs for m in r.requests if m.tpot is not None],
-        "itl": [gap for r in runs for m in r.requests for gap in m.itls],
-        "e2el": [m.e2e for r in runs for m in r.requests if m.e2e is not None],
-    }
-    for name, values in pooled.items():
-        distribution = Distribution.of(values)
-        summary[f"mean_{name}_ms"] = 1e3 * distribution.mean
-        summary[f"median_{name}_ms"] = 1e3 * distribution.median
-        summary[f"std_{name}_ms"] = 1e3 * distribution.std
-        summary[f"p90_{name}_ms"] = 1e3 * distribution.p90
-        summary[f"p99_{name}_ms"] = 1e3 * distribution.p99
-    return summary
+
+def vllm_summary(runs: Sequence[RunMetrics], slo: SLO | None = None) -> RunSummary:
+    """vLLM's benchmark figures, pooled over the requests of every repeat."""
+    requests = [m for r in runs for m in r.requests]
+    return RunSummary(
+        request_throughput=statistics.fmean(r.request_throughput for r in runs),
+        output_throughput=statistics.fmean(r.output_throughput for r in runs),
+        completed=sum(r.num_completed for r in runs),
+        total_output_tokens=sum(r.num_output_tokens for r in runs),
+        ttft=LatencySummary.of([m.ttft for m in requests if m.ttft is not None]),
+        tpot=LatencySummary.of([m.tpot for m in requests if m.tpot is not None]),
+        itl=LatencySummary.of([gap for m in requests for gap in m.itls]),
+        e2el=LatencySummary.of([m.e2e for m in requests if m.e2e is not None]),
+        request_goodput=statistics.fmean(goodput(r, slo) for r in runs) if slo is not None else None,
+    )
+
 
 def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ...]]:
     """TTFT, TPOT and E2E of every request of every repeat, in ms (for distributions)."""
@@ -74,34 +231,36 @@ def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ..
         "e2el_ms": tuple(1e3 * m.e2e for m in requests if m.e2e is not None),
     }
 
-def timeline_of(run: RunResult) -> dict[str, Any]:
+
+def timeline_of(run: RunResult) -> RunTimeline:
     """Which request held which slot at every step, and the queue, relative to the run's start."""
     t0 = run.start_time
-    return {
-        "duration": run.duration,
-        "num_slots": 1 + max((c.slot for step in run.steps for c in step.chunks), default=0),
-        "steps": [
-            {
-                "start": step.start_time - t0,
-                "end": step.end_time - t0,
-                "waiting": step.num_waiting,
-                "chunks": [[c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding] for c in step.chunks],
-            }
+    return RunTimeline(
+        duration=run.duration,
+        num_slots=1 + max((c.slot for step in run.steps for c in step.chunks), default=0),
+        steps=tuple(
+            TimelineStep(
+                start=step.start_time - t0,
+                end=step.end_time - t0,
+                num_waiting=step.num_waiting,
+                chunks=tuple(
+                    TimelineChunk(c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding)
+                    for c in step.chunks
+                ),
+            )
             for step in run.steps
-        ],
-        "requests": [
-            {
-                "id": r.request_id,
-                "arrival": r.arrival_time - t0,
-                "first_token": r.token_times[0] - t0 if r.token_times else None,
-                "finished": r.finished_time - t0 if r.finished_time is not None else None,
-            }
+        ),
+        requests=tuple(
+            TimelineRequest(
+                request_id=r.request_id,
+                arrival=r.arrival_time - t0,
+                first_token=r.token_times[0] - t0 if r.token_times else None,
+                finished=r.finished_time - t0 if r.finished_time is not None else None,
+            )
             for r in run.records
-        ],
-    }
+        ),
+    )
 
-def counters_of(result: RunResult) -> dict[str, int]:
-    return dataclasses.asdict(result.counters)
 
 def sizing_parameters(
     requests: Sequence[Request], model: str, precision: str, concurrency: int

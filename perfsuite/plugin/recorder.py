@@ -26,8 +26,8 @@ from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import server_environment
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.judge.results import TestResult
-from perfsuite.measure.summaries import SizingParameters, sizing_parameters
-from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession, Repeats
+from perfsuite.measure.summaries import Repeats, SizingParameters, sizing_parameters
+from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
 from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.measure.environment import ServerEnvironment
 
@@ -91,8 +91,8 @@ class PerfRecorder:
             {
                 "engine": self.result.engine_name,
                 "parameters": dataclasses.asdict(self.result.parameters),
-                **self.result.summary,
-                "counters": self.result.counters,
+                **self.result.summary.vllm_keys(),
+                "counters": dataclasses.asdict(self.result.counters),
                 "baseline": self.result.baseline_status,
             }
         )

@@ -43,7 +43,7 @@ def verdict_rows(results: Sequence[TestResult]) -> list[list]:
     for result in results:
         name = result.test_id.rpartition("::")[2]
         if not result.comparisons:
-            rows.append([name, "output_throughput", "-", f"{result.summary['output_throughput']:.4g}",
+            rows.append([name, "output_throughput", "-", f"{result.summary.output_throughput:.4g}",
                          "-", "-", "-", "-", result.baseline_status])
         for c in result.comparisons:
             mde = f"{c.min_detectable_effect:.0%}" if c.min_detectable_effect is not None else "none"

@@ -1,14 +1,16 @@
 """The HTML report: one self-contained file a reviewer can open offline.
 
-``render_report`` turns a results document (what ``PerfSession.results_json``
-wrote) into HTML through ``templates/report.html.j2``; the figures come from
-``perfsuite.report.plots`` as inline SVG, so the file makes no network request.
-``write_report`` is what the plugin calls after a session.
+``render_report`` turns a session's ``Results`` (``perfsuite.judge.results``,
+what results.json holds) into HTML through ``templates/report.html.j2``; the
+figures come from ``perfsuite.report.plots`` as inline SVG, so the file makes
+no network request. ``write_report`` is what the plugin calls after a session.
+The report reads the judge's typed results and nothing else of perfsuite: it
+never imports pytest, scipy or torch.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 import statistics
 from collections import defaultdict
@@ -17,9 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfsuite.report import plots
-from perfsuite.judge.results import archive_results, read_history, read_results
 from perfsuite.judge.baselines import write_text_atomic
+from perfsuite.judge.results import (
+    Results,
+    RunTimeline,
+    TestResult,
+    TimelineStep,
+    archive_results,
+    read_history,
+    read_results,
+)
+from perfsuite.report import plots
 
 VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")
 PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
@@ -86,29 +96,29 @@ class Figure:
     svg: str
 
 
-def verdict_rows(results: dict[str, Any]) -> list[VerdictRow]:
+def verdict_rows(results: Results) -> list[VerdictRow]:
     """One row per test and metric compared; one row per test that was not compared."""
     rows = []
-    for test in results["tests"]:
-        for c in test.get("comparisons") or []:
+    for test in results.tests:
+        for c in test.comparisons:
             rows.append(
                 VerdictRow(
-                    test_id=test["test_id"],
-                    metric=c["metric"],
-                    baseline_median=c["baseline_median"],
-                    current_median=c["current_median"],
-                    change_percent=100 * c["change"],
-                    ci_low=c["ci_low"],
-                    ci_high=c["ci_high"],
-                    p_adjusted=c["p_adjusted"],
-                    verdict=c["verdict"],
-                    min_detectable_effect=c.get("min_detectable_effect"),
+                    test_id=test.test_id,
+                    metric=c.metric,
+                    baseline_median=c.baseline_median,
+                    current_median=c.current_median,
+                    change_percent=c.change_percent,
+                    ci_low=c.ci_low,
+                    ci_high=c.ci_high,
+                    p_adjusted=c.p_adjusted,
+                    verdict=c.verdict.value,
+                    min_detectable_effect=c.min_detectable_effect,
                 )
             )
-        if not test.get("comparisons"):
+        if not test.comparisons:
             rows.append(
-                VerdictRow(test["test_id"], "output_throughput", None, test.get("output_throughput"),
-                           None, None, None, None, test.get("baseline") or "no baseline")
+                VerdictRow(test.test_id, "output_throughput", None, test.summary.output_throughput,
+                           None, None, None, None, test.baseline_status)
             )  # fmt: skip
     return rows
 
@@ -119,14 +129,14 @@ def overall_verdict(rows: Sequence[VerdictRow]) -> str:
     return next((verdict for verdict in VERDICTS if verdict in seen), "no baseline")
 
 
-def render_report(results: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> str:
-    """The report as one HTML string; ``history`` holds earlier results documents, in any order."""
-    tests = results["tests"]
+def render_report(results: Results, history: Sequence[Results] = ()) -> str:
+    """The report as one HTML string; ``history`` holds earlier runs' results, in any order."""
+    tests = results.tests
     rows = verdict_rows(results)
     return _template().render(
         verdict=overall_verdict(rows),
-        created_at=results.get("created_at") or "unknown date",
-        warnings=results.get("warnings") or [],
+        created_at=results.created_at or "unknown date",
+        warnings=results.warnings,
         environment=_environment_facts(results),
         sizing=_sizing_facts(tests),
         run=_run_facts(results),
@@ -146,7 +156,7 @@ def write_report(report_dir: Path) -> Path:
     archive_results(results, report_dir / "history")
     history, problems = read_history(report_dir / "history", newest=MAX_HISTORY_RUNS)
     if problems:
-        results = {**results, "warnings": [*results.get("warnings", []), *problems]}
+        results = dataclasses.replace(results, warnings=(*results.warnings, *problems))
     path = report_dir / "report.html"
     write_text_atomic(path, render_report(results, history))
     return path
@@ -155,8 +165,8 @@ def write_report(report_dir: Path) -> Path:
 # -- header ----------------------------------------------------------------
 
 
-def _environment_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
-    environment = results.get("environment") or {}
+def _environment_facts(results: Results) -> list[tuple[str, str]]:
+    environment = results.environment
     labels = (
         ("device_name", "device"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
         ("torch_version", "torch"), ("transformers_version", "transformers"),
@@ -165,44 +175,40 @@ def _environment_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
         ("label", "server"), ("served_model", "served model"), ("max_model_len", "max model length"),
         ("owned_by", "served by"),
     )  # fmt: skip
-    facts = [(label, str(environment[key])) for key, label in labels if environment.get(key) is not None]
-    facts.append(("fingerprint", results.get("fingerprint") or "-"))
+    values = [(label, getattr(environment, key, None)) for key, label in labels]
+    facts = [(label, str(value)) for label, value in values if value is not None]
+    facts.append(("fingerprint", results.fingerprint or "-"))
     return facts + _server_facts(results)
 
 
-def _server_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
+def _server_facts(results: Results) -> list[tuple[str, str]]:
     """Servers measured in another process: their own fingerprints, and figures not rescaled by the probe."""
-    servers = [s.get("fingerprint") or "-" for s in results.get("servers") or []]
+    servers = [s.fingerprint() for s in results.servers]
     if not servers:
         return []
-    others = [s for s in servers if s != results.get("fingerprint")]
+    others = [s for s in servers if s != results.fingerprint]
     facts = [("server fingerprints", ", ".join(others))] if others else []
     return facts + [("machine probe", "not applied to servers in another process: their figures are as measured")]
 
 
-def _run_facts(results: dict[str, Any]) -> list[tuple[str, str]]:
-    policy = results.get("policy") or {}
-    facts = [
-        ("commit", results.get("commit") or "unknown"),
-        ("date", results.get("created_at") or "unknown"),
-        ("profile", f"{results.get('profile', '-')}, {results.get('repeats', '-')} repeats"),
+def _run_facts(results: Results) -> list[tuple[str, str]]:
+    policy = results.policy
+    return [
+        ("commit", results.commit or "unknown"),
+        ("date", results.created_at or "unknown"),
+        ("profile", f"{results.profile}, {results.repeats} repeats"),
+        (
+            "policy",
+            f"{policy.test}; alpha {policy.alpha} after {policy.correction}; min effect {100 * policy.min_effect:.0f}%",
+        ),
     ]
-    if policy:
-        facts.append(
-            (
-                "policy",
-                f"{policy.get('test', 'significance test')}; alpha {policy.get('alpha', '-')} after "
-                f"{policy.get('correction', 'correction')}; min effect {100 * float(policy.get('min_effect', 0)):.0f}%",
-            )
-        )
-    return facts
 
 
-def _sizing_facts(tests: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+def _sizing_facts(tests: Sequence[TestResult]) -> list[tuple[str, str]]:
     """Each sizing parameter once: its value when every test shares it, else its distinct values."""
     facts = []
     for name in PARAMETER_NAMES:
-        values = sorted({_format_value(t["parameters"].get(name)) for t in tests}, key=_natural_key)
+        values = sorted({_format_value(getattr(t.parameters, name)) for t in tests}, key=_natural_key)
         facts.append((name.replace("_", " "), ", ".join(values) if values else "-"))
     return facts
 
@@ -210,22 +216,21 @@ def _sizing_facts(tests: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
 # -- figures across tests ----------------------------------------------------
 
 
-def _throughput_figures(tests: Sequence[dict[str, Any]]) -> list[Figure]:
+def _throughput_figures(tests: Sequence[TestResult]) -> list[Figure]:
     """Offline throughput against concurrency, per test function that varies the concurrency."""
     by_function = defaultdict(list)
     for test in tests:
-        offline = test.get("arrival_rate") is None and test["parameters"].get("concurrency") is not None
-        if offline and test.get("output_throughput") is not None:
-            by_function[_node_of(test["test_id"])].append(test)
+        if test.arrival_rate is None:
+            by_function[_node_of(test.test_id)].append(test)
     figures = []
     for node, group in by_function.items():
         function = _function_of(node)
-        if len({t["parameters"]["concurrency"] for t in group}) < 2 and "throughput" not in function:
+        if len({t.parameters.concurrency for t in group}) < 2 and "throughput" not in function:
             continue
         points = defaultdict(list)
         for test in group:
-            points[(test["engine"], _other_parameters(test))].append(
-                (test["parameters"]["concurrency"], test["output_throughput"])
+            points[(test.engine_name, _other_parameters(test))].append(
+                (test.parameters.concurrency, test.summary.output_throughput)
             )
         variants = sorted({rest for _, rest in points})
         series = [
@@ -243,148 +248,141 @@ def _throughput_figures(tests: Sequence[dict[str, Any]]) -> list[Figure]:
     return figures
 
 
-def _timeline_figure(tests: Sequence[dict[str, Any]]) -> Figure | None:
+def _timeline_figure(tests: Sequence[TestResult]) -> Figure | None:
     pair = _engine_pair(tests)
     if pair is None:
         return None
     timelines = [_timeline_of(test) for test in pair]
     caption = (
-        f"One timed run of {' and '.join(t['test_id'].rpartition('::')[2] for t in pair)}: "
+        f"One timed run of {' and '.join(_test_name(t.test_id) for t in pair)}: "
         "same parameters, only the engine differs."
     )
     return Figure(caption, plots.timeline_figure(timelines))
 
 
-def _engine_pair(tests: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], ...] | None:
+def _engine_pair(tests: Sequence[TestResult]) -> tuple[TestResult, TestResult] | None:
     """A static and an in-flight test that differ only by engine: the pair that shows a queue and most padding."""
-    groups: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
+    groups: dict[tuple, dict[str, TestResult]] = defaultdict(dict)
     for test in tests:
-        if (test.get("timeline") or {}).get("steps"):
-            key = (_without_engine(test), json.dumps(test["parameters"], sort_keys=True), test.get("arrival_rate"))
-            groups[key][test["engine"]] = test
+        if test.timeline is not None and test.timeline.steps:
+            groups[(_without_engine(test), test.parameters, test.arrival_rate)][test.engine_name] = test
     pairs = [(g["static"], g["inflight"]) for g in groups.values() if {"static", "inflight"} <= g.keys()]
     if not pairs:
         return None
 
-    def clarity(pair: tuple[dict[str, Any], dict[str, Any]]) -> tuple:
+    def clarity(pair: tuple[TestResult, TestResult]) -> tuple:
         static = pair[0]
         # A closed loop keeps its clients' requests outside the engine, so its queue stays empty.
-        has_queue = any(step["waiting"] for step in static["timeline"]["steps"])
-        padding = (static.get("counters") or {}).get("num_padding_tokens", 0)
-        return static.get("arrival_rate") is None, has_queue, padding, static["parameters"].get("concurrency") or 0
+        has_queue = any(step.num_waiting for step in static.timeline.steps)
+        padding = static.counters.num_padding_tokens
+        return static.arrival_rate is None, has_queue, padding, static.parameters.concurrency
 
     return max(pairs, key=clarity)
 
 
-def _timeline_of(test: dict[str, Any]) -> plots.Timeline:
-    data = test["timeline"]
-    requests = data.get("requests") or []
+def _timeline_of(test: TestResult) -> plots.Timeline:
+    timeline: RunTimeline = test.timeline
+    requests = timeline.requests
     return plots.Timeline(
-        title=f"{test['engine']}: {test['test_id'].rpartition('::')[2]}",
-        duration=float(data.get("duration") or 0.0),
-        num_slots=int(data.get("num_slots") or 1),
-        spans=tuple(_slot_spans(data["steps"], int(data.get("num_slots") or 1))),
-        queue=tuple((step["start"], step["waiting"]) for step in data["steps"]),
-        first_tokens=tuple(
-            (r["first_token"], r["first_token"] - r["arrival"]) for r in requests if r.get("first_token") is not None
-        ),
-        finishes=tuple(
-            (r["finished"], r["finished"] - r["arrival"]) for r in requests if r.get("finished") is not None
-        ),
-        request_order=tuple(r["id"] for r in requests),
+        title=f"{test.engine_name}: {_test_name(test.test_id)}",
+        duration=timeline.duration,
+        num_slots=timeline.num_slots,
+        spans=tuple(_slot_spans(timeline.steps, timeline.num_slots)),
+        queue=tuple((step.start, step.num_waiting) for step in timeline.steps),
+        first_tokens=tuple((r.first_token, r.first_token - r.arrival) for r in requests if r.first_token is not None),
+        finishes=tuple((r.finished, r.finished - r.arrival) for r in requests if r.finished is not None),
+        request_order=tuple(r.request_id for r in requests),
     )
 
 
-def _slot_spans(steps: Sequence[dict[str, Any]], num_slots: int) -> list[plots.Span]:
+def _slot_spans(steps: Sequence[TimelineStep], num_slots: int) -> list[plots.Span]:
     """Consecutive steps that keep a slot on the same thing merge into one span."""
     done, open_spans = [], {}
     for step in steps:
         occupied = {}
-        for slot, request_id, _, is_prefill, is_padding in step["chunks"]:
-            kind = "padding" if is_padding else "prefill" if is_prefill else "decode"
-            occupied[slot] = (kind, None if is_padding else request_id)
+        for chunk in step.chunks:
+            kind = "padding" if chunk.is_padding else "prefill" if chunk.is_prefill else "decode"
+            occupied[chunk.slot] = (kind, None if chunk.is_padding else chunk.request_id)
         for slot in range(num_slots):
             kind, request_id = occupied.get(slot, ("empty", None))
             span = open_spans.get(slot)
             if span is not None and (span.kind, span.request_id) == (kind, request_id):
-                open_spans[slot] = plots.Span(slot, span.start, step["end"], kind, request_id)
+                open_spans[slot] = plots.Span(slot, span.start, step.end, kind, request_id)
                 continue
             if span is not None:
                 done.append(span)
-            open_spans[slot] = plots.Span(slot, step["start"], step["end"], kind, request_id)
+            open_spans[slot] = plots.Span(slot, step.start, step.end, kind, request_id)
     return done + list(open_spans.values())
 
 
-def _history_figure(results: dict[str, Any], history: Sequence[dict[str, Any]]) -> Figure | None:
+def _history_figure(results: Results, history: Sequence[Results]) -> Figure | None:
     """Median output throughput per stored run of this machine, up to this run, per test."""
-    created = results.get("created_at") or ""
+    created = results.created_at or ""
     runs = {
-        doc.get("created_at") or "": doc
-        for doc in history
-        if doc.get("fingerprint") == results.get("fingerprint") and (doc.get("created_at") or "") < created
+        run.created_at or "": run
+        for run in history
+        if run.fingerprint == results.fingerprint and (run.created_at or "") < created
     }
     ordered = [runs[key] for key in sorted(runs)][-(MAX_HISTORY_RUNS - 1) :] + [results]
     series = []
-    for test in results["tests"]:
-        values = [_median_throughput(run, test["test_id"]) for run in ordered]
+    for test in results.tests:
+        values = [_median_throughput(run, test.test_id) for run in ordered]
         values = [v for v in values if v is not None]
         if len(values) >= 2:
             x = tuple(float(i) for i in range(1, len(values) + 1))
-            series.append(plots.Series(test["test_id"].rpartition("::")[2], x, tuple(values)))
+            series.append(plots.Series(_test_name(test.test_id), x, tuple(values)))
     if not series:
         return None
-    caption = f"{len(ordered)} runs on this machine ({ordered[0].get('created_at')} to {created})"
+    caption = f"{len(ordered)} runs on this machine ({ordered[0].created_at} to {created})"
     return Figure(caption, plots.history_figure(series))
 
 
-def _median_throughput(results: dict[str, Any], test_id: str) -> float | None:
-    for test in results.get("tests", []):
-        if test["test_id"] == test_id:
-            samples = (test.get("samples") or {}).get("output_throughput")
-            return statistics.median(samples) if samples else test.get("output_throughput")
-    return None
+def _median_throughput(results: Results, test_id: str) -> float | None:
+    test = results.test(test_id)
+    if test is None:
+        return None
+    samples = test.samples.get("output_throughput")
+    return statistics.median(samples) if samples else test.summary.output_throughput
 
 
 # -- one test ----------------------------------------------------------------
 
 
-def _section(test: dict[str, Any], rows: Sequence[VerdictRow]) -> TestSection:
-    own = [row for row in rows if row.test_id == test["test_id"]]
+def _section(test: TestResult, rows: Sequence[VerdictRow]) -> TestSection:
+    own = [row for row in rows if row.test_id == test.test_id]
     return TestSection(
-        test_id=test["test_id"],
-        engine=test["engine"],
-        verdict=overall_verdict(own) if test.get("comparisons") else (test.get("baseline") or "no baseline"),
-        baseline_status=test.get("baseline") or "no baseline",
+        test_id=test.test_id,
+        engine=test.engine_name,
+        verdict=overall_verdict(own) if test.comparisons else test.baseline_status,
+        baseline_status=test.baseline_status,
         facts=tuple(_test_facts(test)),
         counters=tuple(_counter_rows(test)),
-        distributions_svg=plots.distribution_figure(
-            test.get("request_samples") or {}, test.get("baseline_request_samples") or {}
-        ),
+        distributions_svg=plots.distribution_figure(test.request_samples, test.baseline_request_samples),
     )
 
 
-def _test_facts(test: dict[str, Any]) -> list[tuple[str, str]]:
-    facts = [(name.replace("_", " "), _format_value(test["parameters"].get(name))) for name in PARAMETER_NAMES]
-    if test.get("arrival_rate") is not None:
-        facts.append(("arrival rate", f"{test['arrival_rate']:g} req/s (Poisson)"))
-    summary = (
-        ("output_throughput", "output tok/s"), ("request_throughput", "req/s"),
-        ("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
-        ("median_tpot_ms", "TPOT p50 ms"), ("p99_tpot_ms", "TPOT p99 ms"),
-        ("median_e2el_ms", "E2E p50 ms"), ("p99_e2el_ms", "E2E p99 ms"),
-        ("completed", "requests completed"),
+def _test_facts(test: TestResult) -> list[tuple[str, str]]:
+    facts = [(name.replace("_", " "), _format_value(getattr(test.parameters, name))) for name in PARAMETER_NAMES]
+    if test.arrival_rate is not None:
+        facts.append(("arrival rate", f"{test.arrival_rate:g} req/s (Poisson)"))
+    summary = test.summary
+    shown = (
+        ("output tok/s", summary.output_throughput), ("req/s", summary.request_throughput),
+        ("TTFT p50 ms", summary.ttft.median_ms), ("TTFT p99 ms", summary.ttft.p99_ms),
+        ("TPOT p50 ms", summary.tpot.median_ms), ("TPOT p99 ms", summary.tpot.p99_ms),
+        ("E2E p50 ms", summary.e2el.median_ms), ("E2E p99 ms", summary.e2el.p99_ms),
+        ("requests completed", summary.completed),
     )  # fmt: skip
-    facts += [(label, _format_value(test[key])) for key, label in summary if test.get(key) is not None]
-    return facts
+    return facts + [(label, _format_value(value)) for label, value in shown]
 
 
-def _counter_rows(test: dict[str, Any]) -> list[CounterRow]:
+def _counter_rows(test: TestResult) -> list[CounterRow]:
     """Counters are exact: a compared test lists only the ones that changed, so the rest equal the baseline."""
-    changed = {c["name"]: c for c in test.get("counter_changes") or []}
-    compared = bool(test.get("comparisons")) or bool(changed)
+    changed = {c.name: c.baseline for c in test.counter_changes}
+    compared = bool(test.comparisons) or bool(changed)
     rows = []
-    for name, current in sorted((test.get("counters") or {}).items()):
-        baseline = changed[name]["baseline"] if name in changed else current if compared else None
+    for name, current in sorted(dataclasses.asdict(test.counters).items()):
+        baseline = changed[name] if name in changed else current if compared else None
         rows.append(CounterRow(name, current, baseline))
     return rows
 
@@ -436,14 +434,18 @@ def _parameter_ids(test_id: str) -> list[str]:
     return inside.split("-") if inside else []
 
 
-def _without_engine(test: dict[str, Any]) -> tuple[str, ...]:
-    return (_node_of(test["test_id"]), *(p for p in _parameter_ids(test["test_id"]) if p != test["engine"]))
+def _test_name(test_id: str) -> str:
+    return test_id.rpartition("::")[2]
 
 
-def _other_parameters(test: dict[str, Any]) -> str:
+def _without_engine(test: TestResult) -> tuple[str, ...]:
+    return (_node_of(test.test_id), *(p for p in _parameter_ids(test.test_id) if p != test.engine_name))
+
+
+def _other_parameters(test: TestResult) -> str:
     """A test id's parameters besides the engine and the batch size, e.g. the length distribution."""
-    parts = _parameter_ids(test["test_id"])
-    return "-".join(p for p in parts if p != test["engine"] and not re.fullmatch(r"B\d+", p))
+    parts = _parameter_ids(test.test_id)
+    return "-".join(p for p in parts if p != test.engine_name and not re.fullmatch(r"B\d+", p))
 
 
 def _anchor(test_id: str) -> str:

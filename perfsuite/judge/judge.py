@@ -1,0 +1,163 @@
+"""Judging a test against what it is compared with, and a family of tests together.
+
+One place for the ``pytest --perf`` session (a test against its baseline) and
+``perfsuite compare`` (a test against the same test in an older results
+file): the same metrics, machine-speed normalisation, SLO rule for goodput,
+noisy rule, minimum detectable effect and Benjamini-Hochberg adjustment.
+``judge`` compares one test and leaves its p-values raw; the caller adjusts
+them over its family: ``adjust_family`` at the end, and a session also with
+``stats.adjust_interim`` while it runs (``plugin.session`` says why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from perfsuite.engine.types import EngineCounters
+from perfsuite.judge.baselines import Baseline
+from perfsuite.judge.catalogue import (
+    ALL_METRICS,
+    GOODPUT,
+    NORMALISED,
+    PROBE,
+    RAW_SERVER_FIGURES,
+    exact_counter_changes,
+    normalize_to_machine_speed,
+)
+from perfsuite.judge.power import PowerPlan, minimum_detectable_effect
+from perfsuite.judge.results import PolicyDescription, ProbeDescription, TestResult
+from perfsuite.judge.stats import Direction, Policy, Verdict, adjust, compare, mark_noisy
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """What a test is compared with: its baseline, or the same test in an older run."""
+
+    samples: Mapping[str, tuple[float, ...]]  # metric -> one value per repeat
+    counters: EngineCounters
+    request_samples: Mapping[str, tuple[float, ...]]
+    slo: str | None  # the SLO its goodput counts
+
+    @classmethod
+    def of_baseline(cls, baseline: Baseline) -> Reference:
+        return cls(baseline.samples, baseline.counters, baseline.request_samples, baseline.slo)
+
+    @classmethod
+    def of_result(cls, result: TestResult, slo: str | None) -> Reference:
+        return cls(result.samples, result.counters, result.request_samples, slo)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A test judged against its reference, its p-values not yet adjusted over the family."""
+
+    result: TestResult
+    goodput_skipped: bool  # both sides measured goodput, but against different SLOs
+
+
+def judge(
+    result: TestResult,
+    reference: Reference,
+    *,
+    status: str,
+    slo: str | None,
+    policy: Policy,
+    num_comparisons: int,
+    metrics: Mapping[str, Direction] = ALL_METRICS,
+) -> Judgement:
+    """``result`` compared with ``reference``, metric by metric, and its exact counters.
+
+    Samples are first put on one machine speed (``normalize_to_machine_speed``);
+    goodput is compared only when both count the same SLO. Each comparison
+    carries the smallest slowdown a lone regression among ``num_comparisons``
+    could be flagged for; a noisy result's comparisons judge nothing.
+    """
+    base, current = normalize_to_machine_speed(reference.samples, result.samples)
+    goodput_skipped = GOODPUT in base and GOODPUT in current and reference.slo != slo
+    lone_alpha = policy.alpha / max(1, num_comparisons)
+    comparisons = []
+    for name, direction in metrics.items():
+        if not base.get(name) or not current.get(name) or (name == GOODPUT and goodput_skipped):
+            continue
+        comparison = dataclasses.replace(
+            compare(name, base[name], current[name], direction, policy),
+            min_detectable_effect=minimum_detectable_effect(base[name], direction, lone_alpha, policy.min_effect),
+        )
+        comparisons.append(mark_noisy(comparison) if result.noisy else comparison)
+    changes = exact_counter_changes(reference.counters, result.counters, result.arrival_rate)
+    judged = dataclasses.replace(
+        result,
+        baseline_status=status,
+        baseline_request_samples=dict(reference.request_samples),
+        comparisons=tuple(comparisons),
+        counter_changes=tuple(changes),
+    )
+    return Judgement(judged, goodput_skipped)
+
+
+def not_compared(result: TestResult, status: str) -> TestResult:
+    """``result`` with nothing to compare it with, and why."""
+    return dataclasses.replace(
+        result, baseline_status=status, baseline_request_samples={}, comparisons=(), counter_changes=()
+    )
+
+
+def adjust_family(results: Sequence[TestResult], policy: Policy) -> tuple[list[TestResult], list[str]]:
+    """Every comparison of ``results`` adjusted together; and what the adjustment newly flags as regressed."""
+    adjusted = iter(adjust([c for r in results for c in r.comparisons], policy))
+    final, newly_regressed = [], []
+    for result in results:
+        comparisons = tuple(next(adjusted) for _ in result.comparisons)
+        for before, after in zip(result.comparisons, comparisons):
+            if after.verdict is Verdict.REGRESSED and before.verdict is not Verdict.REGRESSED:
+                newly_regressed.append(f"{result.test_id}: {after.describe()}")
+        final.append(dataclasses.replace(result, comparisons=comparisons))
+    return final, newly_regressed
+
+
+# -- what results.json says about the method ---------------------------------------------------------------------
+
+MDE_METHOD = (
+    "per metric, the smallest slowdown that, applied to the baseline's own (probe-normalised) samples, "
+    "a lone regression of this session would be flagged for: one-sided Mann-Whitney p below alpha over "
+    "the session's planned comparisons, and at least the minimum effect"
+)
+
+CPU_PROBE = (
+    "geometric mean of two parts, in seconds per iteration (20 each, wall clock): an (8 x 512) by (512 x 32768) "
+    "float32 matmul (memory-bound) and a (256 x 1024) by (1024 x 1024) float32 matmul (compute-bound); "
+    "per repeat, the geometric mean of the probes taken just before and just after it"
+)
+CUDA_PROBE = (
+    "geometric mean of two parts, in seconds per iteration (20 each, CUDA events): a 512 MiB device-to-device "
+    "copy (bandwidth-bound) and a 4096-square bfloat16 matmul (compute-bound); per repeat, the geometric mean "
+    "of the probes taken just before and just after it"
+)
+
+
+def describe_policy(policy: Policy, plan: PowerPlan, busy_threshold: float) -> PolicyDescription:
+    return PolicyDescription(
+        alpha=policy.alpha,
+        min_effect=policy.min_effect,
+        test="one-sided Mann-Whitney U on per-repeat samples",
+        correction="benjamini-hochberg",
+        normalization=f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}",
+        num_planned_comparisons=plan.num_comparisons,
+        smallest_p=plan.smallest_p,
+        max_comparisons_for_lone_regression=plan.max_comparisons,
+        min_detectable_effect=MDE_METHOD,
+        noisy=f"a test is noisy when other work used more than {busy_threshold:.0%} "
+        "of the machine's CPU during a repeat; its comparisons are shown but judge nothing",
+    )
+
+
+def describe_probe(on_cuda: bool) -> ProbeDescription:
+    return ProbeDescription(
+        key=PROBE,
+        unit="seconds",
+        measures=CUDA_PROBE if on_cuda else CPU_PROBE,
+        applies_to="tests of engines that run in this process; a server in another process is not "
+        "probed and its figures are not rescaled (each test's 'normalization' says which)",
+    )

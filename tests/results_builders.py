@@ -1,0 +1,51 @@
+"""Small typed results, built by hand, for tests of judging and of results.json (no engine run)."""
+
+from __future__ import annotations
+
+from perfsuite.engine.types import EngineCounters
+from perfsuite.judge.results import PolicyDescription, ProbeDescription, Results, TestResult
+from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.measure.environment import Environment
+from perfsuite.measure.summaries import LatencySummary, RunSummary, SizingParameters
+
+ENVIRONMENT = Environment("cpu", "2.13.0", "5.23.0", "float32", "smollm2-135m", "Some CPU @ 2GHz", 2)
+LATENCY = LatencySummary(mean_ms=10.0, median_ms=9.0, std_ms=1.0, p90_ms=12.0, p99_ms=14.0)
+POLICY = PolicyDescription(
+    alpha=0.05, min_effect=0.10, test="one-sided Mann-Whitney U on per-repeat samples",
+    correction="benjamini-hochberg", normalization="as measured", num_planned_comparisons=4, smallest_p=0.001,
+    max_comparisons_for_lone_regression=50, min_detectable_effect="-", noisy="-",
+)  # fmt: skip
+PROBE = ProbeDescription(key="probe_bracket_seconds", unit="seconds", measures="-", applies_to="-")
+
+
+def make_result(
+    test_id: str,
+    configuration: RunConfiguration | None = None,
+    output_throughput: list[float] = (100.0, 101.0, 99.0),
+    **changes,
+) -> TestResult:
+    summary = RunSummary(
+        request_throughput=1.0, output_throughput=sum(output_throughput) / len(output_throughput), completed=6,
+        total_output_tokens=600, ttft=LATENCY, tpot=LATENCY, itl=LATENCY, e2el=LATENCY,
+    )  # fmt: skip
+    fields = {
+        "engine_name": "static",
+        "parameters": SizingParameters("smollm2-135m", "float32", input_length=9.5, output_length=7.0, concurrency=4),
+        "arrival_rate": None,
+        "samples": {"output_throughput": tuple(output_throughput)},
+        "counters": EngineCounters(num_forward_passes=10),
+        "summary": summary,
+        "baseline_status": "no baseline",
+        "environment": ENVIRONMENT,
+    }
+    return TestResult(test_id=test_id, configuration=configuration, **{**fields, **changes})
+
+
+def make_results(*tests: TestResult, **changes) -> Results:
+    return Results(
+        **{
+            "created_at": "2026-01-02T03:04:05+00:00", "commit": "abc123", "environment": ENVIRONMENT,
+            "servers": (), "profile": "ci", "repeats": 3, "decode_mode": "packed", "policy": POLICY,
+            "probe": PROBE, "slo": None, "tests": tests, **changes,
+        }
+    )  # fmt: skip

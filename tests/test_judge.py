@@ -1,0 +1,106 @@
+"""One judging function for the session and ``perfsuite compare``: same metrics, rules and adjustment."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import time
+
+from perfsuite.engine.fake_runner import FakeRunner
+from perfsuite.engine.types import EngineCounters
+from perfsuite.judge.catalogue import GOODPUT, METRICS
+from perfsuite.judge.compare import rejudge
+from perfsuite.judge.judge import Reference, adjust_family, judge
+from perfsuite.judge.stats import Policy, Verdict
+from perfsuite.workload import OutputLengths, Workload
+from report_fixtures import fake_session, record_fake_test, tokenize
+from results_builders import make_result, make_results
+
+BASE = [100.0, 101, 99, 100, 102, 98]
+SLOWER = [70.0, 71, 69, 70, 72, 68]
+
+
+def reference(samples: dict, counters=EngineCounters(num_forward_passes=10), slo=None) -> Reference:
+    return Reference({k: tuple(v) for k, v in samples.items()}, counters, {"ttft_ms": (1.0,)}, slo)
+
+
+def judged(result, ref, slo=None, num_comparisons=4):
+    return judge(result, ref, status="compared", slo=slo, policy=Policy(), num_comparisons=num_comparisons)
+
+
+def test_a_slower_run_regresses_and_carries_its_minimum_detectable_effect():
+    judgement = judged(make_result("t.py::t", output_throughput=SLOWER), reference({"output_throughput": BASE}))
+    [comparison] = judgement.result.comparisons
+    assert comparison.verdict is Verdict.REGRESSED and comparison.min_detectable_effect >= 0.10
+    assert judgement.result.baseline_status == "compared"
+    assert judgement.result.baseline_request_samples == {"ttft_ms": (1.0,)}
+
+
+def test_counters_are_compared_exactly_unless_arrivals_follow_the_clock():
+    result = make_result("t.py::t", counters=EngineCounters(num_forward_passes=12))
+    [change] = judged(result, reference({})).result.counter_changes
+    assert (change.name, change.baseline, change.current) == ("num_forward_passes", 10, 12)
+    timed = dataclasses.replace(result, arrival_rate=4.0)
+    assert judged(timed, reference({})).result.counter_changes == ()
+
+
+def test_goodput_against_another_slo_is_skipped_and_said():
+    samples = {"output_throughput": BASE, GOODPUT: BASE}
+    result = make_result("t.py::t", samples={k: tuple(v) for k, v in samples.items()})
+    other = judged(result, reference(samples, slo="ttft=1ms"), slo="ttft=2ms")
+    assert other.goodput_skipped and [c.metric for c in other.result.comparisons] == ["output_throughput"]
+    same = judged(result, reference(samples, slo="ttft=2ms"), slo="ttft=2ms")
+    assert not same.goodput_skipped and {c.metric for c in same.result.comparisons} == {"output_throughput", GOODPUT}
+
+
+def test_a_noisy_result_judges_nothing():
+    result = make_result("t.py::t", output_throughput=SLOWER, noisy="the machine was busy")
+    [comparison] = judged(result, reference({"output_throughput": BASE})).result.comparisons
+    assert comparison.verdict is Verdict.NOISY
+
+
+def test_adjusting_a_family_names_what_it_newly_flags():
+    raw = judged(make_result("t.py::t", output_throughput=SLOWER), reference({"output_throughput": BASE})).result
+    bounded = dataclasses.replace(raw, comparisons=tuple(dataclasses.replace(c, verdict=Verdict.UNCHANGED)
+                                                          for c in raw.comparisons))  # fmt: skip
+    [final], newly = adjust_family([bounded], Policy())
+    assert final.comparisons[0].verdict is Verdict.REGRESSED and len(newly) == 1 and newly[0].startswith("t.py::t:")
+
+
+def test_the_session_and_perfsuite_compare_reach_the_same_comparisons(tmp_path):
+    """A session judging against its baselines and ``perfsuite compare`` of the two runs' results agree exactly."""
+    runner = FakeRunner(on_execute=lambda output: time.sleep(0.001))
+    requests = Workload(6, OutputLengths("uniform", 2, 10), seed=3).requests(tokenize)
+
+    def run_session(save_baseline: bool):
+        session = fake_session(tmp_path, save_baseline)
+        session.num_planned_tests = 2
+        for kind in ("static", "inflight"):
+            record_fake_test(session, f"tests/perf/t.py::test_a[{kind}]", kind, runner, requests, 4)
+        session.finish()
+        return session.document()
+
+    saved, compared = run_session(save_baseline=True), run_session(save_baseline=False)
+    rejudged = rejudge(saved, compared, Policy())
+    for by_session, by_compare in zip(compared.tests, rejudged.tests, strict=True):
+        assert by_session.baseline_status == "compared" and by_compare.baseline_status == "compared with the old run"
+        assert len(by_session.comparisons) == len(METRICS)
+        assert by_session.comparisons == by_compare.comparisons
+        assert by_session.counter_changes == by_compare.counter_changes
+        assert by_session.baseline_request_samples == by_compare.baseline_request_samples
+
+
+def test_perfsuite_compare_applies_the_sessions_noisy_rule_and_minimum_detectable_effect():
+    old = make_results(make_result("t.py::t", output_throughput=BASE))
+    noisy = make_results(make_result("t.py::t", output_throughput=SLOWER, noisy="the machine was busy"))
+    [comparison] = rejudge(old, noisy, Policy()).tests[0].comparisons
+    assert comparison.verdict is Verdict.NOISY and comparison.min_detectable_effect is not None
+
+
+def test_perfsuite_compare_says_when_goodput_counted_another_slo():
+    samples = {"output_throughput": tuple(BASE), GOODPUT: tuple(BASE)}
+    old = make_results(make_result("t.py::t", samples=samples), slo="ttft=1ms")
+    new = make_results(make_result("t.py::t", samples=samples), slo="ttft=2ms")
+    judged = rejudge(old, new, Policy())
+    assert [c.metric for c in judged.tests[0].comparisons] == ["output_throughput"]
+    assert any("SLO ttft=1ms" in w and "not compared" in w for w in judged.warnings)

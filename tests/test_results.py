@@ -1,0 +1,110 @@
+"""results.json: typed values written and read in one place, its schema version, and a version 1 file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from perfsuite.judge.results import RESULTS_SCHEMA_VERSION, Results, ResultsFileError, read_results, write_results
+from perfsuite.judge.stats import CounterChange, Direction, Policy, compare
+from perfsuite.measure.summaries import RunTimeline, TimelineChunk, TimelineRequest, TimelineStep
+from results_builders import make_result, make_results
+
+TIMELINE = RunTimeline(
+    duration=0.5,
+    num_slots=2,
+    steps=(
+        TimelineStep(0.0, 0.2, num_waiting=1, chunks=(TimelineChunk(0, "r0", 5, True, False),)),
+        TimelineStep(0.2, 0.5, 0, (TimelineChunk(0, "r0", 1, False, False), TimelineChunk(1, "r1", 1, False, True))),
+    ),
+    requests=(TimelineRequest("r0", 0.0, 0.2, 0.5), TimelineRequest("r1", 0.1, None, None)),
+)
+
+
+def judged_results() -> Results:
+    comparison = compare("output_throughput", [100.0, 101, 102], [70.0, 71, 72], Direction.HIGHER_IS_BETTER, Policy())
+    test = make_result(
+        "tests/perf/t.py::test_a[static]",
+        timeline=TIMELINE,
+        comparisons=(dataclasses.replace(comparison, min_detectable_effect=0.2),),
+        counter_changes=(CounterChange("num_forward_passes", 8, 10),),
+        baseline_request_samples={"ttft_ms": (1.0, 2.0)},
+        request_samples={"ttft_ms": (1.5, 2.5)},
+        baseline_status="compared",
+    )
+    return make_results(test, make_result("tests/perf/t.py::test_b"), warnings=("a warning",))
+
+
+def test_results_written_are_read_back_equal(tmp_path):
+    results = judged_results()
+    write_results(tmp_path / "results.json", results)
+    assert read_results(tmp_path / "results.json") == results
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 2
+    assert stored["fingerprint"] == results.environment.fingerprint()
+
+
+def test_a_timeline_is_stored_with_named_fields(tmp_path):
+    write_results(tmp_path / "results.json", judged_results())
+    step = json.loads((tmp_path / "results.json").read_text())["tests"][0]["timeline"]["steps"][1]
+    assert step["num_waiting"] == 0
+    assert step["chunks"][1] == {"slot": 1, "request_id": "r1", "num_tokens": 1, "is_prefill": False, "is_padding": True}
+
+
+def test_the_summary_keeps_vllms_flat_keys_at_the_top_of_each_test(tmp_path):
+    write_results(tmp_path / "results.json", judged_results())
+    test = json.loads((tmp_path / "results.json").read_text())["tests"][0]
+    assert test["output_throughput"] == pytest.approx(100.0) and test["p99_ttft_ms"] == 14.0
+    assert "request_goodput" not in test, "goodput only with an SLO"
+
+
+def version_1(document: dict) -> dict:
+    """What perfsuite wrote before the typed model: positional chunks, 'waiting' and 'id', and summary_keys."""
+    tests = []
+    for test in document["tests"]:
+        timeline = test["timeline"]
+        if timeline is not None:
+            timeline = {
+                "duration": timeline["duration"],
+                "num_slots": timeline["num_slots"],
+                "steps": [
+                    {"start": s["start"], "end": s["end"], "waiting": s["num_waiting"],
+                     "chunks": [[c["slot"], c["request_id"], c["num_tokens"], c["is_prefill"], c["is_padding"]]
+                                for c in s["chunks"]]}
+                    for s in timeline["steps"]
+                ],
+                "requests": [{"id": r["request_id"], "arrival": r["arrival"], "first_token": r["first_token"],
+                              "finished": r["finished"]} for r in timeline["requests"]],
+            }  # fmt: skip
+        tests.append({**test, "timeline": timeline or {}, "summary_keys": []})
+    return {**document, "schema_version": 1, "tests": tests}
+
+
+def test_a_version_1_file_is_converted_on_reading(tmp_path):
+    results = judged_results()
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(version_1(results.to_json())))
+    assert read_results(path) == results
+
+
+@pytest.mark.parametrize("version", [0, 3, None, "2"])
+def test_a_file_of_another_version_names_the_file_its_version_and_the_fix(tmp_path, version):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**judged_results().to_json(), "schema_version": version}))
+    with pytest.raises(ResultsFileError) as error:
+        read_results(path)
+    message = str(error.value)
+    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2", "pytest --perf"):
+        assert part in message
+
+
+@pytest.mark.parametrize("missing", ["policy", "tests"])
+def test_a_file_missing_a_field_says_which(tmp_path, missing):
+    document = judged_results().to_json()
+    del document[missing]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ResultsFileError, match=f"{missing}.*pytest --perf"):
+        read_results(path)
