@@ -50,7 +50,8 @@ def test_a_timeline_is_stored_with_named_fields(tmp_path):
     write_results(tmp_path / "results.json", judged_results())
     step = json.loads((tmp_path / "results.json").read_text())["tests"][0]["timeline"]["steps"][1]
     assert step["num_waiting"] == 0
-    assert step["chunks"][1] == {"slot": 1, "request_id": "r1", "num_tokens": 1, "is_prefill": False, "is_padding": True}
+    padding = {"slot": 1, "request_id": "r1", "num_tokens": 1, "is_prefill": False, "is_padding": True}
+    assert step["chunks"][1] == padding
 
 
 def test_the_summary_keeps_vllms_flat_keys_at_the_top_of_each_test(tmp_path):

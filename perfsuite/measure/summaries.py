@@ -23,7 +23,7 @@ GOODPUT = "request_goodput"
 # and are compared as measured, instead of being rescaled by a foreign unit.
 PROBE = "probe_bracket_seconds"
 
-# Other work's share of the machine's CPU time during each repeat (perfsuite.measure.contention); stored, never compared.
+# Other work's share of the machine's CPU during each repeat (perfsuite.measure.contention); stored, never compared.
 BUSY_SHARE = "cpu_busy_share"
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
