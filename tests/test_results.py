@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from perfsuite.judge.results import RESULTS_SCHEMA_VERSION, Results, ResultsFileError, read_results, write_results
+from perfsuite.judge.results import (
+    RESULTS_SCHEMA_VERSION,
+    AgainstDescription,
+    Results,
+    ResultsFileError,
+    read_results,
+    write_results,
+)
 from perfsuite.judge.stats import CounterChange, Direction, Policy, compare
 from perfsuite.measure.summaries import RunTimeline, TimelineChunk, TimelineRequest, TimelineStep
 from results_builders import make_result, make_results
@@ -42,7 +49,7 @@ def test_results_written_are_read_back_equal(tmp_path):
     write_results(tmp_path / "results.json", results)
     assert read_results(tmp_path / "results.json") == results
     stored = json.loads((tmp_path / "results.json").read_text())
-    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 2
+    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 3
     assert stored["fingerprint"] == results.environment.fingerprint()
 
 
@@ -90,14 +97,51 @@ def test_a_version_1_file_is_converted_on_reading(tmp_path):
     assert read_results(path) == results
 
 
-@pytest.mark.parametrize("version", [0, 3, None, "2"])
+def version_2(document: dict) -> dict:
+    """What perfsuite wrote before A/B sessions: no reference side, no 'against'."""
+    reference_keys = ("reference_samples", "reference_timeline", "pair_order")
+    tests = [{k: v for k, v in test.items() if k not in reference_keys} for test in document["tests"]]
+    return {**{k: v for k, v in document.items() if k != "against"}, "schema_version": 2, "tests": tests}
+
+
+def test_a_version_2_file_is_converted_on_reading(tmp_path):
+    results = judged_results()
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(version_2(results.to_json())))
+    assert read_results(path) == results
+
+
+def paired_results() -> Results:
+    test = dataclasses.replace(
+        judged_results().tests[0],
+        reference_samples={"output_throughput": (99.0, 101.0, 100.0)},
+        reference_timeline=TIMELINE,
+        pair_order=("AB", "BA", "AB"),
+        baseline_status="A/B against HEAD (0123456789ab)",
+    )
+    against = AgainstDescription("HEAD", "0123456789abcdef", "fedcba9876543210", "ABBA")
+    return dataclasses.replace(judged_results(), tests=(test,), against=against)
+
+
+def test_an_ab_session_keeps_both_sides_and_its_reference(tmp_path):
+    results = paired_results()
+    write_results(tmp_path / "results.json", results)
+    assert read_results(tmp_path / "results.json") == results
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert stored["against"]["commit"] == "0123456789abcdef"
+    assert stored["tests"][0]["reference_samples"]["output_throughput"] == [99.0, 101.0, 100.0]
+    assert stored["tests"][0]["pair_order"] == ["AB", "BA", "AB"]
+    assert results.tests[0].is_paired and not judged_results().tests[0].is_paired
+
+
+@pytest.mark.parametrize("version", [0, 4, None, "3"])
 def test_a_file_of_another_version_names_the_file_its_version_and_the_fix(tmp_path, version):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({**judged_results().to_json(), "schema_version": version}))
     with pytest.raises(ResultsFileError) as error:
         read_results(path)
     message = str(error.value)
-    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2", "pytest --perf"):
+    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2, 3", "pytest --perf"):
         assert part in message
 
 

@@ -6,9 +6,12 @@ dataclass or a mapping of metric name to samples, from the session to the
 HTML report. ``write_results`` and ``read_results`` are the only code that
 turns them into JSON and back; the on-disk keys are documented by ``to_json``.
 
-Schema versions: 2 stores each timeline step and request as an object with
-named fields (1 stored a step's chunks as positional lists); a version 1 file
-is converted on reading, so a history of older runs keeps its trend.
+Schema versions: 3 adds what an A/B session (``--perf-against``) measured on
+its reference side (``against`` at the top; each test's ``reference_samples``,
+``reference_timeline`` and ``pair_order``); 2 stores each timeline step and
+request as an object with named fields (1 stored a step's chunks as
+positional lists). Versions 1 and 2 are converted on reading, so a history of
+older runs keeps its trend.
 """
 
 from __future__ import annotations
@@ -37,13 +40,13 @@ from perfsuite.measure.summaries import (
 )
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
-    "RESULTS_SCHEMA_VERSION", "PolicyDescription", "ProbeDescription", "Results", "ResultsFileError",
+    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "PolicyDescription", "ProbeDescription", "Results", "ResultsFileError",
     "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk", "TimelineRequest",
     "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
 ]  # fmt: skip
 
-RESULTS_SCHEMA_VERSION = 2  # 2: timeline steps, chunks and requests as objects with named fields
-CONVERTED_VERSIONS = (1,)
+RESULTS_SCHEMA_VERSION = 3  # 3: A/B sessions; 2: timeline steps, chunks and requests as objects with named fields
+CONVERTED_VERSIONS = (1, 2)
 REWRITE_HINT = "re-create it with `pytest --perf` (it writes reports/results.json)"
 
 
@@ -69,6 +72,10 @@ class TestResult:
     comparisons: tuple[Comparison, ...] = ()
     counter_changes: tuple[CounterChange, ...] = ()
     environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
+    # --perf-against: the reference side (A) measured beside this one, pair by pair ("AB" or "BA" each)
+    reference_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    reference_timeline: RunTimeline | None = None
+    pair_order: tuple[str, ...] = ()
 
     @classmethod
     def measured(
@@ -96,6 +103,11 @@ class TestResult:
             timeline=measured.timeline,
             environment=environment,
         )
+
+    @property
+    def is_paired(self) -> bool:
+        """Measured side by side with a reference tree (``--perf-against``), not against a stored baseline."""
+        return bool(self.pair_order)
 
     @property
     def regressions(self) -> list[Comparison]:
@@ -130,6 +142,9 @@ class TestResult:
             "environment": dataclasses.asdict(self.environment) if self.environment else None,
             "fingerprint": self.environment.fingerprint() if self.environment else None,
             "normalization": self.normalization,
+            "reference_samples": _lists(self.reference_samples),
+            "reference_timeline": dataclasses.asdict(self.reference_timeline) if self.reference_timeline else None,
+            "pair_order": list(self.pair_order),
         }
 
     @classmethod
@@ -151,7 +166,20 @@ class TestResult:
             comparisons=tuple(_comparison_from_json(c) for c in data["comparisons"]),
             counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
             environment=environment_from_json(data["environment"]) if data["environment"] else None,
+            reference_samples=_tuples(data["reference_samples"]),
+            reference_timeline=_timeline_from_json(data["reference_timeline"]) if data["reference_timeline"] else None,
+            pair_order=tuple(data["pair_order"]),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class AgainstDescription:
+    """An A/B session's reference (``--perf-against REF``): what was measured beside the current tree."""
+
+    ref: str  # as given: origin/main, HEAD~1, a path
+    commit: str | None  # what it resolved to (None: a checkout outside git)
+    current_commit: str | None  # the current tree's HEAD (its uncommitted changes are measured too)
+    order: str  # how the repeats were interleaved
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +225,7 @@ class Results:
     tests: tuple[TestResult, ...]
     late_regressions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    against: AgainstDescription | None = None  # an A/B session; None: judged against stored baselines
 
     @property
     def fingerprint(self) -> str | None:
@@ -222,6 +251,7 @@ class Results:
             "tests": [t.to_json() for t in self.tests],
             "late_regressions": list(self.late_regressions),
             "warnings": list(self.warnings),
+            "against": dataclasses.asdict(self.against) if self.against else None,
         }
 
     @classmethod
@@ -242,6 +272,7 @@ class Results:
             tests=tuple(TestResult.from_json(t) for t in data["tests"]),
             late_regressions=tuple(data["late_regressions"]),
             warnings=tuple(data["warnings"]),
+            against=AgainstDescription(**data["against"]) if data["against"] else None,
         )
 
 
@@ -273,7 +304,7 @@ def read_results(path: Path) -> Results:
             f"{path} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
         )
     try:
-        return Results.from_json(_from_version_1(data) if version == 1 else data)
+        return Results.from_json(_converted(data, version))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ResultsFileError(
             f"{path} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
@@ -327,6 +358,20 @@ def _timeline_from_json(data: Mapping[str, Any]) -> RunTimeline:
         ),
         requests=tuple(TimelineRequest(**request) for request in data["requests"]),
     )
+
+
+def _converted(data: Mapping[str, Any], version: int) -> Mapping[str, Any]:
+    if version == 1:
+        data = _from_version_1(data)
+    if version in (1, 2):
+        data = _from_version_2(data)
+    return data
+
+
+def _from_version_2(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 2 document as version 3 writes it: no A/B session, so nothing on a reference side."""
+    tests = [{**test, "reference_samples": {}, "reference_timeline": None, "pair_order": []} for test in data["tests"]]
+    return {**data, "tests": tests, "against": None}
 
 
 def _from_version_1(data: Mapping[str, Any]) -> dict[str, Any]:
