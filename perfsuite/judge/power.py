@@ -37,7 +37,11 @@ def max_comparisons_for_lone_regression(n_baseline: int, n_current: int, alpha: 
     Benjamini-Hochberg turns a lone p-value into m * p, so this is the largest
     m with m * smallest_p < alpha; 0 when not even one comparison can be.
     """
-    smallest_p = smallest_p_value(n_baseline, n_current)
+    return max_comparisons_for_p_value(smallest_p_value(n_baseline, n_current), alpha)
+
+
+def max_comparisons_for_p_value(smallest_p: float, alpha: float) -> int:
+    """The largest m with m * smallest_p < alpha, as benjamini_hochberg computes it; 0 when none."""
     comparisons = max(0, math.ceil(alpha / smallest_p) - 1)
     # The same float arithmetic as benjamini_hochberg, so the two agree at the edge.
     while (comparisons + 1) * smallest_p < alpha:
@@ -70,11 +74,15 @@ class PowerPlan:
     def can_flag_lone_regression(self) -> bool:
         return self.num_comparisons <= self.max_comparisons
 
+    def suggested_repeats(self) -> int | None:
+        """The fewest repeats per side that can flag a lone regression in this session (None: over 1000)."""
+        return repeats_for_lone_regression(self.num_comparisons, self.alpha)
+
     def advice(self) -> str | None:
         """One sentence on what to change, or ``None`` when a lone regression can be flagged."""
         if self.can_flag_lone_regression:
             return None
-        needed = repeats_for_lone_regression(self.num_comparisons, self.alpha)
+        needed = self.suggested_repeats()
         more_repeats = f"--perf-repeats {needed}" if needed is not None else "many more repeats (--perf-repeats)"
         return (
             f"this session makes {self.num_comparisons} comparisons, but with {self.n_baseline} baseline and "

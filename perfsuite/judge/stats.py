@@ -256,6 +256,10 @@ def _with_verdict(comparison: Comparison, p_worse: float, p_better: float, polic
     return replace(comparison, p_adjusted=p_worse if signed < 0 else p_better, verdict=Verdict.UNCHANGED)
 
 
+# The same rule judges a paired comparison (perfsuite.judge.paired).
+with_verdict = _with_verdict
+
+
 @dataclass(frozen=True, slots=True)
 class CounterChange:
     """An exact counter (forward passes, padded slot-tokens...) that changed."""
