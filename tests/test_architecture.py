@@ -37,6 +37,10 @@ PURE_MODULES = [
     "perfsuite.report.plots",
     "perfsuite.judge.results",
     "perfsuite.judge.compare",
+    "perfsuite.judge.paired",
+    "perfsuite.ab.wire",
+    "perfsuite.ab.pair",
+    "perfsuite.plugin.against",
     "perfsuite.cli",
 ]
 
@@ -76,7 +80,10 @@ ALLOWED = {
     "correctness": {"adapters", "engine"},
     "serve": {"adapters", "engine", "measure", "models"},
     "argtypes": set(),
-    "plugin": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "workload", "correctness"},
+    # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
+    "ab": {"__init__", "engine", "adapters", "measure", "models"},
+    "plugin": {"ab", "adapters", "argtypes", "engine", "judge", "measure", "models", "report", "workload",
+               "correctness"},
     "cli": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "serve", "workload",
             "correctness"},
     "__main__": {"cli"},
@@ -150,3 +157,23 @@ def test_no_import_circles_between_modules():
         if module not in state:
             visit(module, [module])
     assert not circles, "import circles: " + "; ".join(circles)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """Modules a file imports when it is loaded (not inside its functions)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("name", ["wire.py", "worker_main.py"])
+def test_the_ab_worker_loads_nothing_of_the_controllers_perfsuite(name):
+    """A worker must import perfsuite from its own tree, so these two load only the standard library."""
+    imported = top_level_imports(PACKAGE_ROOT / "ab" / name) - {"__future__"}
+    not_stdlib = sorted(m for m in imported if m not in sys.stdlib_module_names)
+    assert not not_stdlib, f"perfsuite/ab/{name} imports {not_stdlib} when loaded"
+

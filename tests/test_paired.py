@@ -256,11 +256,28 @@ def test_slowing_every_pair_by_the_mde_is_detected_and_a_bit_less_is_not(per_mil
         assert 2.0 ** -len(per_mille) >= alpha
         return
     assert mde >= min_effect
+    # The MDE is of the pairs' spread, centred on no change: the same pairs moved to their Hodges-Lehmann centre.
+    centre = hodges_lehmann([k / 1000 for k in per_mille])
+    unchanged = [r * math.exp(k / 1000 - centre) for r, k in zip(reference, per_mille)]
     just_above = mde * 1.0001 + 1e-9  # the nudge makes a zero MDE a (tiny) slowdown too
-    assert compare_paired("m", reference, slowed(current, just_above, direction), direction, policy).p_worse < alpha
+    assert compare_paired("m", reference, slowed(unchanged, just_above, direction), direction, policy).p_worse < alpha
     if mde > min_effect:
-        just_below = slowed(current, mde * 0.9999, direction)
+        just_below = slowed(unchanged, mde * 0.9999, direction)
         assert compare_paired("m", reference, just_below, direction, policy).p_worse >= alpha
+
+
+def test_the_mde_does_not_depend_on_the_change_measured():
+    """A run that regressed or improved has the same MDE as one that did not: it is the spread's, not the shift's."""
+    reference = [100.0, 104.0, 98.0, 101.0, 99.0, 103.0, 97.0, 102.0, 100.5, 99.5, 101.5]
+    noise = [1.00, 1.02, 0.99, 1.01, 0.98, 1.015, 0.995, 1.005, 0.985, 1.025, 0.975]
+    policy = Policy(alpha=0.05, min_effect=0.0)
+    mdes = {
+        shift: compare_paired("m", reference, [r * n * shift for r, n in zip(reference, noise)], LOWER,
+                              policy).min_detectable_effect  # fmt: skip
+        for shift in (0.8, 1.0, 1.3)
+    }
+    assert mdes[0.8] == pytest.approx(mdes[1.0]) == pytest.approx(mdes[1.3])
+    assert mdes[1.0] > 0
 
 
 @pytest.mark.parametrize("n", [1, 4, 7])
@@ -343,5 +360,5 @@ def test_a_paired_plan_past_the_limit_suggests_enough_pairs():
     plan = plan_paired_power(16, 7, 0.05)
     advice = plan.advice()
     assert advice is not None and "\n" not in advice
-    for part in ("16 comparisons", "7 baseline and 7 current repeats", "0.00781", "at most 6", "--perf-repeats 9"):
+    for part in ("16 comparisons", "7 A/B pairs", "0.00781", "at most 6", "--perf-repeats 9"):
         assert part in advice

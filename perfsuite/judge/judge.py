@@ -26,6 +26,7 @@ from perfsuite.judge.catalogue import (
     exact_counter_changes,
     normalize_to_machine_speed,
 )
+from perfsuite.judge.paired import compare_paired
 from perfsuite.judge.power import PowerPlan, minimum_detectable_effect
 from perfsuite.judge.results import PolicyDescription, ProbeDescription, TestResult
 from perfsuite.judge.stats import Direction, Policy, Verdict, adjust, compare, mark_noisy
@@ -97,6 +98,37 @@ def judge(
     return Judgement(judged, goodput_skipped)
 
 
+def judge_paired(
+    result: TestResult,
+    reference: Reference,
+    *,
+    status: str,
+    policy: Policy,
+    num_comparisons: int,
+    metrics: Mapping[str, Direction] = ALL_METRICS,
+) -> TestResult:
+    """``result`` (side B) against ``reference`` (side A) measured beside it, repeat i of each forming pair i.
+
+    Nothing is rescaled: both sides of a pair ran on the same machine within
+    seconds, which is what the pairing is for. Each metric is judged on its
+    pair ratios (``perfsuite.judge.paired``); the exact counters, A against B.
+    """
+    comparisons = tuple(
+        compare_paired(name, reference.samples[name], result.samples[name], direction, policy,
+                       num_comparisons=num_comparisons)  # fmt: skip
+        for name, direction in metrics.items()
+        if reference.samples.get(name) and result.samples.get(name)
+    )
+    changes = exact_counter_changes(reference.counters, result.counters, result.arrival_rate)
+    return dataclasses.replace(
+        result,
+        baseline_status=status,
+        baseline_request_samples=dict(reference.request_samples),
+        comparisons=comparisons,
+        counter_changes=tuple(changes),
+    )
+
+
 def not_compared(result: TestResult, status: str) -> TestResult:
     """``result`` with nothing to compare it with, and why."""
     return dataclasses.replace(
@@ -137,19 +169,43 @@ CUDA_PROBE = (
 )
 
 
-def describe_policy(policy: Policy, plan: PowerPlan, busy_threshold: float) -> PolicyDescription:
+PAIRED_TEST = (
+    "one-sided exact Wilcoxon signed-rank test on the log ratios current/reference of adjacent A/B repeats "
+    "(ABBA order); CI: distribution-free (Walsh averages) for the median ratio"
+)
+PAIRED_MDE_METHOD = (
+    "per metric, the smallest slowdown that, applied to every pair of this test, would give a one-sided "
+    "Wilcoxon signed-rank p below alpha over the session's planned comparisons, and at least the minimum effect"
+)
+PAIRED_NORMALIZATION = "none: both sides of a pair ran on this machine within seconds of each other"
+PAIRED_NOISY = (
+    "not marked: both sides share the machine's load, which widens the pair ratios' spread (lowering power) "
+    "without favouring either side"
+)
+
+
+def describe_policy(policy: Policy, plan: PowerPlan, busy_threshold: float, paired: bool = False) -> PolicyDescription:
+    if paired:
+        test, normalization, mde, noisy = PAIRED_TEST, PAIRED_NORMALIZATION, PAIRED_MDE_METHOD, PAIRED_NOISY
+    else:
+        test = "one-sided Mann-Whitney U on per-repeat samples"
+        normalization = f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}"
+        mde = MDE_METHOD
+        noisy = (
+            f"a test is noisy when other work used more than {busy_threshold:.0%} "
+            "of the machine's CPU during a repeat; its comparisons are shown but judge nothing"
+        )
     return PolicyDescription(
         alpha=policy.alpha,
         min_effect=policy.min_effect,
-        test="one-sided Mann-Whitney U on per-repeat samples",
+        test=test,
         correction="benjamini-hochberg",
-        normalization=f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}",
+        normalization=normalization,
         num_planned_comparisons=plan.num_comparisons,
         smallest_p=plan.smallest_p,
         max_comparisons_for_lone_regression=plan.max_comparisons,
-        min_detectable_effect=MDE_METHOD,
-        noisy=f"a test is noisy when other work used more than {busy_threshold:.0%} "
-        "of the machine's CPU during a repeat; its comparisons are shown but judge nothing",
+        min_detectable_effect=mde,
+        noisy=noisy,
     )
 
 

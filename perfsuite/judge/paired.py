@@ -183,8 +183,10 @@ def compare_paired(
         p_better=p_better,
         p_adjusted=min(p_worse, p_better),
         verdict=Verdict.INCONCLUSIVE,
+        # From the pairs' spread alone (centred on no change), as the stored mode's MDE is from the baseline's:
+        # the smallest slowdown these conditions could show, not what is left to show beyond this run's change.
         min_detectable_effect=paired_minimum_detectable_effect(
-            oriented, direction, policy.alpha / max(1, num_comparisons), policy.min_effect
+            _centred(oriented), direction, policy.alpha / max(1, num_comparisons), policy.min_effect
         ),
     )
     return with_verdict(comparison, p_worse, p_better, policy)
@@ -201,6 +203,11 @@ def _log_ratios(metric: str, reference: Sequence[float], current: Sequence[float
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{metric}: {side} sample {index} is {value!r}; a ratio needs finite samples above 0")
     return [math.log(c) - math.log(r) for r, c in zip(reference, current)]
+
+
+def _centred(differences: list[float]) -> list[float]:
+    centre = hodges_lehmann(differences)
+    return [d - centre for d in differences]
 
 
 def _oriented(log_ratios: list[float], direction: Direction) -> list[float]:
@@ -282,6 +289,9 @@ class PairedPowerPlan(PowerPlan):
 
     def suggested_repeats(self) -> int | None:
         return pairs_for_lone_regression(self.num_comparisons, self.alpha)
+
+    def describe_samples(self) -> str:
+        return f"{self.n_current} A/B pairs"
 
 
 def plan_paired_power(num_comparisons: int, num_pairs: int, alpha: float) -> PowerPlan:

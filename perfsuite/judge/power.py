@@ -78,6 +78,9 @@ class PowerPlan:
         """The fewest repeats per side that can flag a lone regression in this session (None: over 1000)."""
         return repeats_for_lone_regression(self.num_comparisons, self.alpha)
 
+    def describe_samples(self) -> str:
+        return f"{self.n_baseline} baseline and {self.n_current} current repeats"
+
     def advice(self) -> str | None:
         """One sentence on what to change, or ``None`` when a lone regression can be flagged."""
         if self.can_flag_lone_regression:
@@ -85,8 +88,8 @@ class PowerPlan:
         needed = self.suggested_repeats()
         more_repeats = f"--perf-repeats {needed}" if needed is not None else "many more repeats (--perf-repeats)"
         return (
-            f"this session makes {self.num_comparisons} comparisons, but with {self.n_baseline} baseline and "
-            f"{self.n_current} current repeats the smallest possible p-value is {self.smallest_p:.3g}, so a lone "
+            f"this session makes {self.num_comparisons} comparisons, but with {self.describe_samples()} "
+            f"the smallest possible p-value is {self.smallest_p:.3g}, so a lone "
             f"regression can be flagged in at most {self.max_comparisons} comparisons at alpha={self.alpha:g}: "
             f"use {more_repeats}, fewer engines with --perf-engines, or fewer tests with -k"
         )

@@ -45,6 +45,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not perf_session.options.enabled:
         return
     perf_session.num_planned_tests = sum(1 for item in session.items if _will_run(item))
+    options = perf_session.options
+    if options.against is not None and perf_session.num_planned_tests and not session.config.option.collectonly:
+        from perfsuite.plugin.against import load_message, start_against
+
+        invocation_dir = session.config.invocation_params.dir
+        load = load_message(options.model, options.device, options.dtype, options.decode_mode, invocation_dir)
+        perf_session.against = start_against(
+            options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout
+        )
     advice = perf_session.plan_power().advice()
     if advice is None:
         return
@@ -84,6 +93,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed_late = perf_session.late_regressions and not perf_session.options.save_baseline
     if failed_late and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the A/B workers and remove the reference's snapshot, however the session ended."""
+    perf_session = config.stash.get(SESSION_KEY, None)
+    if perf_session is not None and perf_session.against is not None:
+        perf_session.against.close()
+        perf_session.against = None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -131,16 +148,24 @@ def perf_model(perf_session):
 
 
 @pytest.fixture(scope="session")
-def perf_backend(perf_session, perf_model):
-    """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner."""
+def perf_backend(request, perf_session):
+    """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner.
+
+    Under ``--perf-against`` the models live in the two workers: this backend
+    has no runner, and tokenizes through the current tree's worker.
+    """
     from perfsuite.adapters import Backend
     from perfsuite.measure.probe import machine_probe
 
+    if perf_session.against is not None:
+        from perfsuite.plugin.against import worker_backend
+
+        return worker_backend(perf_session.against)
     options = perf_session.options
     return Backend.from_loaded(
-        perf_model, endpoint=options.endpoint, decode_mode=options.decode_mode, http_options=options.http_client,
-        probe=machine_probe,
-    )
+        request.getfixturevalue("perf_model"), endpoint=options.endpoint, decode_mode=options.decode_mode,
+        http_options=options.http_client, probe=machine_probe,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -223,7 +248,12 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
         from perfsuite.plugin.recorder import BuiltEngine
 
         config = EngineConfig(batch_size, perf_max_seq_len, prefill_batch_size, token_budget)
-        engine = build_engine(name, perf_backend, config)
+        if perf_session.against is not None:  # both workers build it from its name and knobs
+            from perfsuite.plugin.against import WorkerEngine
+
+            engine = WorkerEngine(name, config)
+        else:
+            engine = build_engine(name, perf_backend, config)
         perf_built_engines.append(BuiltEngine(engine, name, config))
         return engine
 
@@ -243,8 +273,13 @@ def perf_inflight_engine(perf_engine_factory):
 
 
 @pytest.fixture
-def perf(request, benchmark, perf_session, perf_backend, _perf_environment, perf_built_engines):
-    """Record a run and assert no regression: ``perf.measure(engine, requests)``, ``perf.assert_no_regression()``."""
+def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engines):
+    """Record a run and assert no regression: ``perf.measure(engine, requests)``, ``perf.assert_no_regression()``.
+
+    Repeats are timed through pytest-benchmark's ``benchmark`` fixture, except
+    under ``--perf-against``, where the two workers time them.
+    """
     from perfsuite.plugin.recorder import PerfRecorder
 
+    benchmark = None if perf_session.against is not None else request.getfixturevalue("benchmark")
     return PerfRecorder(perf_session, request.node.nodeid, benchmark, perf_backend, perf_built_engines)

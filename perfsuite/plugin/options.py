@@ -20,7 +20,7 @@ from perfsuite.adapters.http_options import (
     api_key_from_environment,
 )
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
-from perfsuite.argtypes import engine_names, fraction, integer_at_least, one_of, probability
+from perfsuite.argtypes import engine_names, fraction, integer_at_least, number, one_of, probability
 from perfsuite.engine.types import DECODE_MODES
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
@@ -29,6 +29,10 @@ from perfsuite.judge.stats import Policy
 from perfsuite.workload.sweep import Sweep, load_sweep
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+# A stored baseline was measured hours or weeks ago on a machine whose speed has moved since: only a
+# change past 10% stands out from that. Side by side (--perf-against) both see one machine (README).
+STORED_MIN_EFFECT = 0.10
+PAIRED_MIN_EFFECT = 0.03
 
 
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
@@ -74,6 +78,13 @@ def decode_mode(text: str) -> str:
     return text
 
 
+def positive_number(text: str) -> float:
+    value = number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
 def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
@@ -104,7 +115,14 @@ _OPTIONS = (
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
     ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),
     ("perf_alpha", probability, "0.05", "significance level, after the Benjamini-Hochberg correction"),
-    ("perf_min_effect", fraction, "0.10", "smallest change of a median that can fail a test (0.10 = 10%)"),
+    ("perf_min_effect", fraction, None,
+     f"smallest change of a median that can fail a test (default: {STORED_MIN_EFFECT:g} against stored baselines, "
+     f"{PAIRED_MIN_EFFECT:g} with --perf-against)"),
+    ("perf_against", str, None,
+     "a git ref (origin/main, HEAD~1, a tag) or a path to another checkout: measure it and the current tree "
+     "side by side, repeats interleaved ABBA, instead of comparing with baselines/"),
+    ("perf_worker_timeout", positive_number, "600",
+     "seconds a --perf-against worker may take to answer one run before it is killed as hung"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
     ("perf_busy_threshold", probability, str(DEFAULT_THRESHOLD),
      "share of the machine's CPU that other work may use during a repeat before the test is noisy: inconclusive"),
@@ -160,6 +178,8 @@ class PerfOptions:
     decode_mode: str = "packed"
     strict: bool = False
     busy_threshold: float = DEFAULT_THRESHOLD
+    against: str | None = None  # --perf-against REF: A/B side by side, no baselines
+    worker_timeout: float = 600.0
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -181,6 +201,12 @@ def read_options(config: pytest.Config) -> PerfOptions:
         check_engine_names(values["perf_engines"])
     except UnknownEngineError as error:
         raise pytest.UsageError(f"--perf-engines: {error}") from None
+    against = values["perf_against"]
+    if against is not None:
+        _check_against(config, against, save_baseline, values["perf_engines"])
+    min_effect = values["perf_min_effect"]
+    if min_effect is None:
+        min_effect = PAIRED_MIN_EFFECT if against is not None else STORED_MIN_EFFECT
     sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
     profile = PROFILES[values["perf_profile"]]
     rootdir = Path(config.rootpath)
@@ -201,10 +227,36 @@ def read_options(config: pytest.Config) -> PerfOptions:
         repeats=values["perf_repeats"] or profile.repeats,
         baseline_dir=rootdir / values["perf_baseline_dir"],
         report_dir=rootdir / values["perf_report_dir"],
-        policy=Policy(alpha=values["perf_alpha"], min_effect=values["perf_min_effect"]),
+        policy=Policy(alpha=values["perf_alpha"], min_effect=min_effect),
         strict=config.getoption("perf_strict"),
         busy_threshold=values["perf_busy_threshold"],
+        against=against,
+        worker_timeout=values["perf_worker_timeout"],
     )
+
+
+# Engines whose work another process does: both sides of an A/B comparison would measure the same server.
+SERVER_ENGINES = ("openai-http",)
+
+
+def _check_against(config: pytest.Config, ref: str, save_baseline: bool, engines: tuple[str, ...]) -> None:
+    if not ref.strip():
+        raise pytest.UsageError("--perf-against needs a git ref or a checkout's path, e.g. --perf-against origin/main")
+    if save_baseline:
+        raise pytest.UsageError(
+            f"--perf-against {ref} compares two trees side by side and neither reads nor writes baselines/: "
+            "drop --perf-save-baseline (or --perf-against to record baselines)"
+        )
+    servers = [name for name in engines if name in SERVER_ENGINES]
+    if servers:
+        raise pytest.UsageError(
+            f"--perf-against {ref}: {', '.join(servers)} measures a server in another process, which is the same "
+            "for both sides; measure in-process engines side by side, or the server against stored baselines"
+        )
+    if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
+        raise pytest.UsageError(
+            f"--perf-against {ref}: one pair of workers per session (two model copies); drop -n/--dist"
+        )
 
 
 def _http_client_options(config: pytest.Config, values: dict) -> HttpClientOptions:

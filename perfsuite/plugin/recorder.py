@@ -26,7 +26,7 @@ from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import server_environment
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.judge.results import TestResult
-from perfsuite.measure.summaries import Repeats, SizingParameters, sizing_parameters
+from perfsuite.measure.summaries import Repeats, SizingParameters, sizing_parameters, summarise
 from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
 from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.measure.environment import ServerEnvironment
@@ -72,6 +72,8 @@ class PerfRecorder:
         """Warm up (discarded), then time ``repeats`` (default: the profile's) through pytest-benchmark."""
         options = self.session.options
         repeats = repeats or options.repeats
+        if self.session.against is not None:
+            return self._measure_paired(engine, requests, max_concurrency, arrival_rate, repeats)
         for _ in range(options.profile.warmup_runs):
             engine.run(requests, max_concurrency=max_concurrency)
         measured = self._timed_repeats(engine, requests, max_concurrency, repeats)
@@ -95,6 +97,50 @@ class PerfRecorder:
                 "counters": dataclasses.asdict(self.result.counters),
                 "baseline": self.result.baseline_status,
             }
+        )
+        return self.result
+
+    def _measure_paired(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        max_concurrency: int | None,
+        arrival_rate: float | None,
+        repeats: int,
+    ) -> TestResult:
+        """``--perf-against``: the warm-ups, then ``repeats`` pairs, each side in its worker (``perfsuite.ab``)."""
+        from perfsuite.ab.pair import different_output_lengths
+        from perfsuite.ab.workers import WorkerError
+        from perfsuite.plugin.against import WorkerEngine
+
+        session, options = self.session, self.session.options
+        if not isinstance(engine, WorkerEngine):
+            pytest.fail(
+                f"{self.test_id}: under --perf-against the engine must come from perf_engine_factory (the workers "
+                f"build it by name in each tree); this test built {engine.name!r} itself", pytrace=False,
+            )  # fmt: skip
+        runner = session.against.runner
+        try:
+            built = runner.build(engine.spec)
+            paired = runner.run_pairs(engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats)
+        except WorkerError as error:
+            pytest.fail(f"{self.test_id}: --perf-against {options.against}: {error}", pytrace=False)
+        if not all(side.runs_in_process for side in built):
+            pytest.fail(f"{self.test_id}: {engine.name} runs in another process, the same for both sides: "
+                        "--perf-against measures in-process engines", pytrace=False)  # fmt: skip
+        unequal = different_output_lengths(paired)
+        if unequal:
+            pytest.fail(
+                f"{self.test_id}: the two sides made different numbers of tokens, so their speeds cannot be "
+                f"compared (a side that does less looks faster): {'; '.join(unequal[:5])}", pytrace=False,
+            )  # fmt: skip
+        metrics, slo = session.compared_metrics, options.slo
+        current = summarise(Repeats(paired.current), metrics, slo)
+        reference = summarise(Repeats(paired.reference), metrics, slo)
+        configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
+        parameters = self._sizing(engine, requests, max_concurrency, None)
+        self.result = session.record_paired(
+            self.test_id, current, reference, paired.order, parameters, configuration, arrival_rate
         )
         return self.result
 

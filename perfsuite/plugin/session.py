@@ -23,17 +23,30 @@ import datetime as dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
 from perfsuite.judge.catalogue import ALL_METRICS, METRICS
-from perfsuite.judge.judge import Reference, adjust_family, describe_policy, describe_probe, judge, not_compared
+from perfsuite.judge.judge import (
+    Reference,
+    adjust_family,
+    describe_policy,
+    describe_probe,
+    judge,
+    judge_paired,
+    not_compared,
+)
+from perfsuite.judge.paired import plan_paired_power
 from perfsuite.judge.power import PowerPlan, plan_power
 from perfsuite.judge.results import Results, TestResult, write_results
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
-from perfsuite.measure.summaries import Repeats, SizingParameters, summarise
+from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
 from perfsuite.plugin.options import PerfOptions
+
+if TYPE_CHECKING:
+    from perfsuite.plugin.against import Against
 
 __all__ = ["SERVER_DECODE_MODE", "SERVER_PRECISION", "PerfSession", "Repeats"]
 
@@ -60,6 +73,7 @@ class PerfSession:
     results: list[TestResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     late_regressions: list[str] = field(default_factory=list)
+    against: Against | None = None  # --perf-against: the reference tree and the two workers
 
     @property
     def store(self) -> BaselineStore:
@@ -79,8 +93,10 @@ class PerfSession:
 
     def plan_power(self) -> PowerPlan:
         """Can a lone regression be flagged at all in a session of this size?"""
-        repeats = self.options.repeats
-        return plan_power(self.num_planned_comparisons, repeats, repeats, self.options.policy.alpha)
+        repeats, alpha = self.options.repeats, self.options.policy.alpha
+        if self.options.against is not None:
+            return plan_paired_power(self.num_planned_comparisons, repeats, alpha)
+        return plan_power(self.num_planned_comparisons, repeats, repeats, alpha)
 
     def record(
         self,
@@ -110,6 +126,42 @@ class PerfSession:
         self.results.append(result)
         return result
 
+    def record_paired(
+        self,
+        test_id: str,
+        current: Measured,
+        reference: Measured,
+        pair_order: tuple[str, ...],
+        parameters: SizingParameters,
+        configuration: RunConfiguration,
+        arrival_rate: float | None = None,
+    ) -> TestResult:
+        """Judge side B's repeats against side A's, measured beside them (``--perf-against``); no baseline."""
+        assert self.environment is not None and self.against is not None, "start the A/B workers first"
+        result = dataclasses.replace(
+            TestResult.measured(test_id, current, parameters, configuration, arrival_rate, self.environment),
+            reference_samples=reference.samples,
+            reference_timeline=reference.timeline,
+            pair_order=pair_order,
+        )
+        result = judge_paired(
+            result,
+            Reference(reference.samples, reference.counters, reference.request_samples, self.slo_label),
+            status=f"A/B against {self.against.label}",
+            policy=self.options.policy,
+            num_comparisons=self.num_planned_comparisons,
+            metrics=self.compared_metrics,
+        )
+        result = self._bounded(result)
+        self.results.append(result)
+        return result
+
+    def _bounded(self, result: TestResult) -> TestResult:
+        """With the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
+        earlier = [c for r in self.results for c in r.comparisons]
+        bounded = adjust_interim(result.comparisons, earlier, self.num_planned_comparisons, self.options.policy)
+        return dataclasses.replace(result, comparisons=tuple(bounded))
+
     def _warn_once(self, warning: str) -> None:
         if warning not in self.warnings:
             self.warnings.append(warning)
@@ -136,10 +188,7 @@ class PerfSession:
                 f"{result.test_id}: the baseline's goodput counts SLO {baseline.slo}, this run's {self.slo_label}; "
                 f"goodput not compared (re-record the baseline with --perf-save-baseline --perf-slo {self.slo_label})"
             )
-        earlier = [c for r in self.results for c in r.comparisons]
-        comparisons = judgement.result.comparisons
-        bounded = adjust_interim(comparisons, earlier, self.num_planned_comparisons, policy)
-        return dataclasses.replace(judgement.result, comparisons=tuple(bounded))
+        return self._bounded(judgement.result)
 
     def _load_baseline(self, test_id: str, environment: Environment | ServerEnvironment) -> Baseline | None:
         try:
@@ -239,12 +288,14 @@ class PerfSession:
             profile=options.profile.name,
             repeats=options.repeats,
             decode_mode=options.decode_mode,
-            policy=describe_policy(options.policy, self.plan_power(), options.busy_threshold),
+            policy=describe_policy(options.policy, self.plan_power(), options.busy_threshold,
+                                   paired=self.against is not None),  # fmt: skip
             probe=describe_probe(on_cuda),
             slo=self.slo_label,
             tests=tuple(self.results),
             late_regressions=tuple(self.late_regressions),
             warnings=tuple(self.warnings),
+            against=self.against.describe() if self.against is not None else None,
         )
 
 

@@ -11,6 +11,7 @@ from perfsuite.plugin.session import PerfSession
 from perfsuite.report.table import format_table
 
 VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]
+PAIRED_COLUMNS = ["test", "metric", "A: REF", "B: current", "pair ratio", "ratio CI", "p (BH)", "MDE", "verdict"]
 
 
 def write_summary(
@@ -18,7 +19,8 @@ def write_summary(
 ) -> None:
     """The verdict table, the warnings and late regressions, and where the results and report are."""
     if perf_session.results:
-        write(format_table(VERDICT_COLUMNS, verdict_rows(perf_session.results)))
+        columns = VERDICT_COLUMNS if perf_session.against is None else PAIRED_COLUMNS
+        write(format_table(columns, verdict_rows(perf_session.results)))
     for warning in perf_session.warnings:
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
@@ -29,6 +31,9 @@ def write_summary(
         return
     options = perf_session.options
     num_metrics = len(perf_session.compared_metrics)
+    if perf_session.against is not None:
+        write(f"A/B: A = REF {perf_session.against.label}, B = the current tree, side by side; "
+              f"{options.repeats} pairs per test in ABBA order; no baselines read or written")  # fmt: skip
     write(
         f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} "
         f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "

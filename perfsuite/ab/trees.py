@@ -1,0 +1,119 @@
+"""The two trees of ``--perf-against REF``: the current one, and a snapshot of REF.
+
+REF is a git ref of the repository the pytest rootdir lies in (``HEAD``,
+``origin/main``, a tag, a commit), or a path to another checkout of the
+project. A ref is checked out with ``git archive`` into a temporary
+directory, not with ``git worktree add``: the snapshot leaves nothing
+behind in the repository (no ``.git/worktrees`` entry for a killed session
+to leave stale) and works in a shallow clone. Either way the tree a worker
+imports from is the matching folder of the snapshot: a project in a
+sub-folder of its repository finds its sub-folder there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ReferenceError(ValueError):
+    """REF names no commit or checkout, or its tree cannot be made."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trees:
+    """The current tree (side B) and the reference's (side A), and what REF resolved to."""
+
+    ref: str  # as the user gave it
+    commit: str | None  # the reference's commit; None for a checkout that is not a git repository
+    current: Path
+    reference: Path
+    current_commit: str | None
+    snapshot: Path | None  # the temporary directory to remove at the end; None for a user's checkout
+
+    @property
+    def reference_label(self) -> str:
+        return f"{self.ref} ({self.commit[:12]})" if self.commit else self.ref
+
+    def remove(self) -> None:
+        if self.snapshot is not None:
+            shutil.rmtree(self.snapshot, ignore_errors=True)
+
+
+def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
+    """Resolve REF against the repository around ``rootdir`` and lay out its tree.
+
+    The current tree is the rootdir; the reference's is the same folder of REF.
+    """
+    rootdir = rootdir.resolve()
+    toplevel = _git(rootdir, "rev-parse", "--show-toplevel")
+    current_commit = _git(rootdir, "rev-parse", "HEAD") if toplevel else None
+    as_path = (invocation_dir / ref).expanduser().resolve()
+    if _looks_like_path(ref) or (as_path.is_dir() and not _commit_of(rootdir, ref)):
+        return _checkout_tree(ref, as_path, rootdir, current_commit)
+    if not toplevel:
+        raise ReferenceError(
+            f"--perf-against {ref}: {rootdir} is not in a git repository, so {ref!r} names no commit; "
+            "pass a path to another checkout instead"
+        )
+    commit = _commit_of(rootdir, ref)
+    if commit is None:
+        raise ReferenceError(
+            f"--perf-against {ref}: not a commit of the repository at {toplevel}; check the name "
+            f"(git log {ref}), fetch it first (git fetch origin main), or pass a path to a checkout"
+        )
+    snapshot = Path(tempfile.mkdtemp(prefix=f"perfsuite-ab-{commit[:12]}-"))
+    try:
+        _extract(Path(toplevel), commit, snapshot)
+    except Exception:
+        shutil.rmtree(snapshot, ignore_errors=True)
+        raise
+    reference = snapshot / rootdir.relative_to(Path(toplevel).resolve())
+    if not reference.is_dir():
+        shutil.rmtree(snapshot, ignore_errors=True)
+        raise ReferenceError(f"--perf-against {ref}: {commit[:12]} has no {reference.relative_to(snapshot)}/ folder")
+    return Trees(ref, commit, rootdir, reference, current_commit, snapshot)
+
+
+def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | None) -> Trees:
+    if not path.is_dir():
+        raise ReferenceError(f"--perf-against {ref}: no such directory ({path}); give a git ref or a checkout's path")
+    if path == current:
+        raise ReferenceError(f"--perf-against {ref}: that is the current tree itself; give another checkout or a ref")
+    toplevel = _git(path, "rev-parse", "--show-toplevel")
+    commit = _git(path, "rev-parse", "HEAD") if toplevel else None
+    return Trees(ref, commit, current, path, current_commit, None)
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~"))
+
+
+def _commit_of(repo: Path, ref: str) -> str | None:
+    if ref.startswith("-"):
+        return None  # never an option to git
+    return _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+
+
+def _extract(repo: Path, commit: str, into: Path) -> None:
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True)
+    if archive.returncode != 0:
+        stderr = archive.stderr.decode(errors="replace").strip()
+        raise ReferenceError(f"git archive {commit[:12]} failed: {stderr}")
+    with tempfile.TemporaryFile() as buffer:
+        buffer.write(archive.stdout)
+        buffer.seek(0)
+        with tarfile.open(fileobj=buffer) as tar:
+            tar.extractall(into, filter="data")
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None

@@ -1,0 +1,197 @@
+"""One side of ``pytest --perf --perf-against REF``: a long-lived process over one tree.
+
+    python perfsuite/ab/worker_main.py --tree DIR
+
+The controller runs this file by path, with the same Python and virtual
+environment as itself. It puts ``DIR`` (and ``DIR/src``) first on
+``sys.path``, so ``import perfsuite``, the engines and any engine package of
+the tree come from ``DIR``: the reference commit's code for side A, the
+current tree's for side B. Then it answers the messages of
+``perfsuite/ab/wire.py`` (loaded by path, so nothing of the controller's
+perfsuite is imported) on stdin and stdout, one JSON line each: load the
+model once, tokenize, build engines by registered name, run them.
+
+Everything else the process prints (warnings, a model's progress bars) goes
+to stderr, which the controller keeps and shows when the worker fails. An
+exception while serving a command is answered with ``Failed`` and the worker
+takes the next one; a worker whose controller is gone (stdin closed, or the
+parent process changed) exits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+PARENT_CHECK_SECONDS = 0.5
+
+
+def load_wire():
+    """``wire.py`` beside this file, under a private name: the tree's own perfsuite must stay unimported."""
+    spec = importlib.util.spec_from_file_location("_perfsuite_ab_wire", Path(__file__).with_name("wire.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def put_tree_first(tree: Path) -> None:
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != Path(here)]
+    for folder in (tree / "src", tree):
+        if folder.is_dir():
+            sys.path.insert(0, str(folder))
+
+
+def exit_with_parent() -> None:
+    """A worker outlives no controller: stdin EOF covers an idle worker, this a busy one."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_SECONDS)
+            if os.getppid() != parent:
+                os._exit(70)
+
+    threading.Thread(target=watch, name="perfsuite-parent-watch", daemon=True).start()
+
+
+class Worker:
+    def __init__(self, wire, tree: Path) -> None:
+        self.wire = wire
+        self.tree = tree
+        self.backend = None
+        self.engines: dict[str, object] = {}
+
+    def hello(self):
+        import perfsuite
+
+        return self.wire.Hello(
+            protocol_version=self.wire.PROTOCOL_VERSION,
+            tree=str(self.tree),
+            perfsuite_file=str(Path(perfsuite.__file__).resolve()),
+            pid=os.getpid(),
+            python=sys.version.split()[0],
+        )
+
+    def serve(self, message):
+        handler = getattr(self, "on_" + type(message).__name__.lower(), None)
+        if handler is None:
+            raise ValueError(f"a worker does not take {type(message).__name__} messages")
+        return handler(message)
+
+    def on_load(self, message):
+        from perfsuite.adapters import Backend
+        from perfsuite.measure.timing import configure_threads, resolve_device
+        from perfsuite.models import load_model
+
+        device = resolve_device(message.device)
+        if device == "cpu":
+            configure_threads(message.threads)
+        loaded = load_model(message.model, device=device, dtype=message.dtype)
+        self.backend = Backend.from_loaded(loaded, decode_mode=message.decode_mode)
+        return self.wire.Loaded(
+            device=self.backend.device,
+            model_bytes=_model_bytes(loaded.model),
+            free_bytes=_free_bytes(self.backend.device),
+            max_context=self.backend.max_context,
+            eos_token_id=self.backend.eos_token_id,
+            vocab_size=self.backend.vocab_size,
+            special_token_ids=tuple(self.backend.special_token_ids),
+        )
+
+    def on_tokenize(self, message):
+        return self.wire.Tokens(tuple(int(t) for t in self._loaded().tokenize(message.text)))
+
+    def on_build(self, message):
+        from perfsuite.adapters import EngineConfig, build_engine
+
+        config = EngineConfig(
+            message.batch_size, message.max_seq_len, message.prefill_batch_size, message.max_num_batched_tokens
+        )
+        engine = build_engine(message.engine, self._loaded(), config)
+        self.engines[message.engine_id] = engine
+        return self.wire.Built(
+            engine_id=message.engine_id,
+            name=engine.name,
+            batch_size=engine.batch_size,
+            runs_in_process=getattr(engine, "runs_in_process", True),
+        )
+
+    def on_run(self, message):
+        from perfsuite.engine import Request
+        from perfsuite.measure.timing import timed_run
+
+        engine = self.engines.get(message.engine_id)
+        if engine is None:
+            raise KeyError(f"no engine {message.engine_id!r} was built in this worker; send Build first")
+        requests = [self.wire.decode(Request, item) for item in message.requests]
+        result = timed_run(engine, requests, self._loaded().device, max_concurrency=message.max_concurrency)
+        return self.wire.RunDone(self.wire.encode(result))
+
+    def _loaded(self):
+        if self.backend is None:
+            raise RuntimeError("no model loaded in this worker; send Load first")
+        return self.backend
+
+
+def _model_bytes(model) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
+
+
+def _free_bytes(device: str) -> int | None:
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "--tree":
+        print("usage: worker_main.py --tree DIR", file=sys.stderr)
+        return 2
+    tree = Path(argv[1]).resolve()
+    wire = load_wire()
+    # The protocol owns the real stdout; anything else written to fd 1 (a C library, a print) goes to stderr.
+    protocol_out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    exit_with_parent()
+    put_tree_first(tree)
+    worker = Worker(wire, tree)
+    try:
+        wire.write_message(protocol_out, worker.hello())
+    except Exception as error:  # noqa: BLE001 - the tree itself cannot be imported: say why, then stop
+        wire.write_message(protocol_out, _failed(wire, error))
+        return 3
+    for line in sys.stdin:
+        try:
+            message = wire.loads_message(line)
+            if isinstance(message, wire.Shutdown):
+                return 0
+            reply = worker.serve(message)
+        except Exception as error:  # noqa: BLE001 - every failure is reported; the worker lives on
+            reply = _failed(wire, error)
+        wire.write_message(protocol_out, reply)
+    return 0  # stdin closed: the controller is gone
+
+
+def _failed(wire, error: BaseException):
+    return wire.Failed(type(error).__name__, str(error), traceback.format_exc())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,230 @@
+"""The controller's end of the A/B workers: start one, talk to it, notice it dying or hanging, stop it.
+
+A worker (``worker_main.py``) is a child process with the same Python; it
+answers one message at a time. Every request here waits for its answer with
+a time limit: a worker that exits is reported with its exit code and the
+tail of its stderr, one that does not answer in time is killed and reported
+as hung, and one that raised answers ``Failed`` and stays usable. Each of
+these is a ``WorkerError`` that names the side, so a perf test can fail with
+it while the session goes on (``WorkerPair`` starts a dead side again at its
+next use).
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfsuite.ab import wire
+
+WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
+STDERR_TAIL_CHARS = 3000
+SHUTDOWN_SECONDS = 5.0
+START_SECONDS = 120.0  # importing torch and transformers on a cold 2-core VM takes tens of seconds
+
+
+class WorkerError(RuntimeError):
+    """A worker died, hung, or failed to do what it was asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of an A/B comparison."""
+
+    label: str  # "A" (the reference) or "B" (the current tree)
+    description: str  # "REF origin/main (3f2a9c1)", "the current tree"
+    tree: Path
+
+    def __str__(self) -> str:
+        return f"{self.label}, {self.description}"
+
+
+class Worker:
+    """One running worker process."""
+
+    def __init__(self, side: Side, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        self.side = side
+        self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._process = subprocess.Popen(
+            [python, str(WORKER_SCRIPT), "--tree", str(side.tree)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=side.tree,
+            env=env,
+            text=True,
+            encoding="utf-8",
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read_lines, name=f"perfsuite-worker-{side.label}", daemon=True).start()
+        self.hello: wire.Hello = self._expect(wire.Hello, START_SECONDS, "start")
+        self._check_tree()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def request(self, message: Any, answer: type, timeout: float, what: str) -> Any:
+        """Send ``message`` and wait up to ``timeout`` seconds for its ``answer``."""
+        if not self.alive:
+            raise self._died(what)
+        try:
+            wire.write_message(self._process.stdin, message)
+        except (BrokenPipeError, OSError):
+            raise self._died(what) from None
+        return self._expect(answer, timeout, what)
+
+    def close(self) -> None:
+        """Ask the worker to stop; kill it if it does not within a few seconds. Never leaves it running."""
+        if self.alive:
+            try:
+                wire.write_message(self._process.stdin, wire.Shutdown())
+                self._process.stdin.close()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+            try:
+                self._process.wait(SHUTDOWN_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._process.wait()
+        self._stderr.close()
+
+    def kill(self) -> None:
+        self._process.kill()
+        self._process.wait()
+
+    def stderr_tail(self) -> str:
+        try:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            text = self._stderr.read()
+        except (OSError, ValueError):
+            return ""
+        return text[-STDERR_TAIL_CHARS:].strip()
+
+    def _read_lines(self) -> None:
+        for line in self._process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _expect(self, answer: type, timeout: float, what: str) -> Any:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            raise WorkerError(
+                f"worker {self.side} did not answer {what} within {timeout:g} s and was killed; "
+                f"raise --perf-worker-timeout if a run can take longer{self._tail()}"
+            ) from None
+        if line is None:
+            raise self._died(what)
+        try:
+            message = wire.loads_message(line)
+        except wire.WireError as error:
+            raise WorkerError(f"worker {self.side} answered {what} with what perfsuite cannot read: {error}") from None
+        if isinstance(message, wire.Failed):
+            raise WorkerError(
+                f"worker {self.side} failed to {what}: {message.error_type}: {message.message}\n{message.traceback}"
+            )
+        if not isinstance(message, answer):
+            raise WorkerError(f"worker {self.side} answered {what} with {type(message).__name__}, not {answer.__name__}")
+        return message
+
+    def _died(self, what: str) -> WorkerError:
+        try:
+            code = self._process.wait(SHUTDOWN_SECONDS)
+        except subprocess.TimeoutExpired:
+            code = None
+        return WorkerError(f"worker {self.side} died (exit code {code}) during {what}{self._tail()}")
+
+    def _tail(self) -> str:
+        tail = self.stderr_tail()
+        return f"; its stderr ends:\n{tail}" if tail else ""
+
+    def _check_tree(self) -> None:
+        imported = Path(self.hello.perfsuite_file)
+        if self.side.tree.resolve() not in imported.parents:
+            self.close()
+            raise WorkerError(
+                f"worker {self.side} imported perfsuite from {imported}, not from its tree {self.side.tree}: "
+                "something ahead of sys.path (a .pth file, PYTHONPATH) shadows the tree"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What a worker builds an engine from: a registered name and ``EngineConfig``'s knobs."""
+
+    engine: str
+    batch_size: int
+    max_seq_len: int
+    prefill_batch_size: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def engine_id(self) -> str:
+        knobs = (self.batch_size, self.max_seq_len, self.prefill_batch_size, self.max_num_batched_tokens)
+        return f"{self.engine}:" + ",".join(map(str, knobs))
+
+
+class SideRunner:
+    """One side: its worker, started again after a death, with the model loaded and engines built on demand."""
+
+    def __init__(self, side: Side, load: wire.Load, timeout: float, start: Callable[[Side], Worker] = Worker) -> None:
+        self.side = side
+        self._load = load
+        self._timeout = timeout
+        self._start = start
+        self._worker: Worker | None = None
+        self._built: dict[str, wire.Built] = {}
+        self.loaded: wire.Loaded | None = None
+
+    def worker(self) -> Worker:
+        if self._worker is None or not self._worker.alive:
+            self._restart()
+        return self._worker
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        return self.worker().request(wire.Tokenize(text), wire.Tokens, self._timeout, "tokenize").token_ids
+
+    def build(self, spec: EngineSpec) -> wire.Built:
+        worker = self.worker()
+        if spec.engine_id not in self._built:
+            message = wire.Build(spec.engine_id, spec.engine, spec.batch_size, spec.max_seq_len,
+                                 spec.prefill_batch_size, spec.max_num_batched_tokens)  # fmt: skip
+            self._built[spec.engine_id] = worker.request(message, wire.Built, self._timeout, f"build {spec.engine}")
+        return self._built[spec.engine_id]
+
+    def run(self, spec: EngineSpec, requests: tuple[Any, ...], max_concurrency: int | None) -> Any:
+        self.build(spec)
+        message = wire.Run(spec.engine_id, requests, max_concurrency)
+        return self.worker().request(message, wire.RunDone, self._timeout, f"run {spec.engine}").result
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def _restart(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        self._worker, self._built = None, {}
+        worker = self._start(self.side)
+        try:
+            self.loaded = worker.request(self._load, wire.Loaded, max(self._timeout, START_SECONDS), "load the model")
+        except WorkerError:
+            worker.close()
+            raise
+        self._worker = worker
+
