@@ -71,9 +71,11 @@ class Comparison:
     def change_percent(self) -> float:
         return 100 * self.change
 
-    def describe(self) -> str:
+    def describe(self, sides: tuple[str, str] = ("baseline", "current")) -> str:
+        """One line; ``sides`` names what was compared (an A/B session: ("REF (A)", "current (B)"))."""
+        reference, current = sides
         return (
-            f"{self.metric}: baseline median {self.baseline_median:.4g}, current median "
+            f"{self.metric}: {reference} median {self.baseline_median:.4g}, {current} median "
             f"{self.current_median:.4g} ({self.change_percent:+.1f}%), ratio CI "
             f"[{self.ci_low:.3f}, {self.ci_high:.3f}], adjusted p={self.p_adjusted:.3g} -> {self.verdict.value}"
         )

@@ -148,8 +148,11 @@ class PerfRecorder:
         if self.result is None:
             raise RuntimeError("call perf.measure(engine, requests) before perf.assert_no_regression()")
         if self.result.regressions and not self.session.options.save_baseline:
-            lines = "\n".join(f"  {c.describe()}" for c in self.result.regressions)
-            pytest.fail(f"performance regression in {self.test_id}:\n{lines}", pytrace=False)
+            against = self.session.against
+            sides = ("REF (A)", "current (B)") if against is not None else ("baseline", "current")
+            lines = "\n".join(f"  {c.describe(sides)}" for c in self.result.regressions)
+            where = f" (A/B against {against.label})" if against is not None else ""
+            pytest.fail(f"performance regression in {self.test_id}{where}:\n{lines}", pytrace=False)
 
     def _timed_repeats(
         self, engine: BatchingEngine, requests: Sequence[Request], max_concurrency: int | None, repeats: int
