@@ -157,10 +157,10 @@ def loads_message(line: str) -> Any:
     if not isinstance(data, dict) or _TYPE_KEY not in data:
         raise WireError(f"not a message (no {_TYPE_KEY!r}): {line[:200]!r}")
     version = data.pop("v", None)
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # true and 1.0 equal 1 in Python, not here
         raise WireError(f"protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
     name = data.pop(_TYPE_KEY)
-    if name not in MESSAGES:
+    if not isinstance(name, str) or name not in MESSAGES:  # a list or dict name would raise TypeError
         raise WireError(f"unknown message {name!r}")
     return decode(MESSAGES[name], data)
 

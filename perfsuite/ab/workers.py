@@ -64,8 +64,12 @@ class Worker:
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read_lines, name=f"perfsuite-worker-{side.label}", daemon=True).start()
-        self.hello: wire.Hello = self._expect(wire.Hello, START_SECONDS, "start")
-        self._check_tree()
+        try:
+            self.hello: wire.Hello = self._expect(wire.Hello, START_SECONDS, "start")
+            self._check_tree()
+        except WorkerError:
+            self.close()  # one that failed to start (its tree did not import, or not from the tree) is reaped too
+            raise
 
     @property
     def pid(self) -> int:
@@ -155,7 +159,6 @@ class Worker:
     def _check_tree(self) -> None:
         imported = Path(self.hello.perfsuite_file)
         if self.side.tree.resolve() not in imported.parents:
-            self.close()
             raise WorkerError(
                 f"worker {self.side} imported perfsuite from {imported}, not from its tree {self.side.tree}: "
                 "something ahead of sys.path (a .pth file, PYTHONPATH) shadows the tree"
