@@ -171,7 +171,7 @@ def loads_message(line: str) -> Any:
 def encode(value: Any) -> Any:
     """``value`` as plain JSON data: dataclasses by field, enums by value, non-finite floats tagged."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, enum.Enum):
         return encode(value.value)
     if isinstance(value, float) and not math.isfinite(value):
