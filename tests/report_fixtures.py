@@ -14,11 +14,14 @@ from pathlib import Path
 from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.judge.catalogue import METRICS
-from perfsuite.judge.results import Results
+from perfsuite.judge.judge import PAIRED_TEST
+from perfsuite.judge.paired import compare_paired
+from perfsuite.judge.results import AgainstDescription, Results, TestResult
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.judge.stats import CounterChange, Policy, adjust, compare
+from perfsuite.judge.stats import CounterChange, Direction, Policy, adjust, compare
 from perfsuite.measure.summaries import Repeats, sizing_parameters
-from perfsuite.plugin.options import PerfOptions
+from perfsuite.plugin.against import ORDER
+from perfsuite.plugin.options import PAIRED_MIN_EFFECT, PerfOptions
 from perfsuite.plugin.session import PerfSession
 from perfsuite.workload.profiles import PROFILES
 from perfsuite.measure.environment import Environment
@@ -90,6 +93,51 @@ VERDICT_TESTS = {
     "improved": THROUGHPUT.format(engine="inflight", batch=4, lengths="uniform"),
     "inconclusive": THROUGHPUT.format(engine="static", batch=2, lengths="fixed"),
 }
+
+
+AGAINST = AgainstDescription(
+    ref="origin/main",
+    commit="3f2a9c1d0e4b5a69788b1c2d3e4f5a6b7c8d9e0f",
+    current_commit="4f1de97c0ffee0123456789abcdef0123456789a",
+    order=ORDER,
+)
+PAIR_RATIOS = (0.91, 0.93, 0.92)  # B's throughput over A's per pair, one per repeat: B a little slower in each
+
+
+def as_ab_session(results: Results, ratios: tuple[float, ...] = PAIR_RATIOS) -> Results:
+    """``results`` as a ``--perf-against origin/main`` session wrote it: each test judged on pairs against side A.
+
+    Side A's samples are B's over ``ratios`` pair by pair (latencies times them: A faster throughout), its
+    requests 10% faster, and its timed run is B's own (the report draws both; what they show is not under test).
+    """
+    policy = Policy(min_effect=PAIRED_MIN_EFFECT)
+    tests = [_paired_test(test, ratios, policy) for test in results.tests]
+    adjusted = iter(adjust([c for t in tests for c in t.comparisons], policy))
+    tests = [dataclasses.replace(t, comparisons=tuple(next(adjusted) for _ in t.comparisons)) for t in tests]
+    described = dataclasses.replace(results.policy, test=PAIRED_TEST, min_effect=PAIRED_MIN_EFFECT)
+    return dataclasses.replace(results, tests=tuple(tests), against=AGAINST, policy=described)
+
+
+def _paired_test(test: TestResult, ratios: tuple[float, ...], policy: Policy) -> TestResult:
+    reference = {
+        metric: tuple(v / r if METRICS.get(metric) is Direction.HIGHER_IS_BETTER else v * r
+                      for v, r in zip(values, ratios))
+        for metric, values in test.samples.items()
+    }  # fmt: skip
+    comparisons = tuple(
+        compare_paired(metric, reference[metric], test.samples[metric], direction, policy)
+        for metric, direction in METRICS.items()
+        if test.samples.get(metric)
+    )
+    return dataclasses.replace(
+        test,
+        reference_samples=reference,
+        reference_timeline=test.timeline,
+        pair_order=tuple("AB" if i % 2 == 0 else "BA" for i in range(len(ratios))),
+        baseline_status=f"A/B against {AGAINST.ref} ({AGAINST.commit[:12]})",
+        baseline_request_samples={k: tuple(0.9 * v for v in vs) for k, vs in test.request_samples.items()},
+        comparisons=comparisons,
+    )
 
 
 def earlier_run(results: Results, created_at: str, throughput_factor: float) -> Results:

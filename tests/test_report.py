@@ -118,6 +118,16 @@ def test_figures_cover_throughput_distributions_timeline_and_history(html, judge
     assert "3 runs on this machine" in html, "history counts the earlier runs and this one"
 
 
+def test_a_report_against_stored_baselines_names_no_ab_sides(html):
+    """The A/B wording (tests/test_report_ab.py) is for --perf-against sessions only."""
+    header = html.split('<table id="verdict-table">')[1].split("</thead>")[0]
+    assert ">baseline median<" in header and ">current median<" in header and ">change<" in header
+    assert "Mann-Whitney" in header
+    for ab_only in ("A: REF", "B: current", "pair ratio", 'id="ab-session"', "pair-ratios-", "ab-timelines"):
+        assert ab_only not in html, ab_only
+    assert "<th>baseline</th><th>current</th>" in html and "dashed: baseline." in html
+
+
 def test_counters_show_the_exact_change(html, judged):
     passes = judged.test(VERDICT_TESTS["regressed"]).counters.num_forward_passes
     assert re.search(

@@ -60,6 +60,15 @@ class Timeline:
     request_order: tuple[str, ...]  # arrival order, for stable colours
 
 
+@dataclass(frozen=True, slots=True)
+class PairRatios:
+    """One metric of an A/B test: B's repeat over A's, pair by pair."""
+
+    metric: str
+    ratios: tuple[float, ...]  # B / A, in pair order
+    orders: tuple[str, ...]  # "AB" or "BA": which side ran first in each pair
+
+
 def throughput_figure(series: Sequence[Series], title: str) -> str:
     """Output throughput against concurrency, one line per engine and length distribution."""
     figure = _figure(7.5, 3.6)
@@ -79,17 +88,22 @@ def throughput_figure(series: Sequence[Series], title: str) -> str:
     return figure_to_svg(figure)
 
 
-def distribution_figure(current: Mapping[str, Sequence[float]], baseline: Mapping[str, Sequence[float]]) -> str:
-    """Empirical CDFs of TTFT, TPOT and E2E, the baseline's drawn under the current run's."""
+def distribution_figure(
+    current: Mapping[str, Sequence[float]],
+    baseline: Mapping[str, Sequence[float]],
+    current_label: str = "current",
+    baseline_label: str = "baseline",
+) -> str:
+    """Empirical CDFs of TTFT, TPOT and E2E, the baseline's (or side A's) drawn dashed under the current run's."""
     # Fixed margins: this figure is drawn once per test, and constrained layout would double its cost.
     figure = _figure(10, 2.6, layout=None)
     figure.subplots_adjust(left=0.07, right=0.99, bottom=0.18, top=0.9, wspace=0.22)
     for index, (key, name) in enumerate(DISTRIBUTIONS):
         axes = figure.add_subplot(1, len(DISTRIBUTIONS), index + 1)
         if baseline.get(key):
-            axes.ecdf(baseline[key], color="#7f7f7f", linestyle="--", label="baseline")
+            axes.ecdf(baseline[key], color="#7f7f7f", linestyle="--", label=baseline_label)
         if current.get(key):
-            axes.ecdf(current[key], color="#1f77b4", label="current")
+            axes.ecdf(current[key], color="#1f77b4", label=current_label)
         if not current.get(key) and not baseline.get(key):
             axes.text(0.5, 0.5, "no samples", ha="center", va="center", transform=axes.transAxes)
         axes.set_title(name, fontsize=10)
@@ -119,21 +133,53 @@ def history_figure(series: Sequence[Series]) -> str:
     return figure_to_svg(figure)
 
 
-def timeline_figure(timelines: Sequence[Timeline]) -> str:
-    """Slots as lanes over time, queue depth and latency marks, runs side by side on one time axis."""
+def pair_ratio_figure(pairs: Sequence[PairRatios], min_effect: float) -> str:
+    """Small multiples, one per metric: each pair's ratio B/A as a dot, a line at 1 and the min-effect band."""
+    # One row with fixed margins: drawn once per A/B test, where constrained layout would double its cost.
+    figure = _figure(2.5 * len(pairs), 2.2, layout=None)
+    figure.subplots_adjust(left=0.35 / len(pairs), right=0.99, bottom=0.2, top=0.88, wspace=0.3)
+    for index, pair in enumerate(pairs):
+        axes = figure.add_subplot(1, len(pairs), index + 1)
+        _draw_pair_ratios(axes, pair, min_effect)
+        if index == 0:
+            axes.set_ylabel("B / A", fontsize=8)
+            axes.legend(fontsize=6, loc="best")
+    return figure_to_svg(figure)
+
+
+def _draw_pair_ratios(axes: Any, pair: PairRatios, min_effect: float) -> None:
+    axes.axhspan(1 - min_effect, 1 + min_effect, color="#e8eef7", label=f"within min effect ±{min_effect:.0%}")
+    axes.axhline(1.0, color="#7f7f7f", linewidth=0.8)
+    for order, marker, colour in (("AB", "o", "#1f77b4"), ("BA", "s", "#d95f02")):
+        points = [(i + 1, r) for i, (r, o) in enumerate(zip(pair.ratios, pair.orders)) if o == order]
+        if points:
+            x, y = zip(*points)
+            axes.plot(x, y, marker, markersize=4, color=colour, label=f"{order[0]} ran first",
+                      gid=f"pair-ratios-{pair.metric}-{order}")  # fmt: skip
+    axes.set_xticks(range(1, len(pair.ratios) + 1))
+    axes.set_xlabel("pair", fontsize=8)
+    axes.set_title(pair.metric, fontsize=9)
+    axes.tick_params(labelsize=7)
+    axes.grid(alpha=0.3)
+
+
+def timeline_figure(timelines: Sequence[Timeline], stacked: bool = False) -> str:
+    """Slots as lanes over time, queue depth and latency marks, runs side by side (or stacked) on one time axis."""
     from matplotlib.patches import Patch
 
     seconds = max(t.duration for t in timelines) or 1.0
     scale, unit = (1e3, "ms") if seconds < 2 else (1.0, "s")
     max_slots = max(t.num_slots for t in timelines)
     lane_height = max(1.6, 0.32 * max_slots)
-    figure = _figure(7 * len(timelines), lane_height + 3.4)
-    grid = figure.add_gridspec(3, len(timelines), height_ratios=[lane_height, 1.2, 1.2], hspace=0.12)
+    columns, rows = (1, len(timelines)) if stacked else (len(timelines), 1)
+    figure = _figure(9 if stacked else 7 * columns, (lane_height + 3.4) * rows)
+    grid = figure.add_gridspec(3 * rows, columns, height_ratios=[lane_height, 1.2, 1.2] * rows, hspace=0.12)
     max_waiting = max((w for t in timelines for _, w in t.queue), default=0)
-    for column, timeline in enumerate(timelines):
-        lanes = figure.add_subplot(grid[0, column])
-        queue = figure.add_subplot(grid[1, column], sharex=lanes)
-        marks = figure.add_subplot(grid[2, column], sharex=lanes)
+    for index, timeline in enumerate(timelines):
+        row, column = (index, 0) if stacked else (0, index)
+        lanes = figure.add_subplot(grid[3 * row, column])
+        queue = figure.add_subplot(grid[3 * row + 1, column], sharex=lanes)
+        marks = figure.add_subplot(grid[3 * row + 2, column], sharex=lanes)
         _draw_lanes(lanes, timeline, scale)
         lanes.set_xlim(0, seconds * scale)
         lanes.set_ylim(max_slots - 0.5, -0.5)

@@ -4,6 +4,9 @@
 what results.json holds) into HTML through ``templates/report.html.j2``; the
 figures come from ``perfsuite.report.plots`` as inline SVG, so the file makes
 no network request. ``write_report`` is what the plugin calls after a session.
+An A/B session (``--perf-against REF``) is shown as one: its columns and
+legends name side A (REF) and side B (the current tree), never a baseline,
+and each test adds its pair ratios and A's timed run stacked above B's.
 The report reads the judge's typed results and nothing else of perfsuite: it
 never imports pytest, scipy or torch.
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 from perfsuite.judge.baselines import write_text_atomic
 from perfsuite.judge.results import (
+    AgainstDescription,
     Results,
     RunTimeline,
     TestResult,
@@ -84,6 +88,8 @@ class TestSection:
     facts: tuple[tuple[str, str], ...]  # sizing parameters and the summary, ready to show
     counters: tuple[CounterRow, ...]
     distributions_svg: str
+    pair_ratios: Figure | None = None  # an A/B test: each pair's ratio B/A
+    timelines: Figure | None = None  # an A/B test: A's and B's timed runs, stacked
 
     @property
     def anchor(self) -> str:
@@ -94,6 +100,52 @@ class TestSection:
 class Figure:
     caption: str
     svg: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sides:
+    """What the report calls the two sides of each comparison, and how it explains the columns."""
+
+    baseline: str
+    current: str
+    change: str
+    change_title: str
+    ci_title: str
+    p_title: str
+    mde_title: str
+    compared_with: str  # a test's status line: what it was compared with
+    dashed: str  # the latency CDFs' caption: what the dashed line is
+
+
+STORED_SIDES = Sides(
+    baseline="baseline",
+    current="current",
+    change="change",
+    change_title="",
+    ci_title="bootstrap confidence interval of the change of the median",
+    p_title="one-sided Mann-Whitney U, Benjamini-Hochberg-adjusted over the session",
+    mde_title=(
+        "minimum detectable effect: the smallest slowdown a lone regression of this session could be flagged for, "
+        "from the baseline's own spread"
+    ),
+    compared_with="baseline",
+    dashed="dashed: baseline",
+)
+
+PAIRED_SIDES = Sides(
+    baseline="A: REF",
+    current="B: current",
+    change="pair ratio",
+    change_title="median over the pairs of the ratio B/A, minus 1: +5% means B's figure is 5% higher in the median",
+    ci_title="distribution-free (Walsh averages) confidence interval of the median pair ratio B/A",
+    p_title="one-sided exact Wilcoxon signed-rank on the pairs' log ratios, Benjamini-Hochberg-adjusted",
+    mde_title=(
+        "minimum detectable effect: the smallest slowdown of every pair a lone regression of this session could "
+        "be flagged for, from the spread of the pair ratios"
+    ),
+    compared_with="compared with",
+    dashed="dashed: A, the REF side",
+)
 
 
 def verdict_rows(results: Results) -> list[VerdictRow]:
@@ -140,13 +192,20 @@ def render_report(results: Results, history: Sequence[Results] = ()) -> str:
         environment=_environment_facts(results),
         sizing=_sizing_facts(tests),
         run=_run_facts(results),
+        against=_against_summary(results.against) if results.against else None,
+        sides=sides_of(results),
         rows=rows,
         verdicts=VERDICTS,
         throughput_figures=_throughput_figures(tests),
-        timeline=_timeline_figure(tests),
+        timeline=_timeline_figure(tests, results.against),
         history=_history_figure(results, history),
-        sections=[_section(test, rows) for test in tests],
+        sections=[_section(test, rows, results) for test in tests],
     )
+
+
+def sides_of(results: Results) -> Sides:
+    """A/B (``--perf-against``): A is REF, B the current tree, and no stored baseline is involved."""
+    return STORED_SIDES if results.against is None else PAIRED_SIDES
 
 
 def write_report(report_dir: Path) -> Path:
@@ -197,11 +256,29 @@ def _run_facts(results: Results) -> list[tuple[str, str]]:
         ("commit", results.commit or "unknown"),
         ("date", results.created_at or "unknown"),
         ("profile", f"{results.profile}, {results.repeats} repeats"),
+        *(_against_facts(results.against) if results.against else []),
         (
             "policy",
             f"{policy.test}; alpha {policy.alpha} after {policy.correction}; min effect {100 * policy.min_effect:.0f}%",
         ),
     ]
+
+
+def _against_facts(against: AgainstDescription) -> list[tuple[str, str]]:
+    return [
+        ("mode", _against_summary(against)),
+        ("baselines", "none: nothing was compared with stored baselines, and none were read or written"),
+        ("order", against.order),
+    ]
+
+
+def _against_summary(against: AgainstDescription) -> str:
+    current = f"current tree at {against.current_commit[:12]}" if against.current_commit else "the current tree"
+    return f"A/B against REF {_reference_label(against)}, {current}"
+
+
+def _reference_label(against: AgainstDescription) -> str:
+    return f"{against.ref} ({against.commit[:12]})" if against.commit else against.ref
 
 
 def _sizing_facts(tests: Sequence[TestResult]) -> list[tuple[str, str]]:
@@ -248,15 +325,17 @@ def _throughput_figures(tests: Sequence[TestResult]) -> list[Figure]:
     return figures
 
 
-def _timeline_figure(tests: Sequence[TestResult]) -> Figure | None:
+def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | None) -> Figure | None:
     pair = _engine_pair(tests)
     if pair is None:
         return None
-    timelines = [_timeline_of(test) for test in pair]
+    timelines = [_timeline_of(test.timeline, f"{test.engine_name}: {_test_name(test.test_id)}") for test in pair]
     caption = (
         f"One timed run of {' and '.join(_test_name(t.test_id) for t in pair)}: "
         "same parameters, only the engine differs."
     )
+    if against is not None:
+        caption += " Both are runs of side B, the current tree; each test's own section stacks A's run above B's."
     return Figure(caption, plots.timeline_figure(timelines))
 
 
@@ -280,11 +359,10 @@ def _engine_pair(tests: Sequence[TestResult]) -> tuple[TestResult, TestResult] |
     return max(pairs, key=clarity)
 
 
-def _timeline_of(test: TestResult) -> plots.Timeline:
-    timeline: RunTimeline = test.timeline
+def _timeline_of(timeline: RunTimeline, title: str) -> plots.Timeline:
     requests = timeline.requests
     return plots.Timeline(
-        title=f"{test.engine_name}: {_test_name(test.test_id)}",
+        title=title,
         duration=timeline.duration,
         num_slots=timeline.num_slots,
         spans=tuple(_slot_spans(timeline.steps, timeline.num_slots)),
@@ -348,8 +426,10 @@ def _median_throughput(results: Results, test_id: str) -> float | None:
 # -- one test ----------------------------------------------------------------
 
 
-def _section(test: TestResult, rows: Sequence[VerdictRow]) -> TestSection:
+def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> TestSection:
     own = [row for row in rows if row.test_id == test.test_id]
+    sides = sides_of(results)
+    paired = results.against is not None and test.is_paired
     return TestSection(
         test_id=test.test_id,
         engine=test.engine_name,
@@ -357,8 +437,46 @@ def _section(test: TestResult, rows: Sequence[VerdictRow]) -> TestSection:
         baseline_status=test.baseline_status,
         facts=tuple(_test_facts(test)),
         counters=tuple(_counter_rows(test)),
-        distributions_svg=plots.distribution_figure(test.request_samples, test.baseline_request_samples),
+        distributions_svg=plots.distribution_figure(
+            test.request_samples, test.baseline_request_samples, sides.current, sides.baseline
+        ),
+        pair_ratios=_pair_ratio_figure(test, results.policy.min_effect) if paired else None,
+        timelines=_paired_timelines(test, results.against) if paired else None,
     )
+
+
+def pair_ratios(test: TestResult) -> list[plots.PairRatios]:
+    """Each compared metric's ratios B/A, pair by pair (``samples[m][i] / reference_samples[m][i]``)."""
+    found = []
+    for comparison in test.comparisons:
+        a, b = test.reference_samples.get(comparison.metric, ()), test.samples.get(comparison.metric, ())
+        if a and len(a) == len(b) and all(value > 0 for value in a):
+            ratios = tuple(y / x for x, y in zip(a, b))
+            found.append(plots.PairRatios(comparison.metric, ratios, test.pair_order[: len(ratios)]))
+    return found
+
+
+def _pair_ratio_figure(test: TestResult, min_effect: float) -> Figure | None:
+    pairs = pair_ratios(test)
+    if not pairs:
+        return None
+    caption = (
+        "Each pair's ratio B/A (current tree over REF), per compared metric; the band is the minimum effect "
+        "worth flagging. Pairs that agree sit on one side of 1; the change shown is their median."
+    )
+    return Figure(caption, plots.pair_ratio_figure(pairs, min_effect))
+
+
+def _paired_timelines(test: TestResult, against: AgainstDescription) -> Figure | None:
+    if test.timeline is None or test.reference_timeline is None:
+        return None
+    current = f"B: current tree at {against.current_commit[:12]}" if against.current_commit else "B: current tree"
+    runs = [
+        _timeline_of(test.reference_timeline, f"A: REF {_reference_label(against)}"),
+        _timeline_of(test.timeline, current),
+    ]
+    caption = "One timed run of each side, on one time axis: A (REF) above, B (the current tree) below."
+    return Figure(caption, plots.timeline_figure(runs, stacked=True))
 
 
 def _test_facts(test: TestResult) -> list[tuple[str, str]]:
