@@ -21,7 +21,8 @@ from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.judge.stats import CounterChange, Direction, Policy, adjust, compare
 from perfsuite.measure.summaries import Repeats, sizing_parameters
 from perfsuite.plugin.against import ORDER
-from perfsuite.plugin.options import PAIRED_MIN_EFFECT, PerfOptions
+from perfsuite.judge.stats import PAIRED_MIN_EFFECT
+from perfsuite.plugin.options import PerfOptions
 from perfsuite.plugin.session import PerfSession
 from perfsuite.workload.profiles import PROFILES
 from perfsuite.measure.environment import Environment

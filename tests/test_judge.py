@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-
+import statistics
 import time
 
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.catalogue import GOODPUT, METRICS
-from perfsuite.judge.compare import rejudge
+from perfsuite.judge.compare import policy_of, rejudge
 from perfsuite.judge.judge import Reference, adjust_family, judge
-from perfsuite.judge.stats import Policy, Verdict
+from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy, Verdict
 from perfsuite.workload import OutputLengths, Workload
-from report_fixtures import fake_session, record_fake_test, tokenize
+from report_fixtures import as_ab_session, fake_session, record_fake_test, tokenize
 from results_builders import make_result, make_results
 
 BASE = [100.0, 101, 99, 100, 102, 98]
@@ -104,3 +104,20 @@ def test_perfsuite_compare_says_when_goodput_counted_another_slo():
     judged = rejudge(old, new, Policy())
     assert [c.metric for c in judged.tests[0].comparisons] == ["output_throughput"]
     assert any("SLO ttft=1ms" in w and "not compared" in w for w in judged.warnings)
+
+
+def test_perfsuite_compare_takes_an_ab_session_as_a_separate_run_not_as_pairs():
+    """Its current side is compared with the old run; nothing says A/B, and the stored minimum effect applies."""
+    old = make_results(make_result("t.py::t", output_throughput=BASE))
+    ab_new = as_ab_session(make_results(make_result("t.py::t", output_throughput=SLOWER)), ratios=(0.9,) * len(SLOWER))
+    assert ab_new.against is not None and ab_new.tests[0].is_paired and ab_new.policy.min_effect == PAIRED_MIN_EFFECT
+    policy = policy_of(ab_new)
+    judged = rejudge(old, ab_new, policy)
+    assert policy.min_effect == STORED_MIN_EFFECT
+    assert judged.against is None and "Mann-Whitney" in judged.policy.test
+    assert judged.policy.min_effect == STORED_MIN_EFFECT
+    [test] = judged.tests
+    assert not test.is_paired and not test.reference_samples and test.reference_timeline is None
+    [comparison] = test.comparisons
+    assert comparison.baseline_median == statistics.median(BASE)  # the old run's, not side A's
+    assert comparison.verdict is Verdict.REGRESSED

@@ -4,6 +4,11 @@ The older run plays the baseline: every test present in both, with the same
 run configuration, is judged by ``judge.judge`` exactly as a ``pytest --perf``
 session judges a test against its baseline, and the p-values of all of them
 are Benjamini-Hochberg-adjusted together.
+
+Either file may come from an A/B session (``--perf-against``): its current
+side (B) is what is compared, as two separate runs, never pair by pair, so
+the result carries no A/B labels, and the minimum effect defaults to the
+stored-baseline one (a run of another time is as far as a stored baseline).
 """
 
 from __future__ import annotations
@@ -11,17 +16,16 @@ from __future__ import annotations
 import dataclasses
 
 from perfsuite.judge.catalogue import ALL_METRICS, METRICS
-from perfsuite.judge.judge import Reference, adjust_family, judge, not_compared
+from perfsuite.judge.judge import Reference, adjust_family, judge, not_compared, sequential_policy
 from perfsuite.judge.results import Results, TestResult
-from perfsuite.judge.stats import Policy
+from perfsuite.judge.stats import STORED_MIN_EFFECT, Policy
 
 
 def policy_of(results: Results, alpha: float | None = None, min_effect: float | None = None) -> Policy:
     """The policy a results file was judged under, with any override."""
-    return Policy(
-        alpha=alpha if alpha is not None else results.policy.alpha,
-        min_effect=min_effect if min_effect is not None else results.policy.min_effect,
-    )
+    if min_effect is None:
+        min_effect = STORED_MIN_EFFECT if results.against is not None else results.policy.min_effect
+    return Policy(alpha=alpha if alpha is not None else results.policy.alpha, min_effect=min_effect)
 
 
 def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old run") -> Results:
@@ -48,10 +52,16 @@ def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old
         warnings.append(f"{old_name} counted goodput against SLO {old.slo}, this run against {new.slo}: not compared")
     return dataclasses.replace(
         new,
-        tests=tuple(tests),
-        policy=dataclasses.replace(new.policy, alpha=policy.alpha, min_effect=policy.min_effect),
+        tests=tuple(_without_reference_side(t) for t in tests),
+        policy=sequential_policy(new.policy, policy),
         warnings=tuple(warnings),
+        against=None,
     )
+
+
+def _without_reference_side(test: TestResult) -> TestResult:
+    """An A/B session's test, compared as a separate run: its REF side is not what it was compared with."""
+    return dataclasses.replace(test, reference_samples={}, reference_timeline=None, pair_order=())
 
 
 def _comparable(before: TestResult | None, after: TestResult) -> bool:

@@ -184,11 +184,23 @@ PAIRED_NOISY = (
 )
 
 
+STORED_TEST = "one-sided Mann-Whitney U on per-repeat samples"
+
+
+def sequential_policy(description: PolicyDescription, policy: Policy) -> PolicyDescription:
+    """How a comparison of two separate runs (``perfsuite compare``) judged, whatever each run's own session did."""
+    return dataclasses.replace(
+        description, alpha=policy.alpha, min_effect=policy.min_effect, test=STORED_TEST,
+        normalization=f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}",
+        min_detectable_effect=MDE_METHOD,
+    )  # fmt: skip
+
+
 def describe_policy(policy: Policy, plan: PowerPlan, busy_threshold: float, paired: bool = False) -> PolicyDescription:
     if paired:
         test, normalization, mde, noisy = PAIRED_TEST, PAIRED_NORMALIZATION, PAIRED_MDE_METHOD, PAIRED_NOISY
     else:
-        test = "one-sided Mann-Whitney U on per-repeat samples"
+        test = STORED_TEST
         normalization = f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}"
         mde = MDE_METHOD
         noisy = (

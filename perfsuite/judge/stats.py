@@ -81,12 +81,18 @@ class Comparison:
         )
 
 
+# Against a stored baseline, measured hours or weeks ago on a machine whose speed has moved since, only a
+# change past 10% stands out; side by side (--perf-against) both see one machine (README, "A/B").
+STORED_MIN_EFFECT = 0.10
+PAIRED_MIN_EFFECT = 0.03
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """What counts as a regression."""
 
     alpha: float = 0.05
-    min_effect: float = 0.10
+    min_effect: float = STORED_MIN_EFFECT
     min_samples: int = 3
     confidence: float = 0.95
     n_bootstrap: int = 2000

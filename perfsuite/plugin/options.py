@@ -25,14 +25,10 @@ from perfsuite.engine.types import DECODE_MODES
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
 from perfsuite.workload.profiles import PROFILES, Profile
-from perfsuite.judge.stats import Policy
+from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
 from perfsuite.workload.sweep import Sweep, load_sweep
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-# A stored baseline was measured hours or weeks ago on a machine whose speed has moved since: only a
-# change past 10% stands out from that. Side by side (--perf-against) both see one machine (README).
-STORED_MIN_EFFECT = 0.10
-PAIRED_MIN_EFFECT = 0.03
 
 
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
