@@ -115,14 +115,27 @@ def check_room_for_second_copy(loaded: wire.Loaded) -> None:
 
 
 def different_output_lengths(paired: PairedRuns) -> list[str]:
-    """Requests for which the two sides made a different number of tokens: the comparison would be unfair."""
-    reference = {r.request_id: r.num_output_tokens for r in paired.reference[0].records}
-    current = {r.request_id: r.num_output_tokens for r in paired.current[0].records}
-    return [
-        f"{request_id}: A {reference.get(request_id)} tokens, B {current.get(request_id)}"
-        for request_id in sorted(set(reference) | set(current))
-        if reference.get(request_id) != current.get(request_id)
-    ]
+    """Requests whose number of tokens differs between runs: a side that did less would look faster.
+
+    Every run of both sides is held to side A's first run, so a side that
+    cuts one repeat short is caught as well as one that always does.
+    """
+    expected = _token_counts(paired.reference[0])
+    found = []
+    for label, runs in (("A", paired.reference), ("B", paired.current)):
+        for index, run in enumerate(runs):
+            counts = _token_counts(run)
+            found += [
+                f"{request_id}: {counts.get(request_id)} tokens in {label}'s repeat {index + 1}, "
+                f"{expected.get(request_id)} in A's first"
+                for request_id in sorted(set(expected) | set(counts))
+                if counts.get(request_id) != expected.get(request_id)
+            ]
+    return found
+
+
+def _token_counts(run: RunResult) -> dict[str, int]:
+    return {record.request_id: record.num_output_tokens for record in run.records}
 
 
 def _gib(num_bytes: int) -> str:

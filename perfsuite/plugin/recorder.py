@@ -131,8 +131,8 @@ class PerfRecorder:
         unequal = different_output_lengths(paired)
         if unequal:
             pytest.fail(
-                f"{self.test_id}: the two sides made different numbers of tokens, so their speeds cannot be "
-                f"compared (a side that does less looks faster): {'; '.join(unequal[:5])}", pytrace=False,
+                f"{self.test_id}: the runs made different numbers of tokens, so their speeds cannot be compared "
+                f"(a side that does less looks faster): {'; '.join(unequal[:5])}", pytrace=False,
             )  # fmt: skip
         metrics, slo = session.compared_metrics, options.slo
         current = summarise(Repeats(paired.current), metrics, slo)

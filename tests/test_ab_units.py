@@ -1,0 +1,216 @@
+"""The parts of ``perfsuite.ab`` that need no worker process: the ABBA schedule, restarts, REF's tree, the checks."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perfsuite.ab import wire
+from perfsuite.ab.pair import (
+    ABRunner,
+    NoRoomForSecondCopy,
+    PairedRuns,
+    check_room_for_second_copy,
+    different_output_lengths,
+    pair_order,
+)
+from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
+from perfsuite.ab.workers import EngineSpec, Side, SideRunner, WorkerError
+from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
+
+LOAD = wire.Load("tiny-random", "cpu", "float32", "packed")
+LOADED = wire.Loaded("cpu", model_bytes=1000, free_bytes=10_000, max_context=256, eos_token_id=2, vocab_size=320)
+SPEC = EngineSpec("inflight", batch_size=2, max_seq_len=64)
+REQUESTS = [Request(f"r{i}", (1, 2, 3), SamplingParams(3, ignore_eos=True)) for i in range(2)]
+
+
+def run_result(engine: str, tokens: dict[str, int]) -> RunResult:
+    records = tuple(
+        RequestRecord(request_id, 3, (5,) * n, 0.0, 0.0, tuple(0.1 * (i + 1) for i in range(n)), 0.1 * n,
+                      FinishReason.LENGTH)  # fmt: skip
+        for request_id, n in tokens.items()
+    )
+    return RunResult(engine, records, 0.0, 1.0, EngineCounters(num_forward_passes=3))
+
+
+class FakeWorker:
+    """Answers like a worker; every run is logged as (side, engine_id) in ``log``."""
+
+    def __init__(self, side: Side, log: list, tokens: dict[str, int]) -> None:
+        self.side, self.log, self.tokens = side, log, tokens
+        self.alive, self.closed = True, False
+
+    def request(self, message, answer, timeout, what):
+        if isinstance(message, wire.Load):
+            return LOADED
+        if isinstance(message, wire.Build):
+            return wire.Built(message.engine_id, message.engine, message.batch_size)
+        if isinstance(message, wire.Run):
+            self.log.append((self.side.label, message.engine_id))
+            return wire.RunDone(wire.encode(run_result(f"{self.side.label}-engine", self.tokens)))
+        raise AssertionError(f"unexpected {message!r}")
+
+    def close(self) -> None:
+        self.alive, self.closed = False, True
+
+
+def fake_runner(log: list, tokens: dict[str, int] | None = None, starts: list | None = None) -> ABRunner:
+    tokens = tokens or {"r0": 3, "r1": 3}
+    starts = starts if starts is not None else []
+
+    def start(side: Side) -> FakeWorker:
+        worker = FakeWorker(side, log, tokens)
+        starts.append(worker)
+        return worker
+
+    trees = Trees("HEAD", "0" * 40, Path("/current"), Path("/reference"), None, None)
+    return ABRunner(trees, LOAD, timeout=5, start=start)
+
+
+@given(st.integers(min_value=0, max_value=40))
+def test_pairs_alternate_which_side_runs_first(num_pairs):
+    order = pair_order(num_pairs)
+    assert len(order) == num_pairs and all(sorted(pair) == ["A", "B"] for pair in order)
+    assert all(order[i] != order[i + 1] for i in range(num_pairs - 1)), "ABBA: the first side alternates"
+    assert sum(pair == "AB" for pair in order) - sum(pair == "BA" for pair in order) in (0, 1)
+
+
+def test_warm_ups_then_abba_pairs_run_on_the_right_sides():
+    log: list = []
+    paired = fake_runner(log).run_pairs(SPEC, REQUESTS, None, num_warmups=1, num_pairs=4)
+    sides = "".join(label for label, _ in log)
+    assert sides == "AB" + "ABBAABBA", "one warm-up a side, then the pairs ABBA"
+    assert paired.order == ("AB", "BA", "AB", "BA")
+    assert len(paired.reference) == len(paired.current) == 4
+    assert all(r.engine_name == "A-engine" for r in paired.reference)
+    assert all(r.engine_name == "B-engine" for r in paired.current)
+
+
+def test_the_current_side_starts_first_and_a_dead_side_is_started_again():
+    log, starts = [], []
+    runner = fake_runner(log, starts=starts)
+    runner.start()
+    assert [w.side.label for w in starts] == ["B", "A"]
+    starts[1].alive = False  # REF's worker died between tests
+    runner.run_pairs(SPEC, REQUESTS, None, num_warmups=0, num_pairs=2)
+    assert [w.side.label for w in starts] == ["B", "A", "A"] and starts[1].closed
+    runner.close()
+    assert all(w.closed for w in starts[:1] + starts[2:])
+
+
+def test_engines_are_built_once_per_worker():
+    built = []
+
+    class CountingWorker(FakeWorker):
+        def request(self, message, answer, timeout, what):
+            if isinstance(message, wire.Build):
+                built.append(self.side.label)
+            return super().request(message, answer, timeout, what)
+
+    runner = SideRunner(Side("A", "REF", Path("/r")), LOAD, 5, start=lambda side: CountingWorker(side, [], {"r0": 1}))
+    for _ in range(3):
+        runner.run(SPEC, (), None)
+    assert built == ["A"]
+
+
+def test_a_side_that_made_fewer_tokens_in_any_repeat_is_named():
+    same, short = run_result("e", {"r0": 3, "r1": 3}), run_result("e", {"r0": 3, "r1": 2})
+    assert different_output_lengths(PairedRuns((same, same), (same, same), ("AB", "BA"))) == []
+    [problem] = different_output_lengths(PairedRuns((same, same), (same, short), ("AB", "BA")))
+    assert problem == "r1: 2 tokens in B's repeat 2, 3 in A's first"
+    missing = run_result("e", {"r0": 3})
+    assert "r1: None tokens in A's repeat 2" in different_output_lengths(PairedRuns((same, missing), (same, same),
+                                                                                     ("AB", "BA")))[0]
+
+
+def test_a_device_without_room_for_the_second_copy_is_refused_before_it_starts():
+    check_room_for_second_copy(LOADED)  # 10 000 free for 1 000 of weights: fine
+    check_room_for_second_copy(wire.Loaded("cpu", 10**9, None, 256, 2, 320))  # unknown: not checked
+    tight = wire.Loaded("cuda:0", model_bytes=8 * 2**30, free_bytes=10 * 2**30, max_context=2048, eos_token_id=2,
+                        vocab_size=32000)  # fmt: skip
+    with pytest.raises(NoRoomForSecondCopy) as error:
+        check_room_for_second_copy(tight)
+    message = str(error.value)
+    for part in ("cuda:0 has 10.00 GiB free", "(8.00 GiB)", "about 12.00 GiB", "--perf-dtype", "drop --perf-against"):
+        assert part in message
+    assert isinstance(error.value, WorkerError), "a worker error: the plugin turns it into a usage error"
+
+
+# -- REF's tree ----------------------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "repo"
+    (root / "project" / "pkg").mkdir(parents=True)
+    (root / "project" / "pkg" / "__init__.py").write_text("VERSION = 1\n")
+    git(root.parent, "init", "-q", "-b", "main", str(root))
+    git(root, "config", "user.email", "t@example.invalid")
+    git(root, "config", "user.name", "t")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "one")
+    (root / "project" / "pkg" / "__init__.py").write_text("VERSION = 2\n")
+    git(root, "commit", "-q", "-am", "two")
+    return root
+
+
+def test_a_ref_is_laid_out_as_the_same_folder_of_its_commit(repo, tmp_path):
+    trees = prepare_trees("HEAD~1", repo / "project", invocation_dir=tmp_path)
+    try:
+        assert trees.commit == git(repo, "rev-parse", "HEAD~1") and trees.current_commit == git(repo, "rev-parse", "HEAD")
+        assert trees.current == (repo / "project").resolve()
+        assert (trees.reference / "pkg" / "__init__.py").read_text() == "VERSION = 1\n"
+        assert trees.reference_label == f"HEAD~1 ({trees.commit[:12]})"
+        assert not git(repo, "worktree", "list").count("\n"), "nothing added to the repository"
+    finally:
+        trees.remove()
+    assert not trees.snapshot.exists()
+
+
+@pytest.mark.parametrize("ref", ["no-such-branch", "--output=/tmp/x", "HEAD~99"])
+def test_a_ref_that_names_no_commit_says_so_and_how_to_fix_it(repo, tmp_path, ref):
+    with pytest.raises(ReferenceError) as error:
+        prepare_trees(ref, repo, invocation_dir=tmp_path)
+    assert f"--perf-against {ref}: not a commit of the repository" in str(error.value)
+    assert "git fetch" in str(error.value)
+
+
+def test_a_checkout_path_is_used_as_it_is_and_never_removed(repo, tmp_path):
+    other = tmp_path / "other"
+    git(repo, "worktree", "add", "-q", "--detach", str(other), "HEAD~1")
+    trees = prepare_trees(str(other), repo, invocation_dir=tmp_path)
+    assert trees.reference == other.resolve() and trees.snapshot is None
+    assert trees.commit == git(repo, "rev-parse", "HEAD~1")
+    trees.remove()
+    assert other.is_dir()
+
+
+def test_the_current_tree_as_ref_path_and_a_missing_path_are_refused(repo, tmp_path):
+    with pytest.raises(ReferenceError, match="that is the current tree itself"):
+        prepare_trees(str(repo), repo, invocation_dir=tmp_path)
+    with pytest.raises(ReferenceError, match="no such directory"):
+        prepare_trees("./nowhere", repo, invocation_dir=tmp_path)
+
+
+def test_a_ref_outside_any_repository_asks_for_a_path(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(ReferenceError, match="not in a git repository.*pass a path to another checkout"):
+        prepare_trees("main", plain, invocation_dir=tmp_path)
+
+
+def test_a_ref_without_the_projects_folder_says_which_folder(repo, tmp_path):
+    (repo / "newer").mkdir()
+    (repo / "newer" / "x.py").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "three")
+    with pytest.raises(ReferenceError, match="has no newer/ folder"):
+        prepare_trees("HEAD~2", repo / "newer", invocation_dir=tmp_path)
