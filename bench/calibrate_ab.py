@@ -58,7 +58,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
@@ -68,6 +67,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+from perfsuite.ab.trees import extract_commit  # noqa: E402
 from calibrate_e2e import (  # noqa: E402 - bench/ is not a package
     CalibrationAborted,
     _die_with_parent,
@@ -148,12 +148,7 @@ def lay_out(work: Path) -> dict[str, Path]:
 
 def _archive_head(into: Path) -> None:
     into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], capture_output=True, check=True)
-    with tempfile.TemporaryFile() as buffer:
-        buffer.write(archive.stdout)
-        buffer.seek(0)
-        with tarfile.open(fileobj=buffer) as tar:
-            tar.extractall(into, filter="data")
+    extract_commit(REPO, "HEAD", into)
 
 
 # ---------------------------------------------------------------------------------------------- sessions

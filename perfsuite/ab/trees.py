@@ -68,7 +68,7 @@ def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
         )
     snapshot = Path(tempfile.mkdtemp(prefix=f"perfsuite-ab-{commit[:12]}-"))
     try:
-        _extract(Path(toplevel), commit, snapshot)
+        extract_commit(Path(toplevel), commit, snapshot)
     except Exception:
         shutil.rmtree(snapshot, ignore_errors=True)
         raise
@@ -99,7 +99,8 @@ def _commit_of(repo: Path, ref: str) -> str | None:
     return _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
 
 
-def _extract(repo: Path, commit: str, into: Path) -> None:
+def extract_commit(repo: Path, commit: str, into: Path) -> None:
+    """The files of ``commit`` (any ref git understands) written into the existing folder ``into``."""
     archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True)
     if archive.returncode != 0:
         stderr = archive.stderr.decode(errors="replace").strip()
