@@ -65,11 +65,11 @@ class Engine:
 
     @property
     def batch_size(self) -> int:
-        return self.scheduler.kv_cache.num_slots
+        return self.scheduler.max_num_running
 
     @property
     def max_seq_len(self) -> int:
-        return self.scheduler.kv_cache.max_seq_len
+        return self.scheduler.max_seq_len
 
     # -- requests -----------------------------------------------------------
 
@@ -129,7 +129,17 @@ class Engine:
         for step_output in step_outputs:
             self._records[step_output.request_id].add(step_output, now)
         self._counters = self._counters.plus(output)
-        self._steps.append(StepTrace(start, now, output.num_waiting, output.chunks))
+        self._steps.append(
+            StepTrace(
+                start,
+                now,
+                output.num_waiting,
+                output.chunks,
+                num_kv_blocks_used=output.num_kv_blocks_used,
+                num_kv_tokens_used=output.num_kv_tokens_used,
+                preempted_request_ids=output.preempted_request_ids,
+            )
+        )
         return step_outputs
 
     def run(
@@ -171,6 +181,8 @@ class Engine:
             end_time=end_time,
             counters=self._counters,
             steps=tuple(self._steps),
+            num_kv_blocks=self.scheduler.kv_cache.num_blocks,
+            kv_block_size=self.scheduler.kv_cache.block_size,
         )
 
 

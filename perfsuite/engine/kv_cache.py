@@ -26,6 +26,20 @@ class KVCacheManager:
         self._free_slots = list(range(num_slots))
         self._slot_of: dict[str, int] = {}
 
+    # A slot is a block of ``max_seq_len`` tokens: the names the paged
+    # ``BlockManager`` shares, so KV use is counted alike for every engine.
+    @property
+    def num_blocks(self) -> int:
+        return self.num_slots
+
+    @property
+    def block_size(self) -> int:
+        return self.max_seq_len
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_used_slots
+
     @property
     def num_free_slots(self) -> int:
         return len(self._free_slots)

@@ -70,6 +70,16 @@ class Scheduler(abc.ABC):
     def is_active(self, request_id: str) -> bool:
         return request_id in self._active
 
+    @property
+    def max_seq_len(self) -> int:
+        """The longest prompt + output a request may ask for."""
+        return self.kv_cache.max_seq_len
+
+    @property
+    @abc.abstractmethod
+    def max_num_running(self) -> int:
+        """The most requests that run at once (the engine's batch size)."""
+
     # -- one step -----------------------------------------------------------
 
     @abc.abstractmethod
@@ -101,7 +111,7 @@ class Scheduler(abc.ABC):
 
     def _validate(self, request: Request) -> None:
         check_new_request_id(request.request_id, self._active, "is already in use by an unfinished request")
-        request.check_fits(self.kv_cache.max_seq_len)
+        request.check_fits(self.max_seq_len)
 
     def _admit(self, sequence: Sequence) -> None:
         sequence.slot = self.kv_cache.allocate(sequence.request_id, sequence.request.max_total_tokens)
@@ -109,19 +119,45 @@ class Scheduler(abc.ABC):
         self.running.append(sequence)
 
     def _chunk_for(self, sequence: Sequence, max_tokens: int) -> ScheduledChunk:
-        """The next ``<= max_tokens`` uncomputed tokens of ``sequence``."""
+        """The next ``<= max_tokens`` uncomputed tokens of ``sequence``.
+
+        Uncomputed tokens are the rest of the prompt, the last sampled token
+        (a decode), or after a preemption the prompt and the output so far.
+        Only the last sampled token alone is a decode; anything else fills
+        the cache as a prefill does.
+        """
         start = sequence.num_computed_tokens
-        if sequence.is_prefilling:
-            stop = min(sequence.num_prompt_tokens, start + max_tokens)
-        else:
-            stop = start + 1
+        stop = min(sequence.num_tokens, start + max_tokens)
+        is_decode = start == sequence.num_tokens - 1 and start >= sequence.num_prompt_tokens
         return ScheduledChunk(
             request_id=sequence.request_id,
             slot=sequence.slot,
             token_ids=sequence.token_ids(start, stop),
             start_position=start,
             samples=stop == sequence.num_tokens,
-            is_prefill=start < sequence.num_prompt_tokens,
+            is_prefill=not is_decode,
+            block_table=self._block_table(sequence),
+        )
+
+    def _block_table(self, sequence: Sequence) -> tuple[int, ...]:
+        """The blocks a chunk of ``sequence`` attends through; a slot cache has none."""
+        return ()
+
+    def _output(
+        self, chunks: list[ScheduledChunk], preempted_request_ids: tuple[str, ...] = (), num_recomputed_tokens: int = 0
+    ) -> SchedulerOutput:
+        """The step's chunks, and the KV cache as it will be once they are computed."""
+        num_new_tokens = sum(chunk.num_tokens for chunk in chunks if not chunk.is_padding)
+        num_blocks_used = self.kv_cache.num_used_blocks
+        return SchedulerOutput(
+            tuple(chunks),
+            num_waiting=len(self.waiting),
+            num_running=self.num_running,
+            num_kv_blocks_used=num_blocks_used,
+            num_kv_tokens_used=num_new_tokens + sum(s.num_computed_tokens for s in self.running),
+            kv_token_capacity=num_blocks_used * self.kv_cache.block_size,
+            preempted_request_ids=preempted_request_ids,
+            num_recomputed_tokens=num_recomputed_tokens,
         )
 
     def _finish(self, sequence: Sequence, reason: FinishReason) -> None:
@@ -159,6 +195,10 @@ class StaticScheduler(Scheduler):
         super().__init__(kv_cache, eos_token_id)
         self.batch_size = batch_size
 
+    @property
+    def max_num_running(self) -> int:
+        return self.batch_size
+
     def schedule(self) -> SchedulerOutput:
         if not self.running:
             while self.waiting and len(self.running) < self.batch_size:
@@ -171,7 +211,7 @@ class StaticScheduler(Scheduler):
                 chunks.append(self._chunk_for(sequence, sequence.num_prompt_tokens))
         if all(c.is_padding for c in chunks):
             chunks = []
-        return SchedulerOutput(tuple(chunks), num_waiting=len(self.waiting))
+        return self._output(chunks)
 
     @staticmethod
     def _padding_chunk(sequence: Sequence) -> ScheduledChunk:
@@ -238,6 +278,10 @@ class InflightScheduler(Scheduler):
         self.prefill_batch_size = prefill_batch_size
         self.max_num_batched_tokens = max_num_batched_tokens
 
+    @property
+    def max_num_running(self) -> int:
+        return self.decode_batch_size
+
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         chunks = []
@@ -261,7 +305,7 @@ class InflightScheduler(Scheduler):
             chunks.append(chunk)
             budget -= chunk.num_tokens
             num_admitted += 1
-        output = SchedulerOutput(tuple(chunks), num_waiting=len(self.waiting))
+        output = self._output(chunks)
         assert output.num_scheduled_tokens <= self.max_num_batched_tokens
         assert len(self.running) <= self.decode_batch_size
         return output

@@ -133,6 +133,12 @@ class ScheduledChunk:
     A prefill chunk carries several prompt tokens, a decode chunk carries the
     last sampled token. ``samples`` is false for a prefill chunk that does not
     reach the end of the prompt (chunked prefill) and for padding rows.
+
+    ``slot`` is the request's cache slot in a slot cache, and its row (a lane
+    of the timeline, below ``decode_batch_size``) in a paged one, where the
+    keys and values live in the blocks of ``block_table`` instead: position
+    ``p`` sits in block ``block_table[p // block_size]``. A slot cache's
+    chunks carry no block table.
     """
 
     request_id: str
@@ -142,6 +148,7 @@ class ScheduledChunk:
     samples: bool
     is_prefill: bool
     is_padding: bool = False
+    block_table: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -150,10 +157,24 @@ class ScheduledChunk:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
-    """What one engine step computes: one chunk per scheduled request."""
+    """What one engine step computes: one chunk per scheduled request.
+
+    The KV figures describe the cache once this step has run: blocks held (a
+    slot cache's slots count as blocks of ``max_seq_len`` tokens), the tokens
+    they hold and their capacity in tokens. ``preempted_request_ids`` lost
+    their blocks to make room for this step (newest first) and wait to be
+    recomputed; ``num_recomputed_tokens`` of this step's tokens had been
+    computed before, by a request since preempted.
+    """
 
     chunks: tuple[ScheduledChunk, ...]
     num_waiting: int
+    num_running: int = 0
+    num_kv_blocks_used: int = 0
+    num_kv_tokens_used: int = 0
+    kv_token_capacity: int = 0
+    preempted_request_ids: tuple[str, ...] = ()
+    num_recomputed_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -216,23 +237,47 @@ class RequestRecord:
 
 @dataclass(frozen=True, slots=True)
 class StepTrace:
-    """What the batch looked like during one step, for timelines."""
+    """What the batch looked like during one step, for timelines.
+
+    ``num_kv_blocks_used`` and ``num_kv_tokens_used``: the KV cache once the
+    step has run (see ``SchedulerOutput``); ``preempted_request_ids``: the
+    requests preempted to make room for this step.
+    """
 
     start_time: float
     end_time: float
     num_waiting: int
     chunks: tuple[ScheduledChunk, ...]
+    num_kv_blocks_used: int = 0
+    num_kv_tokens_used: int = 0
+    preempted_request_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class EngineCounters:
-    """Exact, noise-free counts of the work a run did."""
+    """Exact, noise-free counts of the work a run did.
+
+    All are integers (stored baselines read them as such) and default to 0,
+    so a run recorded before a counter existed reads as 0. The KV counters:
+    ``num_preemptions`` (a request preempted twice counts twice),
+    ``num_recomputed_tokens`` (tokens computed again after a preemption),
+    ``peak_kv_blocks_used`` and ``peak_num_running`` (the most blocks held and
+    requests running in one step), and three sums over steps from which the
+    means follow (``mean_kv_blocks_used``, ``kv_utilisation``).
+    """
 
     num_forward_passes: int = 0
     num_decode_steps: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_padding_tokens: int = 0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    peak_kv_blocks_used: int = 0
+    peak_num_running: int = 0
+    kv_blocks_used_step_sum: int = 0  # blocks held, summed over steps
+    kv_tokens_used_step_sum: int = 0  # tokens held in those blocks, summed over steps
+    kv_token_capacity_step_sum: int = 0  # the blocks' capacity in tokens, summed over steps
 
     def plus(self, output: SchedulerOutput) -> EngineCounters:
         prefill = sum(c.num_tokens for c in output.chunks if c.is_prefill and not c.is_padding)
@@ -243,7 +288,26 @@ class EngineCounters:
             num_prefill_tokens=self.num_prefill_tokens + prefill,
             num_decode_tokens=self.num_decode_tokens + decode,
             num_padding_tokens=self.num_padding_tokens + output.num_padding_tokens,
+            num_preemptions=self.num_preemptions + len(output.preempted_request_ids),
+            num_recomputed_tokens=self.num_recomputed_tokens + output.num_recomputed_tokens,
+            peak_kv_blocks_used=max(self.peak_kv_blocks_used, output.num_kv_blocks_used),
+            peak_num_running=max(self.peak_num_running, output.num_running),
+            kv_blocks_used_step_sum=self.kv_blocks_used_step_sum + output.num_kv_blocks_used,
+            kv_tokens_used_step_sum=self.kv_tokens_used_step_sum + output.num_kv_tokens_used,
+            kv_token_capacity_step_sum=self.kv_token_capacity_step_sum + output.kv_token_capacity,
         )
+
+    @property
+    def mean_kv_blocks_used(self) -> float:
+        """Blocks held in the mean step."""
+        return self.kv_blocks_used_step_sum / self.num_forward_passes if self.num_forward_passes else 0.0
+
+    @property
+    def kv_utilisation(self) -> float:
+        """Tokens held over the capacity of the blocks holding them, over all steps (each weighted by its blocks)."""
+        if not self.kv_token_capacity_step_sum:
+            return 0.0
+        return self.kv_tokens_used_step_sum / self.kv_token_capacity_step_sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +320,8 @@ class RunResult:
     end_time: float
     counters: EngineCounters
     steps: tuple[StepTrace, ...] = ()
+    num_kv_blocks: int | None = None  # the KV pool (a slot cache's slots); None: not perfsuite's engine
+    kv_block_size: int | None = None  # tokens per block (a slot's max_seq_len)
 
     @property
     def duration(self) -> float:
