@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 
@@ -11,6 +12,8 @@ from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.catalogue import GOODPUT, METRICS
 from perfsuite.judge.compare import policy_of, rejudge
 from perfsuite.judge.judge import Reference, adjust_family, judge
+from perfsuite.judge.results import KV_COUNTERS as KV_NAMES
+from perfsuite.judge.results import read_results
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy, Verdict
 from perfsuite.workload import OutputLengths, Workload
 from report_fixtures import as_ab_session, fake_session, record_fake_test, tokenize
@@ -42,6 +45,43 @@ def test_counters_are_compared_exactly_unless_arrivals_follow_the_clock():
     assert (change.name, change.baseline, change.current) == ("num_forward_passes", 10, 12)
     timed = dataclasses.replace(result, arrival_rate=4.0)
     assert judged(timed, reference({})).result.counter_changes == ()
+
+
+KV = EngineCounters(num_forward_passes=10, num_preemptions=2, num_recomputed_tokens=40, peak_kv_blocks_used=7)
+
+
+def test_a_counter_the_reference_did_not_record_is_not_compared_and_is_said():
+    """A baseline or results file older than the KV counters reads them as 0: that is no measurement."""
+    older = dataclasses.replace(reference({}), unrecorded_counters=KV_NAMES)
+    judged_result = judged(make_result("t.py::t", counters=KV), older).result
+    assert judged_result.counter_changes == ()
+    assert judged_result.baseline_unrecorded_counters == KV_NAMES
+    # the same counters, recorded as 0 by the reference, are a change
+    changes = judged(make_result("t.py::t", counters=KV), reference({})).result.counter_changes
+    assert {c.name for c in changes} == {"num_preemptions", "num_recomputed_tokens", "peak_kv_blocks_used"}
+
+
+def test_a_counter_this_result_did_not_record_is_not_compared():
+    result = make_result("t.py::t", counters=EngineCounters(num_forward_passes=10), unrecorded_counters=KV_NAMES)
+    assert judged(result, reference({}, counters=KV)).result.counter_changes == ()
+    changed = dataclasses.replace(result, counters=EngineCounters(num_forward_passes=11))
+    [change] = judged(changed, reference({}, counters=KV)).result.counter_changes
+    assert change.name == "num_forward_passes", "the counters both recorded are still compared"
+
+
+def test_perfsuite_compare_of_a_file_older_than_the_kv_counters_reports_no_counter_change(tmp_path):
+    old_document = make_results(make_result("t.py::t", output_throughput=BASE)).to_json()
+    old_document["schema_version"] = 3
+    for test in old_document["tests"]:
+        test["counters"] = {k: v for k, v in test["counters"].items() if k not in KV_NAMES}
+        del test["memory"], test["baseline_unrecorded_counters"]
+    (tmp_path / "old.json").write_text(json.dumps(old_document))
+    old = read_results(tmp_path / "old.json")
+    new = make_results(make_result("t.py::t", output_throughput=BASE, counters=KV))
+    [test] = rejudge(old, new, Policy()).tests
+    assert test.counter_changes == () and test.baseline_unrecorded_counters == KV_NAMES
+    [test] = rejudge(new, new, Policy()).tests
+    assert test.baseline_unrecorded_counters == ()
 
 
 def test_goodput_against_another_slo_is_skipped_and_said():

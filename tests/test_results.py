@@ -8,6 +8,7 @@ import json
 import pytest
 
 from perfsuite.judge.results import (
+    KV_COUNTERS,
     RESULTS_SCHEMA_VERSION,
     AgainstDescription,
     Results,
@@ -15,8 +16,9 @@ from perfsuite.judge.results import (
     read_results,
     write_results,
 )
+from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.stats import CounterChange, Direction, Policy, compare
-from perfsuite.measure.summaries import RunTimeline, TimelineChunk, TimelineRequest, TimelineStep
+from perfsuite.measure.summaries import DEVICE_MEMORY, RunTimeline, TimelineChunk, TimelineRequest, TimelineStep
 from results_builders import make_result, make_results
 
 TIMELINE = RunTimeline(
@@ -49,7 +51,7 @@ def test_results_written_are_read_back_equal(tmp_path):
     write_results(tmp_path / "results.json", results)
     assert read_results(tmp_path / "results.json") == results
     stored = json.loads((tmp_path / "results.json").read_text())
-    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 3
+    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 4
     assert stored["fingerprint"] == results.environment.fingerprint()
 
 
@@ -70,6 +72,7 @@ def test_the_summary_keeps_vllms_flat_keys_at_the_top_of_each_test(tmp_path):
 
 def version_1(document: dict) -> dict:
     """What perfsuite wrote before the typed model: positional chunks, 'waiting' and 'id', and summary_keys."""
+    document = version_2(document)
     tests = []
     for test in document["tests"]:
         timeline = test["timeline"]
@@ -90,15 +93,57 @@ def version_1(document: dict) -> dict:
     return {**document, "schema_version": 1, "tests": tests}
 
 
+def without_kv_counters(results: Results) -> Results:
+    """``results`` as a file older than the KV counters reads: those counters not recorded."""
+    tests = [dataclasses.replace(t, unrecorded_counters=KV_COUNTERS) for t in results.tests]
+    return dataclasses.replace(results, tests=tuple(tests))
+
+
 def test_a_version_1_file_is_converted_on_reading(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
     path.write_text(json.dumps(version_1(results.to_json())))
-    assert read_results(path) == results
+    assert read_results(path) == without_kv_counters(results)
+
+
+def version_3(document: dict) -> dict:
+    """What perfsuite wrote before KV counters: no KV figures in counters or timelines, no 'memory'."""
+    tests = [
+        {
+            **{k: v for k, v in test.items() if k not in ("memory", "baseline_unrecorded_counters")},
+            "counters": {k: v for k, v in test["counters"].items() if k not in KV_COUNTERS},
+            "timeline": timeline_v3(test["timeline"]),
+            "reference_timeline": timeline_v3(test["reference_timeline"]),
+        }
+        for test in document["tests"]
+    ]
+    return {**document, "schema_version": 3, "tests": tests}
+
+
+def timeline_v3(timeline: dict | None) -> dict | None:
+    if timeline is None:
+        return None
+    step_kv = ("num_kv_blocks_used", "num_kv_tokens_used", "preempted_request_ids")
+    steps = [{k: v for k, v in step.items() if k not in step_kv} for step in timeline["steps"]]
+    return {**{k: v for k, v in timeline.items() if k not in ("num_kv_blocks", "kv_block_size")}, "steps": steps}
+
+
+def test_a_version_3_file_reads_its_kv_counters_as_not_recorded_and_writes_them_back_so(tmp_path):
+    results = judged_results()
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(version_3(results.to_json())))
+    read = read_results(path)
+    assert read == without_kv_counters(results)
+    assert read.tests[0].counters.num_preemptions == 0 and read.tests[0].memory is None
+    write_results(tmp_path / "again.json", read)
+    counters = json.loads((tmp_path / "again.json").read_text())["tests"][0]["counters"]
+    assert "num_preemptions" not in counters and counters["num_forward_passes"] == 10
+    assert read_results(tmp_path / "again.json") == read
 
 
 def version_2(document: dict) -> dict:
     """What perfsuite wrote before A/B sessions: no reference side, no 'against'."""
+    document = version_3(document)
     reference_keys = ("reference_samples", "reference_timeline", "pair_order")
     tests = [{k: v for k, v in test.items() if k not in reference_keys} for test in document["tests"]]
     return {**{k: v for k, v in document.items() if k != "against"}, "schema_version": 2, "tests": tests}
@@ -108,7 +153,7 @@ def test_a_version_2_file_is_converted_on_reading(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
     path.write_text(json.dumps(version_2(results.to_json())))
-    assert read_results(path) == results
+    assert read_results(path) == without_kv_counters(results)
 
 
 def paired_results() -> Results:
@@ -134,14 +179,14 @@ def test_an_ab_session_keeps_both_sides_and_its_reference(tmp_path):
     assert results.tests[0].is_paired and not judged_results().tests[0].is_paired
 
 
-@pytest.mark.parametrize("version", [0, 4, None, "3"])
+@pytest.mark.parametrize("version", [0, 5, None, "4"])
 def test_a_file_of_another_version_names_the_file_its_version_and_the_fix(tmp_path, version):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({**judged_results().to_json(), "schema_version": version}))
     with pytest.raises(ResultsFileError) as error:
         read_results(path)
     message = str(error.value)
-    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2, 3", "pytest --perf"):
+    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2, 3, 4", "pytest --perf"):
         assert part in message
 
 
@@ -152,4 +197,50 @@ def test_a_file_missing_a_field_says_which(tmp_path, missing):
     path = tmp_path / "results.json"
     path.write_text(json.dumps(document))
     with pytest.raises(ResultsFileError, match=f"{missing}.*pytest --perf"):
+        read_results(path)
+
+
+KV_TIMELINE = dataclasses.replace(
+    TIMELINE,
+    steps=(
+        dataclasses.replace(TIMELINE.steps[0], num_kv_blocks_used=1, num_kv_tokens_used=5),
+        dataclasses.replace(TIMELINE.steps[1], num_kv_blocks_used=2, num_kv_tokens_used=7,
+                            preempted_request_ids=("r2",)),
+    ),
+    num_kv_blocks=8,
+    kv_block_size=4,
+)  # fmt: skip
+KV_COUNTERS_OF_A_RUN = EngineCounters(
+    num_forward_passes=2, num_preemptions=1, num_recomputed_tokens=3, peak_kv_blocks_used=2, peak_num_running=2,
+    kv_blocks_used_step_sum=3, kv_tokens_used_step_sum=12, kv_token_capacity_step_sum=12 + 4,
+)  # fmt: skip
+
+
+def test_kv_figures_and_the_device_peak_are_stored_and_read_back(tmp_path):
+    samples = {"output_throughput": (1.0, 2.0), DEVICE_MEMORY: (3 * 2**20, 5 * 2**20)}
+    test = make_result("t.py::t[inflight]", timeline=KV_TIMELINE, counters=KV_COUNTERS_OF_A_RUN, samples=samples)
+    write_results(tmp_path / "results.json", make_results(test))
+    assert read_results(tmp_path / "results.json").tests[0] == test
+    stored = json.loads((tmp_path / "results.json").read_text())["tests"][0]
+    assert stored["timeline"]["steps"][1]["preempted_request_ids"] == ["r2"]
+    assert stored["counters"]["num_preemptions"] == 1
+    assert stored["memory"] == {
+        "num_kv_blocks": 8, "kv_block_size": 4, "peak_kv_blocks_used": 2, "mean_kv_blocks_used": 1.5,
+        "kv_utilisation": 0.75, "num_preemptions": 1, "num_recomputed_tokens": 3, "peak_num_running": 2,
+        "max_memory_allocated_bytes": 5 * 2**20,
+    }  # fmt: skip
+
+
+def test_a_test_without_a_kv_pool_or_a_device_peak_has_no_memory_figures(tmp_path):
+    write_results(tmp_path / "results.json", judged_results())
+    assert json.loads((tmp_path / "results.json").read_text())["tests"][0]["memory"] is None
+    assert judged_results().tests[0].memory is None
+
+
+def test_a_counter_this_perfsuite_does_not_know_is_a_malformed_field(tmp_path):
+    document = judged_results().to_json()
+    document["tests"][0]["counters"]["num_teleports"] = 3
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ResultsFileError, match="num_teleports.*pytest --perf"):
         read_results(path)

@@ -409,3 +409,25 @@ def test_ids_that_would_leave_the_fingerprint_directory_are_refused(tmp_path, te
     with pytest.raises(ValueError):
         store.save(make_baseline(test_id=test_id))
     assert not any(tmp_path.rglob("*.json"))
+
+
+def test_counters_a_baseline_predates_read_as_not_recorded_and_stay_out_of_it_when_written(tmp_path):
+    path = BaselineStore(tmp_path).save(make_baseline())
+    data = json.loads(path.read_text())
+    data["counters"] = {"num_forward_passes": 32, "num_padding_tokens": 4}  # a baseline from before the KV counters
+    path.write_text(json.dumps(data))
+    baseline = read_baseline(path)
+    assert baseline.counters.num_preemptions == 0 and baseline.counters.num_padding_tokens == 4
+    assert "num_preemptions" in baseline.unrecorded_counters and "peak_kv_blocks_used" in baseline.unrecorded_counters
+    assert "num_forward_passes" not in baseline.unrecorded_counters
+    assert baseline.to_json()["counters"] == data["counters"]
+    assert make_baseline().unrecorded_counters == ()
+
+
+def test_a_counter_this_perfsuite_does_not_know_is_a_baseline_error(tmp_path):
+    path = BaselineStore(tmp_path).save(make_baseline())
+    data = json.loads(path.read_text())
+    data["counters"]["num_teleports"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(BaselineError, match="num_teleports.*--perf-save-baseline"):
+        read_baseline(path)

@@ -47,6 +47,7 @@ import reprlib
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -92,6 +93,7 @@ class Baseline:
     slo: str | None = None  # the SLO its goodput counts (--perf-slo); stored among the parameters
     request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, for plots
     schema_version: int = SCHEMA_VERSION
+    unrecorded_counters: tuple[str, ...] = ()  # counters newer than the file: defaults, never compared
 
     def to_json(self) -> dict[str, Any]:
         parameters = dataclasses.asdict(self.parameters) if self.parameters else {}
@@ -102,7 +104,7 @@ class Baseline:
             "commit": self.commit,
             "created_at": self.created_at,
             "samples": {k: list(v) for k, v in self.samples.items()},
-            "counters": dataclasses.asdict(self.counters),
+            "counters": recorded_counters(self.counters, self.unrecorded_counters),
             "parameters": {**parameters, "slo": self.slo},
             "request_samples": {k: list(v) for k, v in self.request_samples.items()},
             "schema_version": self.schema_version,
@@ -112,6 +114,7 @@ class Baseline:
     def from_json(cls, data: dict[str, Any]) -> Baseline:
         parameters = dict(data.get("parameters", {}))
         slo = parameters.pop("slo", None)
+        counters, unrecorded = counters_from_json(data.get("counters", {}))
         return cls(
             test_id=data["test_id"],
             environment=environment_from_json(data["environment"]),
@@ -119,12 +122,32 @@ class Baseline:
             commit=data.get("commit"),
             created_at=data["created_at"],
             samples={k: tuple(float(x) for x in v) for k, v in data["samples"].items()},
-            counters=EngineCounters(**{k: int(v) for k, v in data.get("counters", {}).items()}),
+            counters=counters,
             parameters=SizingParameters(**parameters) if parameters else None,
             slo=slo,
             request_samples={k: tuple(float(x) for x in v) for k, v in data.get("request_samples", {}).items()},
             schema_version=data["schema_version"],
+            unrecorded_counters=unrecorded,
         )
+
+
+def counters_from_json(stored: Mapping[str, Any]) -> tuple[EngineCounters, tuple[str, ...]]:
+    """Stored counters, and the names of those the file does not hold.
+
+    A file written before a counter existed lacks it; the dataclass fills in
+    its default (0), which is not a measurement: comparing it with a run that
+    counts, say, preemptions would report a change no code made. So the names
+    travel with the counters, and ``catalogue.exact_counter_changes`` leaves
+    them out. A counter this perfsuite does not know (a newer file) is a
+    TypeError, which the readers report as a malformed field.
+    """
+    counters = EngineCounters(**{name: int(value) for name, value in stored.items()})
+    return counters, tuple(f.name for f in dataclasses.fields(EngineCounters) if f.name not in stored)
+
+
+def recorded_counters(counters: EngineCounters, unrecorded: Collection[str] = ()) -> dict[str, int]:
+    """The counters as stored: without the ``unrecorded`` ones, so a file read and written again still lacks them."""
+    return {name: value for name, value in dataclasses.asdict(counters).items() if name not in unrecorded}
 
 
 class BaselineStore:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.stats import CounterChange, Direction, compare_counters
@@ -76,11 +76,20 @@ def normalize_to_machine_speed(
 
 
 def exact_counter_changes(
-    baseline: EngineCounters, current: EngineCounters, arrival_rate: float | None
+    baseline: EngineCounters,
+    current: EngineCounters,
+    arrival_rate: float | None,
+    unrecorded: Collection[str] = (),
 ) -> list[CounterChange]:
     """Counter changes, where counters are exact.
 
     With wall-clock arrivals the number of steps depends on the machine's
-    speed, so those runs' counters are not compared.
+    speed, so those runs' counters are not compared. Nor is a counter either
+    side's file did not record (``unrecorded``: a file older than the
+    counter, read as its default 0, says nothing about what was counted).
     """
-    return [] if arrival_rate else compare_counters(dataclasses.asdict(baseline), dataclasses.asdict(current))
+    if arrival_rate:
+        return []
+    skipped = set(unrecorded)
+    return compare_counters(*({k: v for k, v in dataclasses.asdict(side).items() if k not in skipped}
+                              for side in (baseline, current)))  # fmt: skip

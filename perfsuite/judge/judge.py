@@ -40,14 +40,16 @@ class Reference:
     counters: EngineCounters
     request_samples: Mapping[str, tuple[float, ...]]
     slo: str | None  # the SLO its goodput counts
+    unrecorded_counters: tuple[str, ...] = ()  # its file predates them: never compared
 
     @classmethod
     def of_baseline(cls, baseline: Baseline) -> Reference:
-        return cls(baseline.samples, baseline.counters, baseline.request_samples, baseline.slo)
+        return cls(baseline.samples, baseline.counters, baseline.request_samples, baseline.slo,
+                   baseline.unrecorded_counters)  # fmt: skip
 
     @classmethod
     def of_result(cls, result: TestResult, slo: str | None) -> Reference:
-        return cls(result.samples, result.counters, result.request_samples, slo)
+        return cls(result.samples, result.counters, result.request_samples, slo, result.unrecorded_counters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +89,12 @@ def judge(
             min_detectable_effect=minimum_detectable_effect(base[name], direction, lone_alpha, policy.min_effect),
         )
         comparisons.append(mark_noisy(comparison) if result.noisy else comparison)
-    changes = exact_counter_changes(reference.counters, result.counters, result.arrival_rate)
     judged = dataclasses.replace(
         result,
         baseline_status=status,
         baseline_request_samples=dict(reference.request_samples),
         comparisons=tuple(comparisons),
-        counter_changes=tuple(changes),
+        **_counters_judged(result, reference),
     )
     return Judgement(judged, goodput_skipped)
 
@@ -119,21 +120,28 @@ def judge_paired(
         for name, direction in metrics.items()
         if reference.samples.get(name) and result.samples.get(name)
     )
-    changes = exact_counter_changes(reference.counters, result.counters, result.arrival_rate)
     return dataclasses.replace(
         result,
         baseline_status=status,
         baseline_request_samples=dict(reference.request_samples),
         comparisons=comparisons,
-        counter_changes=tuple(changes),
+        **_counters_judged(result, reference),
     )
+
+
+def _counters_judged(result: TestResult, reference: Reference) -> dict:
+    """The exact counters' changes, leaving out those either side did not record, and which the reference lacked."""
+    unrecorded = (*reference.unrecorded_counters, *result.unrecorded_counters)
+    changes = exact_counter_changes(reference.counters, result.counters, result.arrival_rate, unrecorded)
+    return {"counter_changes": tuple(changes), "baseline_unrecorded_counters": tuple(reference.unrecorded_counters)}
 
 
 def not_compared(result: TestResult, status: str) -> TestResult:
     """``result`` with nothing to compare it with, and why."""
     return dataclasses.replace(
-        result, baseline_status=status, baseline_request_samples={}, comparisons=(), counter_changes=()
-    )
+        result, baseline_status=status, baseline_request_samples={}, comparisons=(), counter_changes=(),
+        baseline_unrecorded_counters=(),
+    )  # fmt: skip
 
 
 def adjust_family(results: Sequence[TestResult], policy: Policy) -> tuple[list[TestResult], list[str]]:

@@ -6,7 +6,13 @@ dataclass or a mapping of metric name to samples, from the session to the
 HTML report. ``write_results`` and ``read_results`` are the only code that
 turns them into JSON and back; the on-disk keys are documented by ``to_json``.
 
-Schema versions: 3 adds what an A/B session (``--perf-against``) measured on
+Schema versions: 4 adds the KV cache and device memory: KV counters among
+each test's ``counters``, each timeline step's KV use and preemptions, the
+run's KV pool, and ``memory`` (``MemoryUse``, written for readers and rebuilt
+from the rest on reading). A counter that a file does not hold (one older than
+the counter) is *not recorded*: it is read as its default but never compared
+(``baselines.counters_from_json``), and a file read and written again still
+lacks it. 3 adds what an A/B session (``--perf-against``) measured on
 its reference side (``against`` at the top; each test's ``reference_samples``,
 ``reference_timeline`` and ``pair_order``); 2 stores each timeline step and
 request as an object with named fields (1 stored a step's chunks as
@@ -24,30 +30,38 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.engine.types import EngineCounters
-from perfsuite.judge.baselines import write_json_atomic
+from perfsuite.judge.baselines import counters_from_json, recorded_counters, write_json_atomic
 from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.summaries import (
     Measured,
+    MemoryUse,
     RunSummary,
     RunTimeline,
     SizingParameters,
     TimelineChunk,
     TimelineRequest,
     TimelineStep,
+    memory_use,
 )
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
-    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "PolicyDescription", "ProbeDescription", "Results", "ResultsFileError",
-    "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk", "TimelineRequest",
+    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "MemoryUse", "PolicyDescription", "ProbeDescription", "Results",
+    "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk", "TimelineRequest",
     "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
 ]  # fmt: skip
 
-RESULTS_SCHEMA_VERSION = 3  # 3: A/B sessions; 2: timeline steps, chunks and requests as objects with named fields
-CONVERTED_VERSIONS = (1, 2)
+RESULTS_SCHEMA_VERSION = 4  # 4: KV cache and device memory; 3: A/B sessions; 2: timeline objects with named fields
+CONVERTED_VERSIONS = (1, 2, 3)
 REWRITE_HINT = "re-create it with `pytest --perf` (it writes reports/results.json)"
+
+# Counters a version 3 file cannot hold; without them its memory figures would read as an empty cache.
+KV_COUNTERS = (
+    "num_preemptions", "num_recomputed_tokens", "peak_kv_blocks_used", "peak_num_running",
+    "kv_blocks_used_step_sum", "kv_tokens_used_step_sum", "kv_token_capacity_step_sum",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +90,8 @@ class TestResult:
     reference_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
     reference_timeline: RunTimeline | None = None
     pair_order: tuple[str, ...] = ()
+    unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
+    baseline_unrecorded_counters: tuple[str, ...] = ()  # what it was compared with lacked these: not compared
 
     @classmethod
     def measured(
@@ -103,6 +119,13 @@ class TestResult:
             timeline=measured.timeline,
             environment=environment,
         )
+
+    @property
+    def memory(self) -> MemoryUse | None:
+        """The KV pool and its use (the last repeat), preemptions, and the device's peak; None when not recorded."""
+        if any(name in self.unrecorded_counters for name in KV_COUNTERS):
+            return None
+        return memory_use(self.counters, self.timeline, self.samples)
 
     @property
     def is_paired(self) -> bool:
@@ -134,7 +157,9 @@ class TestResult:
             "request_samples": _lists(self.request_samples),
             "baseline_request_samples": _lists(self.baseline_request_samples),
             "timeline": dataclasses.asdict(self.timeline) if self.timeline else None,
-            "counters": dataclasses.asdict(self.counters),
+            "counters": recorded_counters(self.counters, self.unrecorded_counters),
+            "baseline_unrecorded_counters": list(self.baseline_unrecorded_counters),
+            "memory": dataclasses.asdict(memory) if (memory := self.memory) else None,  # not read: rebuilt
             "baseline": self.baseline_status,
             "noisy": self.noisy,
             "comparisons": [_comparison_json(c) for c in self.comparisons],
@@ -149,13 +174,14 @@ class TestResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TestResult:
+        counters, unrecorded = counters_from_json(data["counters"])
         return cls(
             test_id=data["test_id"],
             engine_name=data["engine"],
             parameters=SizingParameters(**data["parameters"]),
             arrival_rate=data["arrival_rate"],
             samples=_tuples(data["samples"]),
-            counters=EngineCounters(**data["counters"]),
+            counters=counters,
             summary=RunSummary.from_vllm_keys(data),
             baseline_status=data["baseline"],
             configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
@@ -169,6 +195,8 @@ class TestResult:
             reference_samples=_tuples(data["reference_samples"]),
             reference_timeline=_timeline_from_json(data["reference_timeline"]) if data["reference_timeline"] else None,
             pair_order=tuple(data["pair_order"]),
+            unrecorded_counters=unrecorded,
+            baseline_unrecorded_counters=tuple(data["baseline_unrecorded_counters"]),
         )
 
 
@@ -353,10 +381,15 @@ def _timeline_from_json(data: Mapping[str, Any]) -> RunTimeline:
                 end=step["end"],
                 num_waiting=step["num_waiting"],
                 chunks=tuple(TimelineChunk(**chunk) for chunk in step["chunks"]),
+                num_kv_blocks_used=step["num_kv_blocks_used"],
+                num_kv_tokens_used=step["num_kv_tokens_used"],
+                preempted_request_ids=tuple(step["preempted_request_ids"]),
             )
             for step in data["steps"]
         ),
         requests=tuple(TimelineRequest(**request) for request in data["requests"]),
+        num_kv_blocks=data["num_kv_blocks"],
+        kv_block_size=data["kv_block_size"],
     )
 
 
@@ -365,7 +398,35 @@ def _converted(data: Mapping[str, Any], version: int) -> Mapping[str, Any]:
         data = _from_version_1(data)
     if version in (1, 2):
         data = _from_version_2(data)
+    if version in (1, 2, 3):
+        data = _from_version_3(data)
     return data
+
+
+def _from_version_3(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 3 document as version 4 writes it: no KV figures in its timelines.
+
+    Its counters lack the KV ones, so they read as not recorded; what it
+    was compared with is not known, so nothing is said about that side.
+    """
+    tests = [
+        {
+            **test,
+            "timeline": _timeline_v3(test["timeline"]),
+            "reference_timeline": _timeline_v3(test["reference_timeline"]),
+            "baseline_unrecorded_counters": [],
+        }
+        for test in data["tests"]
+    ]
+    return {**data, "tests": tests}
+
+
+def _timeline_v3(timeline: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not timeline:
+        return None
+    no_kv = {"num_kv_blocks_used": 0, "num_kv_tokens_used": 0, "preempted_request_ids": []}
+    steps = [{**step, **no_kv} for step in timeline["steps"]]
+    return {**timeline, "steps": steps, "num_kv_blocks": None, "kv_block_size": None}
 
 
 def _from_version_2(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,10 @@ PROBE = "probe_bracket_seconds"
 # Other work's share of the machine's CPU during each repeat (perfsuite.measure.contention); stored, never compared.
 BUSY_SHARE = "cpu_busy_share"
 
+# torch.cuda.max_memory_allocated over each repeat, in bytes (CUDA only, measure.timing.DevicePeakMemory);
+# stored, never compared: it depends on the allocator and the torch build as much as on the code.
+DEVICE_MEMORY = "max_memory_allocated_bytes"
+
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -49,6 +53,7 @@ class Repeats:
     probes: tuple[float, ...] = ()  # machine probe seconds around each repeat (before and after, geometric mean)
     busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
     noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.measure.contention)
+    device_memory: tuple[int, ...] = ()  # CUDA: peak bytes allocated during each repeat; none on CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,9 @@ class TimelineStep:
     end: float
     num_waiting: int  # requests queued while it ran
     chunks: tuple[TimelineChunk, ...]
+    num_kv_blocks_used: int = 0  # KV blocks held once the step ran
+    num_kv_tokens_used: int = 0  # tokens held in them
+    preempted_request_ids: tuple[str, ...] = ()  # preempted to make room for this step
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +162,51 @@ class RunTimeline:
     num_slots: int
     steps: tuple[TimelineStep, ...]  # none for an engine that shows no steps (a server)
     requests: tuple[TimelineRequest, ...]
+    num_kv_blocks: int | None = None  # the KV pool (a slot cache: its slots); None: the engine does not say
+    kv_block_size: int | None = None  # tokens per block (a slot cache: max_seq_len)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """What a test's runs held: the KV pool, how much of it was used, what was preempted; and the device's peak.
+
+    The KV figures are of one run (the last repeat), from the engine's exact
+    counters and the pool the timeline names; the device's peak is the most
+    over the repeats. A reader's view, built by ``memory_use``: results.json
+    stores the counters, timeline and samples it comes from, and writes this
+    beside them.
+    """
+
+    num_kv_blocks: int | None  # None: the engine does not say (a server, a peer)
+    kv_block_size: int | None
+    peak_kv_blocks_used: int
+    mean_kv_blocks_used: float
+    kv_utilisation: float  # tokens held over the capacity of the blocks holding them, over all steps
+    num_preemptions: int
+    num_recomputed_tokens: int
+    peak_num_running: int  # the most requests running at once
+    max_memory_allocated_bytes: int | None  # CUDA only
+
+
+def memory_use(
+    counters: EngineCounters, timeline: RunTimeline | None, samples: Mapping[str, Sequence[float]]
+) -> MemoryUse | None:
+    """The KV and device memory figures of a test, or None when it recorded neither (a server; an older file)."""
+    num_blocks = timeline.num_kv_blocks if timeline is not None else None
+    peaks = samples.get(DEVICE_MEMORY)
+    if num_blocks is None and not peaks:
+        return None
+    return MemoryUse(
+        num_kv_blocks=num_blocks,
+        kv_block_size=timeline.kv_block_size if timeline is not None else None,
+        peak_kv_blocks_used=counters.peak_kv_blocks_used,
+        mean_kv_blocks_used=counters.mean_kv_blocks_used,
+        kv_utilisation=counters.kv_utilisation,
+        num_preemptions=counters.num_preemptions,
+        num_recomputed_tokens=counters.num_recomputed_tokens,
+        peak_num_running=counters.peak_num_running,
+        max_memory_allocated_bytes=int(max(peaks)) if peaks else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +234,8 @@ def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) 
         samples[PROBE] = tuple(repeats.probes)
     if repeats.busy_shares:
         samples[BUSY_SHARE] = tuple(repeats.busy_shares)
+    if repeats.device_memory:
+        samples[DEVICE_MEMORY] = tuple(repeats.device_memory)
     last = repeats.runs[-1]
     return Measured(
         engine_name=last.engine_name,
@@ -233,7 +288,7 @@ def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ..
 
 
 def timeline_of(run: RunResult) -> RunTimeline:
-    """Which request held which slot at every step, and the queue, relative to the run's start."""
+    """Which request held which slot at every step, the queue and the KV cache, relative to the run's start."""
     t0 = run.start_time
     return RunTimeline(
         duration=run.duration,
@@ -247,6 +302,9 @@ def timeline_of(run: RunResult) -> RunTimeline:
                     TimelineChunk(c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding)
                     for c in step.chunks
                 ),
+                num_kv_blocks_used=step.num_kv_blocks_used,
+                num_kv_tokens_used=step.num_kv_tokens_used,
+                preempted_request_ids=step.preempted_request_ids,
             )
             for step in run.steps
         ),
@@ -259,6 +317,8 @@ def timeline_of(run: RunResult) -> RunTimeline:
             )
             for r in run.records
         ),
+        num_kv_blocks=run.num_kv_blocks,
+        kv_block_size=run.kv_block_size,
     )
 
 
