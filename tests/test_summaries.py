@@ -63,3 +63,20 @@ def test_the_timeline_names_each_chunk_and_request():
     padding = [c for step in timeline.steps for c in step.chunks if c.is_padding]
     assert padding, "a static batch pads rows of finished requests"
     assert {r.request_id for r in timeline.requests} == {c.request_id for s in timeline.steps for c in s.chunks}
+
+
+def test_the_timeline_keeps_the_kv_pool_each_steps_use_and_its_preemptions():
+    import dataclasses
+
+    from perfsuite.engine.types import StepTrace
+
+    run = runs("inflight", repeats=1)[0]
+    timeline = summarise(Repeats((run,)), METRICS).timeline
+    assert (timeline.num_kv_blocks, timeline.kv_block_size) == (run.num_kv_blocks, run.kv_block_size) == (4, 64)
+    assert [s.num_kv_blocks_used for s in timeline.steps] == [s.num_kv_blocks_used for s in run.steps]
+    assert max(s.num_kv_blocks_used for s in timeline.steps) == run.counters.peak_kv_blocks_used > 0
+    preempting = StepTrace(run.start_time + 1.0, run.start_time + 2.0, 1, (), 3, 40, ("r4", "r5"))
+    timeline = summarise(Repeats((dataclasses.replace(run, steps=(preempting,)),)), METRICS).timeline
+    [step] = timeline.steps
+    assert (step.start, step.num_kv_blocks_used, step.num_kv_tokens_used) == (1.0, 3, 40)
+    assert step.preempted_request_ids == ("r4", "r5")

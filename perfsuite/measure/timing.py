@@ -64,6 +64,39 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+class DevicePeakMemory:
+    """``torch.cuda.max_memory_allocated`` over what runs inside it, on a CUDA device; None on any other.
+
+    The peak is reset on entry (``torch.cuda.reset_peak_memory_stats``), so
+    what it reads on exit is the most this run had allocated at once: the
+    weights and KV cache it found allocated plus what it added at its
+    busiest. Nothing is read when the run raised.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.peak_bytes: int | None = None
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def __enter__(self) -> DevicePeakMemory:
+        if self.on_cuda:
+            import torch
+
+            synchronize(self.device)  # what earlier work still has queued is not this run's
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        if self.on_cuda and error_type is None:
+            import torch
+
+            synchronize(self.device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+
+
 def max_seq_len_for(requests: Sequence[Request], max_context: int) -> int:
     """The smallest per-slot cache length that fits every request, rounded up to 64."""
     longest = max(r.max_total_tokens for r in requests)

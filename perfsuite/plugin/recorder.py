@@ -164,20 +164,23 @@ class PerfRecorder:
         test stops and is reported noisy: more repeats would only measure the
         other work.
         """
-        from perfsuite.measure.timing import timed_run
+        from perfsuite.measure.timing import DevicePeakMemory, timed_run
 
         threshold = self.session.options.busy_threshold
         checks_machine = self.backend.probe is not None  # a fake that sleeps does not follow the machine
         in_process = runs_in_process(engine)
         runs: list[RunResult] = []
         uses: list[CpuUse | None] = []
+        peaks: list[int | None] = []  # CUDA: the device's peak allocation during each run
         # A server in another process may run on another machine: this one's probe would only add its noise.
         probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
+        memory_device = self.backend.device if in_process else "cpu"  # a server's memory is not this device's
 
         def one_run() -> None:
             probes.starting_run()
-            with CpuMeter() as meter:
+            with CpuMeter() as meter, DevicePeakMemory(memory_device) as memory:
                 runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
+            peaks.append(memory.peak_bytes)
             uses.append(_counted(meter.use, in_process) if checks_machine else None)
             if uses[-1] is not None and uses[-1].is_busy(threshold) and not _wait_until_quiet(threshold):
                 raise _BusyForGood
@@ -193,12 +196,14 @@ class PerfRecorder:
                 probes.take()
                 one_run()  # the machine is quiet again: this repeat takes the disturbed one's place
                 probes.take()
-                runs[index], uses[index] = runs.pop(), uses.pop()
+                runs[index], uses[index], peaks[index] = runs.pop(), uses.pop(), peaks.pop()
                 probes.move_last_to(index)
         except _BusyForGood:
             reason = contention_reason(uses, threshold)
-            return Repeats(tuple(runs), probes.per_run(), _shares(uses), f"{reason}; the other repeats were not run")
-        return Repeats(tuple(runs), probes.per_run(), _shares(uses), contention_reason(uses, threshold))
+            return Repeats(tuple(runs), probes.per_run(), _shares(uses), f"{reason}; the other repeats were not run",
+                           device_memory=_peaks(peaks))  # fmt: skip
+        return Repeats(tuple(runs), probes.per_run(), _shares(uses), contention_reason(uses, threshold),
+                       device_memory=_peaks(peaks))  # fmt: skip
 
     def _sizing(
         self,
@@ -289,6 +294,11 @@ def runs_in_process(engine: BatchingEngine) -> bool:
 
 def _shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:
     return tuple(use.busy_share for use in uses if use is not None)
+
+
+def _peaks(peaks: Sequence[int | None]) -> tuple[int, ...]:
+    """One peak per run, or none at all (off CUDA)."""
+    return tuple(peaks) if peaks and all(peak is not None for peak in peaks) else ()
 
 
 def _counted(use: CpuUse | None, in_process: bool) -> CpuUse | None:
