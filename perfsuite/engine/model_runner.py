@@ -83,6 +83,9 @@ class ModelRunner:
         return self.decoder.max_context
 
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        """An engine's cache; under ``cuda-graph`` its decode step is captured here, at engine build."""
+        if self.static_decode is not None:
+            return self.static_decode.new_kv_cache(num_slots, max_seq_len)
         return self.decoder.new_kv_cache(num_slots, max_seq_len)
 
     # -- one step -----------------------------------------------------------

@@ -4,8 +4,10 @@ When every chunk of a step is one token, the step can run over a fixed
 batch: one row per cache slot, attending over the slot's whole
 ``max_seq_len`` with a mask built from its position (gpt-fast's layout). The
 shapes then depend only on the cache, never on which requests are running,
-so one captured ``torch.cuda.CUDAGraph`` per cache replays every such step
-and a step costs a few launches instead of one per kernel.
+so one captured ``torch.cuda.CUDAGraph`` per cache shape replays every such
+step and a step costs a few launches instead of one per kernel. The width
+attended is the engine's own ``max_seq_len``, so an engine sized for short
+requests decodes over a short cache whatever else the session runs.
 
 A row whose slot is not in the step still computes, and its output is
 ignored. Its K/V write stores back the entry already in the cache, so a free
@@ -18,12 +20,14 @@ math the CPU tests check.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import gc
+import weakref
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from perfsuite.engine.graph_cache import DEFAULT_MAX_GRAPHS, DecodeShape, GraphCache
 from perfsuite.engine.layers import Decoder, KVCache
 from perfsuite.engine.types import ScheduledChunk
 
@@ -32,37 +36,101 @@ from perfsuite.engine.types import ScheduledChunk
 NUM_WARMUP_RUNS = 3
 
 
-@dataclass(frozen=True, slots=True)
+class _LeasedKVCache(KVCache):
+    """An engine's handle on a captured step's cache tensors.
+
+    A plain subclass, without ``__slots__``, so that a weak reference tells
+    when the engine holding it is gone and another may take the tensors.
+    """
+
+
 class _CapturedStep:
-    graph: torch.cuda.CUDAGraph
-    inputs: torch.Tensor  # [3, num_slots] the static buffer that replays read
-    next_tokens: torch.Tensor  # [num_slots] the static buffer that replays write
+    """A decode step captured over one KV cache's tensors, and who last took them."""
+
+    __slots__ = ("graph", "inputs", "next_tokens", "keys", "values", "_tenant")
+
+    def __init__(self, graph, inputs: torch.Tensor, next_tokens: torch.Tensor, kv_cache: KVCache) -> None:
+        self.graph = graph  # torch.cuda.CUDAGraph
+        self.inputs = inputs  # [3, num_slots] the static buffer that replays read
+        self.next_tokens = next_tokens  # [num_slots] the static buffer that replays write
+        self.keys, self.values = kv_cache.keys, kv_cache.values
+        self._tenant = _reference(kv_cache)
+
+    def serves(self, kv_cache: KVCache) -> bool:
+        """Whether replays read and write exactly this cache's tensors."""
+        return kv_cache.keys is self.keys and kv_cache.values is self.values
+
+    @property
+    def is_leased(self) -> bool:
+        """Whether an engine holding this step's cache may still run."""
+        return self._tenant() is not None
+
+    def lease(self) -> KVCache:
+        """The cache tensors, handed to a new engine; the step now follows that engine's life."""
+        kv_cache = _LeasedKVCache(self.keys, self.values)
+        self._tenant = weakref.ref(kv_cache)
+        return kv_cache
 
     def replay(self, inputs: torch.Tensor) -> torch.Tensor:
         self.inputs.copy_(inputs)
         self.graph.replay()
         return self.next_tokens
 
+    def release(self) -> None:
+        """Drop the graph and its buffers; its private memory pool is free once nothing else holds them."""
+        self.graph.reset()
+        self.graph = self.inputs = self.next_tokens = self.keys = self.values = None
+
+
+def _reference(kv_cache: KVCache) -> Callable[[], KVCache | None]:
+    try:
+        return weakref.ref(kv_cache)
+    except TypeError:  # a cache built outside new_kv_cache (no weak references): never handed to another engine
+        return lambda: kv_cache
+
 
 class StaticDecodeStep:
     """Runs decode-only steps of ``decoder`` over all slots of a ``KVCache``.
 
-    With ``use_cuda_graph`` the step is captured once per cache (its tensors'
-    addresses and shape, which is what a graph bakes in) and replayed after.
+    With ``use_cuda_graph`` the step is captured when an engine's cache is
+    made (``new_kv_cache``, from the engine's constructor), so no request
+    pays for a capture. Captured steps are kept by shape (rows,
+    ``max_seq_len``, dtype) in a ``GraphCache`` of at most ``max_graphs``,
+    each with the cache tensors it was captured over: an engine of a shape
+    whose last engine is gone takes that cache and its graph, capturing
+    nothing, so a session that builds an engine per test keeps at most
+    ``max_graphs`` graphs and their memory pools.
     """
 
-    def __init__(self, decoder: Decoder, *, use_cuda_graph: bool = False) -> None:
-        if use_cuda_graph and decoder.device.type != "cuda":
+    def __init__(self, decoder: Decoder, *, use_cuda_graph: bool = False, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        if use_cuda_graph and not self._can_capture_on(decoder.device):
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {decoder.device}")
         self.decoder = decoder
         self.use_cuda_graph = use_cuda_graph
         self.num_captures = 0
-        self._captured: dict[tuple[int, int, int, int], _CapturedStep] = {}
+        self.graphs: GraphCache[_CapturedStep] = GraphCache(max_graphs)
 
     @staticmethod
     def handles(chunks: Sequence[ScheduledChunk]) -> bool:
         """Whether every chunk is one token: a decode token, or one token of a prompt."""
         return bool(chunks) and all(chunk.num_tokens == 1 for chunk in chunks)
+
+    def new_kv_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        """A new engine's KV cache; with CUDA graphs, its decode step is captured (or found) here."""
+        if not self.use_cuda_graph:
+            return self.decoder.new_kv_cache(num_slots, max_seq_len)
+        shape = self.shape_of(num_slots, max_seq_len)
+        step = self.graphs.get(shape)
+        if step is not None and step.is_leased:
+            gc.collect()  # an engine dropped inside a reference cycle is gone only once collected
+        if step is None or step.is_leased:
+            with torch.inference_mode():
+                step = self._capture(self.decoder.new_kv_cache(num_slots, max_seq_len))
+            self._keep(shape, step)
+        return step.lease()
+
+    def shape_of(self, num_slots: int, max_seq_len: int) -> DecodeShape:
+        return DecodeShape(num_slots, max_seq_len, str(self.decoder.dtype))
 
     @torch.inference_mode()
     def __call__(self, chunks: Sequence[ScheduledChunk], kv_cache: KVCache) -> list[int]:
@@ -92,25 +160,48 @@ class StaticDecodeStep:
     # -- capture ------------------------------------------------------------
 
     def _captured_step(self, kv_cache: KVCache) -> _CapturedStep:
-        key = (kv_cache.keys.data_ptr(), kv_cache.values.data_ptr(), kv_cache.num_slots, kv_cache.max_seq_len)
-        if key not in self._captured:
-            self._captured[key] = self._capture(kv_cache)
-        return self._captured[key]
+        shape = self.shape_of(kv_cache.num_slots, kv_cache.max_seq_len)
+        step = self.graphs.get(shape)
+        if step is None or not step.serves(kv_cache):
+            # Evicted, or its shape's graph now serves another engine's cache
+            # (two engines of one shape alive at once): capture over this one.
+            step = self._capture(kv_cache)
+            self._keep(shape, step)
+        return step
+
+    def _keep(self, shape: DecodeShape, step: _CapturedStep) -> None:
+        displaced = self.graphs.put(shape, step)
+        if not displaced:
+            return
+        while displaced:
+            displaced.pop().release()
+        if self.decoder.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the released pools back to the device, not just to PyTorch's cache
 
     def _capture(self, kv_cache: KVCache) -> _CapturedStep:
         # All rows unscheduled: warm-up runs store back what the cache holds.
         inputs = torch.zeros(3, kv_cache.num_slots, dtype=torch.long, device=self.decoder.device)
-        side_stream = torch.cuda.Stream(self.decoder.device)
-        side_stream.wait_stream(torch.cuda.current_stream(self.decoder.device))
+        graph, next_tokens = self._record(inputs, kv_cache)
+        self.num_captures += 1
+        return _CapturedStep(graph, inputs, next_tokens, kv_cache)
+
+    def _record(self, inputs: torch.Tensor, kv_cache: KVCache):
+        """A ``torch.cuda.CUDAGraph`` of ``forward`` over ``inputs`` and ``kv_cache``, and its output buffer."""
+        device = self.decoder.device
+        side_stream = torch.cuda.Stream(device)
+        side_stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side_stream):
             for _ in range(NUM_WARMUP_RUNS):
                 self.forward(inputs, kv_cache)
-        torch.cuda.current_stream(self.decoder.device).wait_stream(side_stream)
+        torch.cuda.current_stream(device).wait_stream(side_stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph):  # a private memory pool per graph, so evicting one frees its pool
             next_tokens = self.forward(inputs, kv_cache)
-        self.num_captures += 1
-        return _CapturedStep(graph, inputs, next_tokens)
+        return graph, next_tokens
+
+    @staticmethod
+    def _can_capture_on(device: torch.device) -> bool:
+        return device.type == "cuda"
 
     # -- the static-shape math ----------------------------------------------
 
