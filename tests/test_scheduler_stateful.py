@@ -1,7 +1,8 @@
-"""A Hypothesis state machine over both schedulers and the KV accounting.
+"""A Hypothesis state machine over the three schedulers and the KV accounting.
 
 Rules are the primitive actions (add, step, abort); the invariants run after
-each one. The fake runner makes outputs a function of the whole sequence and
+each one. The paged scheduler gets a small block pool, so requests are
+preempted and recomputed. The fake runner makes outputs a function of the whole sequence and
 refuses a chunk that does not start where its slot's cache ends, so a lost,
 repeated or misplaced token shows up as a failure that shrinks to a short
 program.
@@ -9,29 +10,64 @@ program.
 
 from __future__ import annotations
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from perfsuite.engine import FinishReason, Request, SamplingParams, inflight_engine, static_engine
+from perfsuite.engine import (
+    BlockManager,
+    FinishReason,
+    Request,
+    SamplingParams,
+    inflight_engine,
+    paged_engine,
+    static_engine,
+)
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference
 from perfsuite.engine.sequence import SequenceStatus
 
 VOCAB = 53
 EOS = 7
 MAX_SEQ_LEN = 24
+REQUEST_ARGS = {
+    "prompt": st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
+    "max_new_tokens": st.integers(1, 12),
+    "ignore_eos": st.booleans(),
+}
 
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(
-        policy=st.sampled_from(["static", "inflight"]),
+        policy=st.sampled_from(["static", "inflight", "paged", "paged"]),  # paged twice: preemption needs examples
         batch_size=st.integers(1, 4),
         prefill_batch_size=st.integers(1, 4),
         max_num_batched_tokens=st.integers(1, 30),
+        kv_block_size=st.integers(1, 6),
+        num_kv_tokens=st.integers(8, MAX_SEQ_LEN),
+        initial_requests=st.lists(st.tuples(*REQUEST_ARGS.values()), max_size=6),
     )
-    def build(self, policy, batch_size, prefill_batch_size, max_num_batched_tokens):
+    def build(
+        self, policy, batch_size, prefill_batch_size, max_num_batched_tokens, kv_block_size, num_kv_tokens,
+        initial_requests,
+    ):
+        # A pool of about one request (8 to 24 tokens; a request is 2 to 24): a second running request soon
+        # needs a preemption, and a request larger than the pool must be refused when it is added.
+        num_kv_blocks = -(-num_kv_tokens // kv_block_size)
         self.runner = FakeRunner(VOCAB)
-        if policy == "static":
+        self.num_preemptions = 0
+        if policy == "paged":
+            self.engine = paged_engine(
+                self.runner,
+                decode_batch_size=batch_size,
+                prefill_batch_size=min(prefill_batch_size, batch_size),
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_seq_len=MAX_SEQ_LEN,
+                eos_token_id=EOS,
+                num_kv_blocks=num_kv_blocks,
+                kv_block_size=kv_block_size,
+            )
+            self.max_num_batched_tokens = max_num_batched_tokens
+        elif policy == "static":
             self.engine = static_engine(self.runner, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, eos_token_id=EOS)
             self.max_num_batched_tokens = None
         else:
@@ -50,15 +86,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.aborted: set[str] = set()
         self.outputs: dict[str, list[int]] = {}
         self.finish: dict[str, FinishReason] = {}
+        for request_args in initial_requests:  # a queue from the start, so pools fill and preempt
+            self._add(*request_args)
 
-    @rule(
-        prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
-        max_new_tokens=st.integers(1, 12),
-        ignore_eos=st.booleans(),
-    )
+    @rule(**REQUEST_ARGS)
     def add(self, prompt, max_new_tokens, ignore_eos):
+        self._add(prompt, max_new_tokens, ignore_eos)
+
+    def _add(self, prompt, max_new_tokens, ignore_eos):
         request = Request(f"r{len(self.requests)}", tuple(prompt), SamplingParams(max_new_tokens, ignore_eos=ignore_eos))
-        if request.max_total_tokens > MAX_SEQ_LEN:
+        if request.max_total_tokens > MAX_SEQ_LEN or not self._fits_the_pool(request):
             try:
                 self.engine.add_request(request)
             except ValueError as error:
@@ -76,6 +113,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.max_num_batched_tokens is not None:
             assert output.num_scheduled_tokens <= self.max_num_batched_tokens
         sampled = self.runner.execute(output, self.engine.kv_cache)
+        self.num_preemptions += len(output.preempted_request_ids)
+        assert len(set(output.preempted_request_ids)) == len(output.preempted_request_ids)
+        assert not set(output.preempted_request_ids) & {c.request_id for c in output.chunks}
         for step_output in self.scheduler.update_from_output(output, sampled):
             self.outputs[step_output.request_id].append(step_output.token_id)
             if step_output.finished:
@@ -91,16 +131,38 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.aborted.add(request_id)
         self.finish[request_id] = FinishReason.ABORT
 
+    def _fits_the_pool(self, request):
+        return not isinstance(self.kv, BlockManager) or self.kv.fits(request.max_total_tokens)
+
     @invariant()
     def no_slot_leaked(self):
         holders = {s.request_id for s in self.scheduler.running if s.slot is not None}
         assert set(self.kv.owners()) == holders
+        if isinstance(self.kv, BlockManager):
+            return
         assert self.kv.num_free_slots + self.kv.num_used_slots == self.kv.num_slots
         assert sorted(self.kv.owners().values()) == sorted(set(self.kv.owners().values()))
 
     @invariant()
+    def every_block_is_free_or_in_exactly_one_table(self):
+        if not isinstance(self.kv, BlockManager):
+            return
+        tables = self.kv.owners()
+        used = [block for table in tables.values() for block in table]
+        assert len(used) == len(set(used)), f"a block in two tables: {tables}"
+        assert self.kv.num_free_blocks + len(used) == self.kv.num_blocks
+        assert self.kv.num_used_blocks == len(used)
+        for sequence in self.scheduler.running:
+            # a running request's table holds its computed tokens, and no more blocks than they need plus a step's
+            table = tables[sequence.request_id]
+            assert len(table) >= self.kv.num_blocks_for(sequence.num_computed_tokens)
+            assert len(table) <= self.kv.num_blocks_for(sequence.num_tokens)
+        for sequence in self.scheduler.waiting:
+            assert sequence.request_id not in tables and sequence.num_computed_tokens == 0
+
+    @invariant()
     def running_within_limit(self):
-        assert len(self.scheduler.running) <= self.kv.num_slots
+        assert len(self.scheduler.running) <= self.engine.batch_size
 
     @invariant()
     def nobody_both_waiting_and_running(self):
@@ -135,8 +197,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self.engine.has_unfinished_requests():
                 break
             self.step()
-        assert self.kv.num_used_slots == 0, "slots still held after every request finished"
+        assert self.kv.num_used_blocks == 0, "KV still held after every request finished"
         assert set(self.finish) == set(self.requests)
+        if isinstance(self.kv, BlockManager):
+            event(f"paged: preempted {'some' if self.num_preemptions else 'none'}")
 
 
 TestScheduler = SchedulerMachine.TestCase

@@ -5,8 +5,10 @@ Importing this package does not import torch; ``layers`` (the decoder),
 only where a model is used.
 """
 
-from perfsuite.engine.engine import ENGINE_KINDS, Engine, build_engine, inflight_engine, static_engine
+from perfsuite.engine.block_manager import BlockManager
+from perfsuite.engine.engine import ENGINE_KINDS, Engine, build_engine, inflight_engine, paged_engine, static_engine
 from perfsuite.engine.kv_cache import KVCacheManager
+from perfsuite.engine.paged_scheduler import PagedScheduler
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
 from perfsuite.engine.types import (
     EngineCounters,
@@ -23,11 +25,13 @@ from perfsuite.engine.types import (
 
 __all__ = [
     "ENGINE_KINDS",
+    "BlockManager",
     "Engine",
     "EngineCounters",
     "FinishReason",
     "InflightScheduler",
     "KVCacheManager",
+    "PagedScheduler",
     "Request",
     "RequestRecord",
     "RunResult",
@@ -40,5 +44,6 @@ __all__ = [
     "StepTrace",
     "build_engine",
     "inflight_engine",
+    "paged_engine",
     "static_engine",
 ]

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.block_manager import BlockManager
 from perfsuite.engine.kv_cache import KVCacheManager
+from perfsuite.engine.paged_scheduler import PagedScheduler
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
 from perfsuite.engine.types import (
     EngineCounters,
@@ -27,10 +29,19 @@ from perfsuite.engine.types import (
 )
 
 
+# Tokens per KV block of the paged engine (vLLM's default on GPU).
+DEFAULT_KV_BLOCK_SIZE = 16
+
+
 class Runner(Protocol):
-    """What an engine needs from a model runner (the real one or a fake)."""
+    """What an engine needs from a model runner (the real one or a fake).
+
+    ``new_paged_kv_cache`` is needed only by the paged engine.
+    """
 
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> Any: ...
+
+    def new_paged_kv_cache(self, num_blocks: int, block_size: int) -> Any: ...
 
     def execute(self, output: SchedulerOutput, kv_cache: Any) -> list[int]: ...
 
@@ -53,7 +64,10 @@ class Engine:
         self.runner = runner
         self.scheduler = scheduler
         kv = scheduler.kv_cache
-        self.kv_cache = runner.new_kv_cache(kv.num_slots, kv.max_seq_len)
+        if isinstance(kv, BlockManager):
+            self.kv_cache = runner.new_paged_kv_cache(kv.num_blocks, kv.block_size)
+        else:
+            self.kv_cache = runner.new_kv_cache(kv.num_slots, kv.max_seq_len)
         self._clock = clock
         self._sleep = sleep
         self._reset_accounting()
@@ -214,7 +228,38 @@ def inflight_engine(
     return Engine("inflight", runner, scheduler, **engine_kwargs)
 
 
-ENGINE_KINDS = ("static", "inflight")
+def paged_engine(
+    runner: Runner,
+    *,
+    decode_batch_size: int,
+    max_seq_len: int,
+    eos_token_id: int | None,
+    prefill_batch_size: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    num_kv_blocks: int | None = None,
+    kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+    **engine_kwargs,
+) -> Engine:
+    """In-flight batching over ``num_kv_blocks`` blocks of ``kv_block_size`` tokens, with preemption.
+
+    Without ``num_kv_blocks`` the pool holds what the slot engine's cache
+    holds, ``decode_batch_size`` x ``max_seq_len`` tokens, so it never
+    preempts and the two compare at the same memory.
+    """
+    if num_kv_blocks is None:
+        num_kv_blocks = decode_batch_size * -(-max_seq_len // kv_block_size)
+    scheduler = PagedScheduler(
+        BlockManager(num_kv_blocks, kv_block_size),
+        eos_token_id,
+        max_seq_len=max_seq_len,
+        decode_batch_size=decode_batch_size,
+        prefill_batch_size=prefill_batch_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    return Engine("paged", runner, scheduler, **engine_kwargs)
+
+
+ENGINE_KINDS = ("static", "inflight", "paged")
 
 
 def build_engine(
@@ -226,9 +271,13 @@ def build_engine(
     eos_token_id: int | None,
     prefill_batch_size: int | None = None,
     max_num_batched_tokens: int | None = None,
+    num_kv_blocks: int | None = None,
     **engine_kwargs,
 ) -> Engine:
-    """An engine by name; ``batch_size`` is the static batch or the in-flight ``decode_batch_size``."""
+    """An engine by name; ``batch_size`` is the static batch or the in-flight ``decode_batch_size``.
+
+    ``num_kv_blocks`` sizes the paged engine's pool; the others ignore it.
+    """
     if kind == "static":
         return static_engine(
             runner, batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id, **engine_kwargs
@@ -241,6 +290,17 @@ def build_engine(
             eos_token_id=eos_token_id,
             prefill_batch_size=prefill_batch_size,
             max_num_batched_tokens=max_num_batched_tokens,
+            **engine_kwargs,
+        )
+    if kind == "paged":
+        return paged_engine(
+            runner,
+            decode_batch_size=batch_size,
+            max_seq_len=max_seq_len,
+            eos_token_id=eos_token_id,
+            prefill_batch_size=prefill_batch_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_kv_blocks=num_kv_blocks,
             **engine_kwargs,
         )
     raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

@@ -5,6 +5,11 @@ mistake (a token skipped, computed twice, or written to another request's
 slot) changes the outputs. It also enforces the cache contract directly: a
 chunk must start exactly where its slot's computed tokens end, so a running
 sequence's cache is never recomputed or overwritten by another request.
+
+Over a paged cache every cell of every block remembers which request wrote
+it; a chunk reads its sequence back through its block table, so a block
+shared by two tables, a cell never written, or one overwritten by another
+request fails the chunk that reads it.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perfsuite.engine.types import SchedulerOutput
+from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 
 
 def next_token(token_ids: Sequence[int], vocab_size: int) -> int:
@@ -34,6 +39,43 @@ class FakeKVCache:
         self.owners = [None] * self.num_slots
 
 
+@dataclass(slots=True)
+class FakePagedKVCache:
+    num_blocks: int
+    block_size: int
+    cells: list[list[tuple[str, int] | None]] = field(default_factory=list)  # [block][offset] = (writer, token)
+
+    def __post_init__(self) -> None:
+        self.cells = [[None] * self.block_size for _ in range(self.num_blocks)]
+
+    def write(self, chunk: ScheduledChunk) -> None:
+        for position, token in enumerate(chunk.token_ids, start=chunk.start_position):
+            block, offset = self._cell(chunk, position)
+            self.cells[block][offset] = (chunk.request_id, token)
+
+    def read(self, chunk: ScheduledChunk) -> list[int]:
+        """The chunk's sequence so far, read back through its block table."""
+        tokens = []
+        for position in range(chunk.start_position + chunk.num_tokens):
+            block, offset = self._cell(chunk, position)
+            cell = self.cells[block][offset]
+            if cell is None or cell[0] != chunk.request_id:
+                raise AssertionError(
+                    f"{chunk.request_id!r} reads position {position} from block {block}, which holds {cell}: "
+                    "a block shared, lost, or never filled"
+                )
+            tokens.append(cell[1])
+        return tokens
+
+    def _cell(self, chunk: ScheduledChunk, position: int) -> tuple[int, int]:
+        index = position // self.block_size
+        if index >= len(chunk.block_table):
+            raise AssertionError(
+                f"{chunk.request_id!r} position {position} is past its {len(chunk.block_table)} blocks"
+            )
+        return chunk.block_table[index], position % self.block_size
+
+
 class FakeRunner:
     def __init__(self, vocab_size: int = 97, on_execute=None) -> None:
         self.vocab_size = vocab_size
@@ -43,7 +85,30 @@ class FakeRunner:
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> FakeKVCache:
         return FakeKVCache(num_slots, max_seq_len)
 
-    def execute(self, output: SchedulerOutput, kv_cache: FakeKVCache) -> list[int]:
+    def new_paged_kv_cache(self, num_blocks: int, block_size: int) -> FakePagedKVCache:
+        return FakePagedKVCache(num_blocks, block_size)
+
+    def execute(self, output: SchedulerOutput, kv_cache: FakeKVCache | FakePagedKVCache) -> list[int]:
+        if isinstance(kv_cache, FakePagedKVCache):
+            sampled = self._execute_paged(output, kv_cache)
+        else:
+            sampled = self._execute_slots(output, kv_cache)
+        self.num_forward_passes += 1
+        if self._on_execute is not None:
+            self._on_execute(output)
+        return sampled
+
+    def _execute_paged(self, output: SchedulerOutput, kv_cache: FakePagedKVCache) -> list[int]:
+        sampled = []
+        for chunk in output.chunks:
+            kv_cache.write(chunk)
+        for chunk in output.chunks:  # after every write, so a block two chunks share shows
+            tokens = kv_cache.read(chunk)
+            if chunk.samples:
+                sampled.append(next_token(tokens, self.vocab_size))
+        return sampled
+
+    def _execute_slots(self, output: SchedulerOutput, kv_cache: FakeKVCache) -> list[int]:
         sampled = []
         for chunk in output.chunks:
             if chunk.is_padding:
@@ -66,9 +131,6 @@ class FakeRunner:
             slot_tokens.extend(chunk.token_ids)
             if chunk.samples:
                 sampled.append(next_token(slot_tokens, self.vocab_size))
-        self.num_forward_passes += 1
-        if self._on_execute is not None:
-            self._on_execute(output)
         return sampled
 
 

@@ -24,12 +24,17 @@ class Sequence:
 
     ``all_token_ids`` is the prompt followed by the output so far, one list
     appended in place, so a step reads its chunk without copying the prompt.
+
+    A preempted sequence (paged engine) loses its cache: ``num_computed_tokens``
+    drops to 0 and ``num_previously_computed_tokens`` keeps how far it had
+    got, so the tokens computed again are counted as recomputed.
     """
 
     request: Request
     num_computed_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
+    num_previously_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
     all_token_ids: list[int] = field(init=False)
 

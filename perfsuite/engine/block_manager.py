@@ -1,0 +1,116 @@
+"""Paged KV accounting: a pool of fixed-size blocks and one block table per request.
+
+Pure Python (nano-vllm's ``block_manager.py``, vLLM v1's KV cache manager
+without prefix caching). The tensors live in ``perfsuite.engine.layers``'s
+``PagedKVCache``; this module only decides which blocks a request's tokens
+go to. Token ``p`` of a request sits in block ``table[p // block_size]`` at
+offset ``p % block_size``.
+
+Methods come in check/act pairs: ``can_allocate``/``allocate`` for a request
+that holds nothing yet, ``can_append``/``append_slots`` to grow a table, and
+``free``. An act whose check fails raises: the scheduler decides what to do
+when memory runs out (queue or preempt), never this module.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+_NOTHING_TO_GROW = "holds no blocks to grow; give it its first blocks with allocate"
+
+
+class BlockManager:
+    """Hands out ``num_blocks`` blocks of ``block_size`` tokens each.
+
+    The lowest free block is handed out first, so block use is deterministic
+    and a run replays block for block.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1 (tokens per block), got {block_size!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free_blocks = list(range(num_blocks))  # a heap
+        self._tables: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_token_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether ``num_tokens`` tokens of one request fit the whole pool (else it can never run)."""
+        return self.num_blocks_for(num_tokens) <= self.num_blocks
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return tuple(self._table(request_id, "has no block table; allocate blocks for it first"))
+
+    def owners(self) -> dict[str, tuple[int, ...]]:
+        return {request_id: tuple(table) for request_id, table in self._tables.items()}
+
+    # -- check/act pairs ----------------------------------------------------
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a request that holds no blocks can get blocks for ``num_tokens`` tokens now."""
+        return self.num_blocks_for(num_tokens) <= self.num_free_blocks
+
+    def allocate(self, request_id: str, num_tokens: int) -> tuple[int, ...]:
+        """A new block table holding ``num_tokens`` tokens for ``request_id``."""
+        if request_id in self._tables:
+            raise RuntimeError(
+                f"request {request_id!r} already holds blocks {self._tables[request_id]}; "
+                "grow its table with append_slots, or free it before allocating again"
+            )
+        if not self.can_allocate(num_tokens):
+            raise RuntimeError(
+                f"cannot allocate {num_tokens} tokens ({self.num_blocks_for(num_tokens)} blocks of "
+                f"{self.block_size}) for {request_id!r}: {self.num_free_blocks} blocks free; call can_allocate first"
+            )
+        self._tables[request_id] = []
+        return self.append_slots(request_id, num_tokens)
+
+    def can_append(self, request_id: str, num_tokens: int) -> bool:
+        """Whether ``request_id``'s table can grow to hold ``num_tokens`` tokens in all."""
+        table = self._table(request_id, _NOTHING_TO_GROW)
+        return self.num_blocks_for(num_tokens) - len(table) <= self.num_free_blocks
+
+    def append_slots(self, request_id: str, num_tokens: int) -> tuple[int, ...]:
+        """Grow ``request_id``'s table to hold ``num_tokens`` tokens in all (a table never shrinks)."""
+        table = self._table(request_id, _NOTHING_TO_GROW)
+        if not self.can_append(request_id, num_tokens):
+            raise RuntimeError(
+                f"cannot grow {request_id!r} to {num_tokens} tokens: it needs "
+                f"{self.num_blocks_for(num_tokens) - len(table)} more blocks, {self.num_free_blocks} are free; "
+                "call can_append first and preempt a request when it says no"
+            )
+        while len(table) < self.num_blocks_for(num_tokens):
+            table.append(heapq.heappop(self._free_blocks))
+        return tuple(table)
+
+    def free(self, request_id: str) -> None:
+        """Return every block of ``request_id`` to the pool."""
+        for block in self._table(
+            request_id, "holds no blocks: it was never allocated or is freed already; free each request once"
+        ):
+            heapq.heappush(self._free_blocks, block)
+        del self._tables[request_id]
+
+    def _table(self, request_id: str, problem: str) -> list[int]:
+        table = self._tables.get(request_id)
+        if table is None:
+            raise RuntimeError(f"request {request_id!r} {problem}")
+        return table

@@ -1,0 +1,186 @@
+"""In-flight batching over a paged KV cache, with preemption (vLLM v1's policy).
+
+The slot engine (``InflightScheduler``, engine ``inflight``) reserves a
+request's whole ``max_seq_len`` before it runs. This one (engine ``paged``)
+gives a request blocks only as its tokens need them, so at the same KV
+memory more requests run at once; the price is that memory can run out
+mid-flight, and then the newest running request is preempted: its blocks
+are freed, it goes back to the front of the queue, and when it runs again
+its prompt and the tokens it had generated are computed again as one
+prefill (the generated tokens are kept, not sampled again).
+
+Why a separate engine and not the slot engine replaced by paged with
+``block_size = max_seq_len``: the stored baselines and A/B runs of
+``inflight`` measure the slot cache and its static decode and CUDA graph
+paths, which attend over a slot's fixed shape; keeping it lets them stay
+comparable, and the benchmark compares slots and pages at the same memory
+in one run. Static batching is unchanged.
+
+Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from perfsuite.engine.block_manager import BlockManager
+from perfsuite.engine.scheduler import Scheduler
+from perfsuite.engine.sequence import Sequence, SequenceStatus
+from perfsuite.engine.types import Request, ScheduledChunk, SchedulerOutput
+
+
+class PagedScheduler(Scheduler):
+    """Continuous batching, first come first served, admitted by free blocks.
+
+    Each step continues the running requests oldest first, growing each one's
+    block table for the tokens it computes; when a table cannot grow, the
+    newest running request is preempted until it can (the request itself,
+    when it is the newest). Then, unless the step preempted, waiting requests
+    are admitted while their first chunk's blocks are free. As for the slot
+    engine: at most ``prefill_batch_size`` admissions per step,
+    ``decode_batch_size`` running requests and ``max_num_batched_tokens``
+    tokens per step. A request that could not fit the whole pool on its own
+    is refused when it is added.
+    """
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        eos_token_id: int | None,
+        *,
+        max_seq_len: int,
+        decode_batch_size: int,
+        prefill_batch_size: int | None = None,
+        max_num_batched_tokens: int | None = None,
+    ) -> None:
+        prefill_batch_size = decode_batch_size if prefill_batch_size is None else prefill_batch_size
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = decode_batch_size * max_seq_len
+        for name, value in (
+            ("max_seq_len", max_seq_len),
+            ("decode_batch_size", decode_batch_size),
+            ("prefill_batch_size", prefill_batch_size),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        super().__init__(block_manager, eos_token_id)
+        self._max_seq_len = max_seq_len
+        self.decode_batch_size = decode_batch_size
+        self.prefill_batch_size = prefill_batch_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._free_rows = list(range(decode_batch_size))  # a heap: timeline lanes for running requests
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
+    @property
+    def max_num_running(self) -> int:
+        return self.decode_batch_size
+
+    def _validate(self, request: Request) -> None:
+        super()._validate(request)
+        blocks = self.kv_cache
+        if not blocks.fits(request.max_total_tokens):
+            raise ValueError(
+                f"request {request.request_id!r}: prompt + max_new_tokens = {request.max_total_tokens} tokens need "
+                f"{blocks.num_blocks_for(request.max_total_tokens)} KV blocks of {blocks.block_size} tokens, more "
+                f"than the whole pool of {blocks.num_blocks}; it could never run. Raise num_kv_blocks "
+                "(--perf-kv-blocks), or shorten the prompt or max_new_tokens"
+            )
+
+    # -- one step -----------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            sequence = self.running[index]
+            num_tokens = min(sequence.num_uncomputed_tokens, budget)
+            if not self._grow_or_preempt(sequence, sequence.num_computed_tokens + num_tokens, preempted):
+                break  # it was the newest, so every request after it is preempted too
+            chunks.append(self._chunk_for(sequence, budget))
+            budget -= num_tokens
+            index += 1
+        if not preempted:  # as vLLM v1: memory just ran out, so admitting more would only preempt again
+            budget = self._admit_waiting(chunks, budget)
+        output = self._output(chunks, tuple(preempted), sum(map(_num_recomputed, chunks, self._sequences(chunks))))
+        assert output.num_scheduled_tokens <= self.max_num_batched_tokens
+        assert len(self.running) <= self.decode_batch_size
+        return output
+
+    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        num_admitted = 0
+        while (
+            self.waiting
+            and budget > 0
+            and num_admitted < self.prefill_batch_size
+            and len(self.running) < self.decode_batch_size
+        ):
+            sequence = self.waiting[0]
+            num_tokens = min(sequence.num_uncomputed_tokens, budget)
+            if not self.kv_cache.can_allocate(num_tokens):
+                break
+            self.waiting.popleft()
+            self._admit_with(sequence, num_tokens)
+            chunks.append(self._chunk_for(sequence, budget))
+            budget -= num_tokens
+            num_admitted += 1
+        return budget
+
+    def _grow_or_preempt(self, sequence: Sequence, num_tokens: int, preempted: list[str]) -> bool:
+        """Grow ``sequence``'s table to ``num_tokens`` tokens, preempting the newest until it fits.
+
+        False when ``sequence`` itself had to be preempted.
+        """
+        while not self.kv_cache.can_append(sequence.request_id, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is sequence:
+                return False
+        self.kv_cache.append_slots(sequence.request_id, num_tokens)
+        return True
+
+    def _preempt(self, sequence: Sequence) -> None:
+        self._release(sequence)
+        sequence.num_previously_computed_tokens = max(
+            sequence.num_previously_computed_tokens, sequence.num_computed_tokens
+        )
+        sequence.num_computed_tokens = 0
+        sequence.status = SequenceStatus.WAITING
+        self.waiting.appendleft(sequence)
+
+    def _sequences(self, chunks: list[ScheduledChunk]) -> list[Sequence]:
+        return [self._active[chunk.request_id] for chunk in chunks]
+
+    # -- blocks and rows ----------------------------------------------------
+
+    def _admit_with(self, sequence: Sequence, num_tokens: int) -> None:
+        self.kv_cache.allocate(sequence.request_id, num_tokens)
+        sequence.slot = heapq.heappop(self._free_rows)
+        sequence.status = SequenceStatus.RUNNING
+        self.running.append(sequence)
+
+    def _block_table(self, sequence: Sequence) -> tuple[int, ...]:
+        return self.kv_cache.block_table(sequence.request_id)
+
+    def _release(self, sequence: Sequence) -> None:
+        if sequence.slot is not None:
+            self.kv_cache.free(sequence.request_id)
+            heapq.heappush(self._free_rows, sequence.slot)
+            sequence.slot = None
+        if sequence in self.running:
+            self.running.remove(sequence)
+
+    def _on_finished(self, sequence: Sequence) -> None:
+        self._release(sequence)
+
+
+def _num_recomputed(chunk: ScheduledChunk, sequence: Sequence) -> int:
+    """Tokens of ``chunk`` that the sequence had computed before it was preempted."""
+    return max(0, min(chunk.start_position + chunk.num_tokens, sequence.num_previously_computed_tokens)
+               - chunk.start_position)  # fmt: skip

@@ -1,0 +1,128 @@
+"""The paged engine: admission by blocks, preemption of the newest, recomputation, and refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfsuite.engine import ENGINE_KINDS, Request, SamplingParams, build_engine, paged_engine
+from perfsuite.engine.fake_runner import FakeRunner, fake_reference
+
+VOCAB = 97
+
+
+def _request(request_id, prompt_len, max_new_tokens):
+    return Request(request_id, tuple(range(1, prompt_len + 1)), SamplingParams(max_new_tokens, ignore_eos=True))
+
+
+def _engine(num_kv_blocks, block_size=4, batch_size=4, budget=64, max_seq_len=64):
+    return paged_engine(FakeRunner(VOCAB), decode_batch_size=batch_size, max_seq_len=max_seq_len,
+                        eos_token_id=None, num_kv_blocks=num_kv_blocks, kv_block_size=block_size,
+                        max_num_batched_tokens=budget)  # fmt: skip
+
+
+def _check_outputs(result, requests):
+    for request in requests:
+        expected = fake_reference(request.prompt_token_ids, request.sampling_params, None, VOCAB)
+        assert result.outputs()[request.request_id] == expected, request.request_id
+
+
+def test_the_newest_request_is_preempted_and_recomputed_with_its_tokens_kept():
+    # Two requests of 4 prompt tokens in 3 blocks of 4: both prefill (2 blocks); at the first decode
+    # "old" needs a second block (takes the last one), then "new" needs one and none is left.
+    engine = _engine(num_kv_blocks=3)
+    requests = [_request("old", 4, 6), _request("new", 4, 6)]
+    result = engine.run(requests)
+    _check_outputs(result, requests)
+    preempting = [step for step in result.steps if step.preempted_request_ids]
+    assert preempting[0].preempted_request_ids == ("new",)
+    assert {c.request_id for c in preempting[0].chunks} == {"old"}, "a step that preempts admits nobody"
+    counters = result.counters
+    assert counters.num_preemptions == len(preempting) >= 1
+    # "new" had its prompt and one sampled token cached: 4 tokens + nothing else; it recomputes all.
+    assert counters.num_recomputed_tokens >= 4
+    assert counters.peak_kv_blocks_used == 3
+    assert (result.num_kv_blocks, result.kv_block_size) == (3, 4)
+    assert all(step.num_kv_blocks_used <= 3 for step in result.steps)
+
+
+def test_a_preempted_request_goes_back_to_the_front_of_the_queue():
+    engine = _engine(num_kv_blocks=3, batch_size=2)
+    for request in (_request("old", 4, 6), _request("new", 4, 6), _request("later", 2, 1)):
+        engine.add_request(request)
+    scheduler = engine.scheduler
+    while not any(step.preempted_request_ids for step in engine._steps):
+        engine.step()
+    assert [s.request_id for s in scheduler.waiting] == ["new", "later"]
+    assert scheduler.waiting[0].num_computed_tokens == 0
+    assert scheduler.waiting[0].num_output_tokens >= 1, "its generated tokens are kept"
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.kv_cache.num_used_blocks == 0
+
+
+def test_recomputation_is_one_prefill_of_prompt_and_output_counted_as_recomputed():
+    engine = _engine(num_kv_blocks=3, budget=64)
+    result = engine.run([_request("old", 4, 6), _request("new", 4, 6)])
+    recompute = next(
+        chunk for step in result.steps for chunk in step.chunks
+        if chunk.request_id == "new" and chunk.start_position == 0 and step is not result.steps[0]
+    )
+    assert recompute.is_prefill and recompute.samples
+    assert recompute.num_tokens > 4, "the prompt and the tokens generated before the preemption"
+
+
+def test_a_pool_that_holds_everything_never_preempts_and_matches_the_slot_engine_memory():
+    engine = build_engine("paged", FakeRunner(VOCAB), batch_size=3, max_seq_len=40, eos_token_id=None)
+    assert (engine.scheduler.kv_cache.num_blocks, engine.scheduler.kv_cache.block_size) == (9, 16)  # 3 x ceil(40/16)
+    requests = [_request(f"r{i}", 10 + i, 20) for i in range(6)]
+    result = engine.run(requests)
+    _check_outputs(result, requests)
+    assert result.counters.num_preemptions == 0 and result.counters.peak_num_running == 3
+    assert "paged" in ENGINE_KINDS and engine.name == "paged" and engine.batch_size == 3
+
+
+def test_the_token_budget_and_batch_sizes_still_hold_under_preemption():
+    engine = _engine(num_kv_blocks=5, budget=5, batch_size=3)
+    requests = [_request(f"r{i}", 3 + 2 * i, 5) for i in range(6)]
+    result = engine.run(requests)
+    _check_outputs(result, requests)
+    assert result.counters.num_preemptions > 0
+    for step in result.steps:
+        assert sum(c.num_tokens for c in step.chunks) <= 5
+        assert len({c.slot for c in step.chunks}) == len(step.chunks) <= 3
+    assert result.counters.peak_num_running <= 3
+
+
+def test_a_request_larger_than_the_whole_pool_is_refused_when_added():
+    engine = _engine(num_kv_blocks=3, block_size=4)
+    with pytest.raises(ValueError, match=r"'big': prompt \+ max_new_tokens = 13 tokens need 4 KV blocks of 4 tokens, "
+                                         r"more than the whole pool of 3; it could never run. Raise num_kv_blocks"):
+        engine.add_request(_request("big", 9, 4))
+    assert not engine.has_unfinished_requests()
+    fits = _request("fits", 8, 4)  # 12 tokens: exactly the pool
+    _check_outputs(engine.run([fits]), [fits])
+
+
+def test_a_request_past_max_seq_len_is_refused_as_by_the_slot_engine():
+    with pytest.raises(ValueError, match="exceeds the engine's context of 64 tokens"):
+        _engine(num_kv_blocks=100).add_request(_request("long", 60, 5))
+
+
+@pytest.mark.parametrize(("knob", "value"), [("decode_batch_size", 0), ("max_num_batched_tokens", 0),
+                                             ("prefill_batch_size", 0), ("max_seq_len", 0)])
+def test_bad_knobs_are_refused(knob, value):
+    kwargs = dict(decode_batch_size=2, max_seq_len=32, eos_token_id=None, num_kv_blocks=4) | {knob: value}
+    with pytest.raises(ValueError, match=f"{knob} must be an integer >= 1, got 0"):
+        paged_engine(FakeRunner(), **kwargs)
+
+
+def test_an_aborted_preempted_request_leaves_nothing_behind():
+    engine = _engine(num_kv_blocks=3)
+    for request in (_request("old", 4, 6), _request("new", 4, 6)):
+        engine.add_request(request)
+    while not any(step.preempted_request_ids for step in engine._steps):
+        engine.step()
+    assert engine.abort_request("new")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.kv_cache.num_used_blocks == 0 and engine.scheduler.kv_cache.owners() == {}
