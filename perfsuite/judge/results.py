@@ -49,8 +49,8 @@ from perfsuite.measure.summaries import (
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
     "RESULTS_SCHEMA_VERSION", "AgainstDescription", "MemoryUse", "PolicyDescription", "ProbeDescription", "Results",
-    "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk", "TimelineRequest",
-    "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
+    "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
+    "TimelineRequest", "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
 ]  # fmt: skip
 
 RESULTS_SCHEMA_VERSION = 4  # 4: KV cache and device memory; 3: A/B sessions; 2: timeline objects with named fields

@@ -17,11 +17,13 @@ from typing import Any
 # Namespace names, not addresses: the report's "no external URL" rule allows exactly these.
 SVG_NAMESPACE_URIS = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")
 
-ENGINE_COLOURS = {"static": "#d95f02", "inflight": "#1b9e77"}
+ENGINE_COLOURS = {"static": "#d95f02", "inflight": "#1b9e77", "paged": "#7570b3"}
 LINE_STYLES = ("-", "--", ":", "-.")
 DISTRIBUTIONS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E latency"))
 PADDING_COLOUR = "#b0b0b0"
 EMPTY_COLOUR = "#ececec"
+KV_COLOUR = "#66a61e"
+PREEMPTION_COLOUR = "#e41a1c"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,7 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
-    """One run as lanes (slots) over time, with its queue and finished requests."""
+    """One run as lanes (slots) over time, with its queue, KV cache, preemptions and finished requests."""
 
     title: str
     duration: float
@@ -58,6 +60,13 @@ class Timeline:
     first_tokens: tuple[tuple[float, float], ...]  # (time, TTFT), both in seconds
     finishes: tuple[tuple[float, float], ...]  # (time, E2E latency), both in seconds
     request_order: tuple[str, ...]  # arrival order, for stable colours
+    kv_blocks: tuple[tuple[float, int], ...] = ()  # (step start, KV blocks held once it ran); none: not recorded
+    kv_pool: int | None = None  # blocks in the pool
+    preemptions: tuple[tuple[float, int], ...] = ()  # (step start, requests preempted to make room for it)
+
+    @property
+    def has_kv(self) -> bool:
+        return self.kv_pool is not None and bool(self.kv_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,39 +173,87 @@ def _draw_pair_ratios(axes: Any, pair: PairRatios, min_effect: float) -> None:
 
 
 def timeline_figure(timelines: Sequence[Timeline], stacked: bool = False) -> str:
-    """Slots as lanes over time, queue depth and latency marks, runs side by side (or stacked) on one time axis."""
+    """Slots as lanes over time, queue depth, KV use and latency marks, runs side by side (or stacked) on one axis.
+
+    The KV lane (blocks held against the pool) is drawn under the queue when
+    any run recorded its KV cache; each step that preempted requests gets a
+    marker there and a line across the slot lanes.
+    """
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     seconds = max(t.duration for t in timelines) or 1.0
     scale, unit = (1e3, "ms") if seconds < 2 else (1.0, "s")
     max_slots = max(t.num_slots for t in timelines)
     lane_height = max(1.6, 0.32 * max_slots)
+    with_kv = any(t.has_kv for t in timelines)
+    heights = [lane_height, 1.2, 1.2, 1.2] if with_kv else [lane_height, 1.2, 1.2]
+    per_run = len(heights)
     columns, rows = (1, len(timelines)) if stacked else (len(timelines), 1)
-    figure = _figure(9 if stacked else 7 * columns, (lane_height + 3.4) * rows)
-    grid = figure.add_gridspec(3 * rows, columns, height_ratios=[lane_height, 1.2, 1.2] * rows, hspace=0.12)
+    figure = _figure(9 if stacked else 7 * columns, (sum(heights) + 0.8) * rows)
+    grid = figure.add_gridspec(per_run * rows, columns, height_ratios=heights * rows, hspace=0.12)
     max_waiting = max((w for t in timelines for _, w in t.queue), default=0)
+    max_blocks = max((t.kv_pool or 0 for t in timelines if t.has_kv), default=0)
     for index, timeline in enumerate(timelines):
         row, column = (index, 0) if stacked else (0, index)
-        lanes = figure.add_subplot(grid[3 * row, column])
-        queue = figure.add_subplot(grid[3 * row + 1, column], sharex=lanes)
-        marks = figure.add_subplot(grid[3 * row + 2, column], sharex=lanes)
+        lanes = figure.add_subplot(grid[per_run * row, column])
+        queue = figure.add_subplot(grid[per_run * row + 1, column], sharex=lanes)
+        kv = figure.add_subplot(grid[per_run * row + 2, column], sharex=lanes) if with_kv else None
+        marks = figure.add_subplot(grid[per_run * row + per_run - 1, column], sharex=lanes)
         _draw_lanes(lanes, timeline, scale)
         lanes.set_xlim(0, seconds * scale)
         lanes.set_ylim(max_slots - 0.5, -0.5)
         lanes.set_title(timeline.title, fontsize=10)
         _draw_queue(queue, timeline, scale, max_waiting)
+        if kv is not None:
+            _draw_kv(kv, timeline, scale, max_blocks)
+            _draw_preemptions(lanes, kv, timeline, scale)
         _draw_latency_marks(marks, timeline, scale)
         marks.set_xlabel(f"time since the run started ({unit})")
-        for axes in (lanes, queue):
-            axes.tick_params(labelbottom=False)
+        for axes in (lanes, queue, kv):
+            if axes is not None:
+                axes.tick_params(labelbottom=False)
     legend = [
         Patch(facecolor="#8da0cb", hatch="////", edgecolor="#333333", label="prefill"),
         Patch(facecolor="#8da0cb", label="decode (colour = request)"),
         Patch(facecolor=PADDING_COLOUR, hatch="xx", edgecolor="#777777", label="padding row (static batch)"),
         Patch(facecolor=EMPTY_COLOUR, edgecolor="#cccccc", label="empty slot"),
     ]
-    figure.legend(handles=legend, loc="outside upper center", ncol=4, fontsize=8, frameon=False)
+    if with_kv:
+        legend.append(Line2D([], [], color=PREEMPTION_COLOUR, marker="v", linestyle=":", label="preemption"))
+    figure.legend(handles=legend, loc="outside upper center", ncol=len(legend), fontsize=8, frameon=False)
     return figure_to_svg(figure)
+
+
+def _draw_kv(axes: Any, timeline: Timeline, scale: float, max_blocks: int) -> None:
+    """Blocks held after each step, against the pool (dashed)."""
+    if timeline.has_kv:
+        times = [t * scale for t, _ in timeline.kv_blocks] + [timeline.duration * scale]
+        blocks = [b for _, b in timeline.kv_blocks] + [timeline.kv_blocks[-1][1]]
+        axes.step(times, blocks, where="post", color=KV_COLOUR, gid="kv-blocks")
+        axes.fill_between(times, blocks, step="post", color=KV_COLOUR, alpha=0.25)
+        axes.axhline(timeline.kv_pool, color="#555555", linestyle="--", linewidth=0.8, gid="kv-pool")
+    else:
+        axes.text(0.5, 0.5, "KV cache not recorded", ha="center", va="center", fontsize=7, transform=axes.transAxes)
+    axes.set_ylim(0, max(1, max_blocks) * 1.15)
+    axes.set_ylabel("KV blocks", fontsize=8)
+    axes.tick_params(labelsize=7)
+    axes.grid(alpha=0.3)
+
+
+def _draw_preemptions(lanes: Any, kv: Any, timeline: Timeline, scale: float) -> None:
+    """A marker on the KV lane at each preempting step (with its count when over one), a line across the slots."""
+    if not timeline.preemptions:
+        return
+    top = kv.get_ylim()[1]
+    for time, count in timeline.preemptions:
+        lanes.axvline(time * scale, color=PREEMPTION_COLOUR, linestyle=":", linewidth=0.8)
+        if count > 1:
+            kv.annotate(str(count), (time * scale, 0.97 * top), fontsize=6, color=PREEMPTION_COLOUR,
+                        ha="center", va="bottom")  # fmt: skip
+    times = [time * scale for time, _ in timeline.preemptions]
+    kv.plot(times, [0.92 * top] * len(times), "v", color=PREEMPTION_COLOUR, markersize=5, linestyle="none",
+            gid="preemptions")  # fmt: skip
 
 
 def _draw_lanes(axes: Any, timeline: Timeline, scale: float) -> None:

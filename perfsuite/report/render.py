@@ -71,12 +71,13 @@ class VerdictRow:
 @dataclass(frozen=True, slots=True)
 class CounterRow:
     name: str
-    current: int
-    baseline: int | None  # None: no baseline to say
+    current: int | None  # None: this run's file predates the counter
+    baseline: int | None  # None: no baseline to say, or it did not record this counter
+    baseline_recorded: bool = True  # False: what it was compared with predates the counter
 
     @property
     def change(self) -> int | None:
-        return None if self.baseline is None else self.current - self.baseline
+        return None if self.baseline is None or self.current is None else self.current - self.baseline
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,37 +327,51 @@ def _throughput_figures(tests: Sequence[TestResult]) -> list[Figure]:
 
 
 def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | None) -> Figure | None:
-    pair = _engine_pair(tests)
-    if pair is None:
+    group = _engine_group(tests)
+    if group is None:
         return None
-    timelines = [_timeline_of(test.timeline, f"{test.engine_name}: {_test_name(test.test_id)}") for test in pair]
+    timelines = [_timeline_of(test.timeline, f"{test.engine_name}: {_test_name(test.test_id)}") for test in group]
+    names = [_test_name(t.test_id) for t in group]
     caption = (
-        f"One timed run of {' and '.join(_test_name(t.test_id) for t in pair)}: "
-        "same parameters, only the engine differs."
+        f"One timed run of {', '.join(names[:-1])} and {names[-1]}: same parameters, only the engine differs."
     )
+    if any(t.has_kv for t in timelines):
+        caption += (
+            " KV blocks: held after each step, against the pool (dashed; a slot engine's slots count as blocks of "
+            "max_seq_len tokens); red markers: steps that preempted requests to make room."
+        )
     if against is not None:
-        caption += " Both are runs of side B, the current tree; each test's own section stacks A's run above B's."
-    return Figure(caption, plots.timeline_figure(timelines))
+        caption += (
+            f" {'Both' if len(group) == 2 else 'All'} are runs of side B, the current tree; "
+            "each test's own section stacks A's run above B's."
+        )
+    return Figure(caption, plots.timeline_figure(timelines, stacked=len(timelines) > 2))
 
 
-def _engine_pair(tests: Sequence[TestResult]) -> tuple[TestResult, TestResult] | None:
-    """A static and an in-flight test that differ only by engine: the pair that shows a queue and most padding."""
+# The engines the timeline sets side by side, in this order, when tests of the same parameters measured them.
+TIMELINE_ENGINES = ("static", "inflight", "paged")
+
+
+def _engine_group(tests: Sequence[TestResult]) -> tuple[TestResult, ...] | None:
+    """Tests of perfsuite's engines that differ only by engine: the group that shows a queue and most padding."""
     groups: dict[tuple, dict[str, TestResult]] = defaultdict(dict)
     for test in tests:
         if test.timeline is not None and test.timeline.steps:
             groups[(_without_engine(test), test.parameters, test.arrival_rate)][test.engine_name] = test
-    pairs = [(g["static"], g["inflight"]) for g in groups.values() if {"static", "inflight"} <= g.keys()]
-    if not pairs:
+    found = [tuple(g[e] for e in TIMELINE_ENGINES if e in g) for g in groups.values()]
+    found = [group for group in found if len(group) >= 2]
+    if not found:
         return None
 
-    def clarity(pair: tuple[TestResult, TestResult]) -> tuple:
-        static = pair[0]
+    def clarity(group: tuple[TestResult, ...]) -> tuple:
+        first = group[0]  # static, where the group has it
         # A closed loop keeps its clients' requests outside the engine, so its queue stays empty.
-        has_queue = any(step.num_waiting for step in static.timeline.steps)
-        padding = static.counters.num_padding_tokens
-        return static.arrival_rate is None, has_queue, padding, static.parameters.concurrency
+        has_queue = any(step.num_waiting for step in first.timeline.steps)
+        padding = first.counters.num_padding_tokens
+        preemptions = sum(t.counters.num_preemptions for t in group)
+        return first.arrival_rate is None, has_queue, len(group), preemptions, padding, first.parameters.concurrency
 
-    return max(pairs, key=clarity)
+    return max(found, key=clarity)
 
 
 def _timeline_of(timeline: RunTimeline, title: str) -> plots.Timeline:
@@ -370,6 +385,11 @@ def _timeline_of(timeline: RunTimeline, title: str) -> plots.Timeline:
         first_tokens=tuple((r.first_token, r.first_token - r.arrival) for r in requests if r.first_token is not None),
         finishes=tuple((r.finished, r.finished - r.arrival) for r in requests if r.finished is not None),
         request_order=tuple(r.request_id for r in requests),
+        kv_blocks=tuple((step.start, step.num_kv_blocks_used) for step in timeline.steps),
+        kv_pool=timeline.num_kv_blocks,
+        preemptions=tuple(
+            (step.start, len(step.preempted_request_ids)) for step in timeline.steps if step.preempted_request_ids
+        ),
     )
 
 
@@ -491,17 +511,44 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         ("E2E p50 ms", summary.e2el.median_ms), ("E2E p99 ms", summary.e2el.p99_ms),
         ("requests completed", summary.completed),
     )  # fmt: skip
-    return facts + [(label, _format_value(value)) for label, value in shown]
+    return facts + [(label, _format_value(value)) for label, value in shown] + _memory_facts(test)
+
+
+def _memory_facts(test: TestResult) -> list[tuple[str, str]]:
+    """The KV cache of the last repeat and the CUDA peak, where the test recorded them."""
+    memory = test.memory
+    if memory is None:
+        return []
+    facts = []
+    if memory.num_kv_blocks is not None:
+        facts += [
+            ("KV pool", f"{memory.num_kv_blocks} blocks of {memory.kv_block_size} tokens"),
+            ("KV blocks peak / mean", f"{memory.peak_kv_blocks_used} / {memory.mean_kv_blocks_used:.1f}"),
+            ("KV utilisation", f"{memory.kv_utilisation:.1%} of the held blocks' tokens"),
+            ("preemptions", f"{memory.num_preemptions} ({memory.num_recomputed_tokens} tokens recomputed)"),
+            ("max concurrent requests", str(memory.peak_num_running)),
+        ]  # fmt: skip
+    if memory.max_memory_allocated_bytes is not None:
+        facts.append(("CUDA peak allocated", f"{memory.max_memory_allocated_bytes / 2**20:,.1f} MiB"))
+    return facts
 
 
 def _counter_rows(test: TestResult) -> list[CounterRow]:
-    """Counters are exact: a compared test lists only the ones that changed, so the rest equal the baseline."""
+    """Counters are exact: a compared test lists only the ones that changed, so the rest equal the baseline.
+
+    A counter either side's file did not record (older than the counter) was not compared: its cell says so.
+    """
     changed = {c.name: c.baseline for c in test.counter_changes}
     compared = bool(test.comparisons) or bool(changed)
     rows = []
     for name, current in sorted(dataclasses.asdict(test.counters).items()):
-        baseline = changed[name] if name in changed else current if compared else None
-        rows.append(CounterRow(name, current, baseline))
+        recorded = name not in test.unrecorded_counters
+        baseline_recorded = name not in test.baseline_unrecorded_counters
+        if name in changed:
+            baseline = changed[name]
+        else:
+            baseline = current if compared and recorded and baseline_recorded else None
+        rows.append(CounterRow(name, current if recorded else None, baseline, baseline_recorded))
     return rows
 
 
