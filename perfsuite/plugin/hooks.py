@@ -216,14 +216,15 @@ def perf_workload(perf_workload_factory):
 
 
 @pytest.fixture(scope="session")
-def perf_max_seq_len(perf_session, perf_backend, perf_workload_factory, perf_requests_for) -> int:
-    """One cache length that fits every workload of the profile and of the sweep config."""
+def perf_max_seq_len(perf_session, perf_backend, perf_workload_factory) -> int:
+    """The cache length of an engine built without ``requests``: one that fits every workload of the profile.
+
+    Not the sweep config's: a sweep case sizes its engine for its own requests,
+    so adding a long case costs no other test anything.
+    """
     from perfsuite.measure.timing import max_seq_len_for
 
-    options = perf_session.options
-    requests = [r for kind in options.profile.lengths for r in perf_workload_factory(kind)]
-    if options.sweep is not None:
-        requests += [r for case in options.sweep.cases() for r in perf_requests_for(case.workload)]
+    requests = [r for kind in perf_session.options.profile.lengths for r in perf_workload_factory(kind)]
     return max_seq_len_for(requests, perf_backend.max_context)
 
 
@@ -235,19 +236,24 @@ def perf_built_engines() -> list:
 
 @pytest.fixture
 def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
-    """``perf_engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=...)`` -> a BatchingEngine.
+    """``perf_engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=..., requests=...)``.
 
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
+    ``requests``, the requests the engine will serve, size its cache (``max_seq_len``)
+    for the longest of them, so a static decode step attends over what this
+    test needs; without them it is ``perf_max_seq_len``.
     Override this fixture to hand the shipped tests an engine of your own.
     """
     from perfsuite.adapters import EngineConfig, build_engine
+    from perfsuite.measure.timing import max_seq_len_for
 
     default_batch = max(perf_session.options.profile.batch_sizes)
 
-    def make(name: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None):
+    def make(name: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None, requests=None):
         from perfsuite.plugin.recorder import BuiltEngine
 
-        config = EngineConfig(batch_size, perf_max_seq_len, prefill_batch_size, token_budget)
+        max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
+        config = EngineConfig(batch_size, max_seq_len, prefill_batch_size, token_budget)
         if perf_session.against is not None:  # both workers build it from its name and knobs
             from perfsuite.plugin.against import WorkerEngine
 

@@ -6,10 +6,11 @@ import pytest
 @pytest.mark.perf
 def test_sweep(perf, perf_engine_factory, perf_requests_for, sweep_case):
     workload = sweep_case.workload
-    engine = perf_engine_factory(sweep_case.engine, batch_size=sweep_case.batch_size)
+    requests = perf_requests_for(workload)
+    engine = perf_engine_factory(sweep_case.engine, batch_size=sweep_case.batch_size, requests=requests)
     perf.measure(
         engine,
-        perf_requests_for(workload),
+        requests,
         max_concurrency=workload.max_concurrency,
         arrival_rate=workload.arrivals.rate,
         repeats=sweep_case.repeats,
