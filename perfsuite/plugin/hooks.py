@@ -10,12 +10,16 @@ fixtures that use it. The logic lives in ``options``, ``session``,
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from perfsuite.judge.baselines import OutputError
+from perfsuite.plugin.gpu_workers import WORKER_GPU_KEY, GpuAssignment, GpuAssignmentError, gpus_for_workers, pin_worker
 from perfsuite.plugin.options import add_options, read_options
 from perfsuite.plugin.session import PerfSession
-from perfsuite.plugin.stash import OUTPUT_ERROR_KEY, REPORT_KEY, SESSION_KEY
+from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_KEY, SESSION_KEY
 from perfsuite.plugin.terminal import write_summary
 
 WORKER_OUTPUT_KEY = "perfsuite"
@@ -26,9 +30,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)  # a worker is pinned to its GPU before other plugins may touch CUDA
 def pytest_configure(config: pytest.Config) -> None:
+    if _is_xdist_worker(config):
+        _as_usage_error(pin_worker, config.workerinput, os.environ, _cuda_initialized)
     config.addinivalue_line("markers", "perf: a performance test, run only with --perf")
-    config.stash[SESSION_KEY] = PerfSession(read_options(config), config.rootpath)
+    options = read_options(config)
+    config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
+    num_workers = _num_xdist_workers(config)
+    if num_workers:
+        gpus = _as_usage_error(
+            gpus_for_workers, options.enabled, options.device, num_workers, os.environ, _count_cuda_devices
+        )
+        if gpus:
+            config.stash[GPU_ASSIGNMENT_KEY] = GpuAssignment(gpus)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -110,10 +125,54 @@ def pytest_testnodedown(node, error) -> None:
     output = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
     if perf_session is not None and output:
         perf_session.add_worker_output(output)
+    assignment = node.config.stash.get(GPU_ASSIGNMENT_KEY, None)
+    if assignment is not None:  # a worker started in its place takes its GPU
+        assignment.release(node.workerinput["workerid"])
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which counts CPUs
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` in a --perf session on GPUs: one worker per visible GPU (else xdist's own count)."""
+    options = read_options(config)
+    gpus = _as_usage_error(gpus_for_workers, options.enabled, options.device, 1, os.environ, _count_cuda_devices)
+    return len(gpus) or None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist's controller, setting a worker up: the GPU it is to see (``pin_worker`` sets it there)."""
+    assignment = node.config.stash.get(GPU_ASSIGNMENT_KEY, None)
+    if assignment is not None:
+        node.workerinput[WORKER_GPU_KEY] = assignment.assign(node.workerinput["workerid"])
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
+
+
+def _num_xdist_workers(config: pytest.Config) -> int:
+    """How many workers ``-n`` starts from this process: 0 on a worker, without -n, or with --tx alone."""
+    if _is_xdist_worker(config) or not getattr(config.option, "numprocesses", None):
+        return 0
+    return len(getattr(config.option, "tx", None) or ())
+
+
+def _count_cuda_devices() -> int:
+    import torch  # only when CUDA_VISIBLE_DEVICES is unset; counted through NVML, without initialising CUDA
+
+    return torch.cuda.device_count()
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")  # not imported: certainly not initialised
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def _as_usage_error(function, *args):
+    try:
+        return function(*args)
+    except GpuAssignmentError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

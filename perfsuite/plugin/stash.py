@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite.plugin.gpu_workers import GpuAssignment
 from perfsuite.plugin.options import PerfOptions
 from perfsuite.plugin.session import PerfSession
 
 SESSION_KEY = pytest.StashKey[PerfSession]()
+GPU_ASSIGNMENT_KEY = pytest.StashKey[GpuAssignment]()  # pytest-xdist's controller: which worker holds which GPU
 REPORT_KEY = pytest.StashKey[Path]()  # the HTML report written at session end
 OUTPUT_ERROR_KEY = pytest.StashKey[str]()  # why results.json or a baseline could not be written
 
