@@ -161,3 +161,30 @@ def test_perfsuite_compare_takes_an_ab_session_as_a_separate_run_not_as_pairs():
     [comparison] = test.comparisons
     assert comparison.baseline_median == statistics.median(BASE)  # the old run's, not side A's
     assert comparison.verdict is Verdict.REGRESSED
+
+
+def test_an_ab_reference_tree_older_than_the_kv_counters_has_them_not_recorded():
+    """Its runs name no KV pool and the wire fills its KV counters with 0: no counter change against side B."""
+    from perfsuite.engine import build_engine
+    from perfsuite.judge.judge import judge_paired
+    from perfsuite.measure.summaries import Repeats, summarise
+
+    requests = Workload(6, OutputLengths("uniform", 20, 40), seed=3).requests(tokenize)
+    engine = build_engine("paged", FakeRunner(), batch_size=6, max_seq_len=64, eos_token_id=None, num_kv_blocks=20,
+                          kv_block_size=4)  # fmt: skip
+    current = summarise(Repeats(tuple(engine.run(requests) for _ in range(3))), METRICS)
+    assert current.counters.num_preemptions > 0
+    old_counters = EngineCounters(**{k: v for k, v in dataclasses.asdict(current.counters).items() if k not in KV_NAMES})
+    older_tree = dataclasses.replace(current, counters=old_counters,
+                                     timeline=dataclasses.replace(current.timeline, num_kv_blocks=None))  # fmt: skip
+    result = make_result("t.py::t", counters=current.counters, samples=current.samples)
+
+    def changes(reference):
+        judged = judge_paired(result, Reference.of_reference_side(reference, current, None), status="A/B",
+                              policy=Policy(), num_comparisons=4)  # fmt: skip
+        return {c.name for c in judged.counter_changes}, judged.baseline_unrecorded_counters
+
+    assert changes(older_tree) == (set(), KV_NAMES)
+    same_tree_fewer_blocks = dataclasses.replace(current, counters=old_counters)  # names its pool: KV recorded as 0
+    assert changes(same_tree_fewer_blocks)[0] >= {"num_preemptions", "peak_kv_blocks_used"}
+    assert changes(current) == (set(), ())

@@ -28,8 +28,9 @@ from perfsuite.judge.catalogue import (
 )
 from perfsuite.judge.paired import compare_paired
 from perfsuite.judge.power import PowerPlan, minimum_detectable_effect
-from perfsuite.judge.results import PolicyDescription, ProbeDescription, TestResult
+from perfsuite.judge.results import KV_COUNTERS, PolicyDescription, ProbeDescription, TestResult
 from perfsuite.judge.stats import Direction, Policy, Verdict, adjust, compare, mark_noisy
+from perfsuite.measure.summaries import Measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,18 @@ class Reference:
     @classmethod
     def of_result(cls, result: TestResult, slo: str | None) -> Reference:
         return cls(result.samples, result.counters, result.request_samples, slo, result.unrecorded_counters)
+
+    @classmethod
+    def of_reference_side(cls, reference: Measured, current: Measured, slo: str | None) -> Reference:
+        """Side A of an A/B session (``--perf-against``), measured beside side B.
+
+        A REF tree older than the KV counters sends none (the wire fills in
+        0) and its runs name no KV pool; where side B's runs name one, A's KV
+        counters are not recorded rather than 0.
+        """
+        older = reference.timeline.num_kv_blocks is None and current.timeline.num_kv_blocks is not None
+        unrecorded = KV_COUNTERS if older else ()
+        return cls(reference.samples, reference.counters, reference.request_samples, slo, unrecorded)
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,7 @@ class PerfSession:
         )
         result = judge_paired(
             result,
-            Reference(reference.samples, reference.counters, reference.request_samples, self.slo_label),
+            Reference.of_reference_side(reference, current, self.slo_label),
             status=f"A/B against {self.against.label}",
             policy=self.options.policy,
             num_comparisons=self.num_planned_comparisons,
