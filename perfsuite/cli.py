@@ -22,7 +22,7 @@ from perfsuite.adapters.http_options import (
 from perfsuite.engine import RunResult
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.models import DEFAULT_MODEL
-from perfsuite.report.table import format_table
+from perfsuite.report.table import format_table, memory_table
 from perfsuite.workload import mixed_workload
 
 if TYPE_CHECKING:
@@ -239,6 +239,9 @@ def _compare(args: argparse.Namespace) -> int:
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
     rows = verdict_rows(judged)
     print(format_table(VERDICT_HEADERS, [_verdict_cells(row) for row in rows]))
+    table = memory_table(judged.tests)
+    if table is not None:
+        print(table)
     for warning in judged.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     verdict = overall_verdict(rows)

@@ -1,4 +1,4 @@
-"""The terminal's KV cache and device memory table: one compact row per test that recorded them."""
+"""The KV cache and device memory table (terminal summary, perfsuite compare): a compact row per test with them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 
 from perfsuite.engine.types import EngineCounters
 from perfsuite.measure.summaries import DEVICE_MEMORY, RunTimeline
-from perfsuite.plugin.terminal import MEMORY_COLUMNS, format_bytes, memory_rows, memory_table
-from perfsuite.report.table import format_table
+from perfsuite.report.table import MEMORY_COLUMNS, format_bytes, format_table, memory_rows, memory_table
 from results_builders import make_result
 
 POOL = RunTimeline(duration=1.0, num_slots=4, steps=(), requests=(), num_kv_blocks=64, kv_block_size=16)
@@ -43,3 +42,20 @@ def test_tests_that_recorded_no_memory_get_no_row_and_a_session_of_them_no_table
 )  # fmt: skip
 def test_bytes_are_shown_in_binary_units(value, text):
     assert format_bytes(value) == text
+
+
+def test_perfsuite_compare_prints_the_table_under_its_verdicts_when_the_new_run_recorded_memory(tmp_path, capsys):
+    from perfsuite.cli import main
+    from perfsuite.judge.results import write_results
+    from results_builders import make_results
+
+    with_kv = make_result("t.py::test_x[paged-B8]", timeline=POOL, counters=COUNTERS)
+    without = make_result("t.py::test_x[paged-B8]")
+    for name, test in (("kv", with_kv), ("plain", without)):
+        write_results(tmp_path / f"{name}.json", make_results(test))
+    main(["compare", str(tmp_path / "plain.json"), str(tmp_path / "kv.json")])
+    out = capsys.readouterr().out
+    assert "KV cache (last repeat) and device memory:\n" in out and "37/21.2/64" in out
+    assert out.index("KV cache") < out.index("overall:")
+    main(["compare", str(tmp_path / "kv.json"), str(tmp_path / "plain.json")])
+    assert "KV cache" not in capsys.readouterr().out

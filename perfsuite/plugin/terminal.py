@@ -1,9 +1,9 @@
 """The ``perfsuite`` section of pytest's terminal summary: one row per compared metric, then the session's notes.
 
 Below the verdicts, a second small table gives each test's KV cache and
-device memory (when any test recorded them): measurements to read, not
-verdicts, so they get columns of their own rather than widening every row
-of the verdict table.
+device memory (``report.table.memory_table``, when any test recorded them):
+measurements to read, not verdicts, so they get columns of their own rather
+than widening every row of the verdict table.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from pathlib import Path
 from perfsuite.judge.stats import Verdict
 from perfsuite.judge.results import TestResult
 from perfsuite.plugin.session import PerfSession
-from perfsuite.report.table import format_table
+from perfsuite.report.table import format_table, memory_table
 
 VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]
 PAIRED_COLUMNS = ["test", "metric", "A: REF", "B: current", "pair ratio", "ratio CI", "p (BH)", "MDE", "verdict"]
-MEMORY_COLUMNS = ["test", "KV blocks peak/mean/pool", "block", "KV util", "preempted (recomputed tok)",
-                  "max running", "CUDA peak"]  # fmt: skip
 
 
 def write_summary(
@@ -72,44 +70,3 @@ def verdict_rows(results: Sequence[TestResult]) -> list[list]:
                          "counter changed"])
     return rows
 
-
-def memory_table(results: Sequence[TestResult]) -> str | None:
-    """Each test's KV cache (its last repeat) and CUDA peak, under a title; None when no test recorded either."""
-    rows = memory_rows(results)
-    if not rows:
-        return None
-    return "KV cache (last repeat) and device memory:\n" + format_table(MEMORY_COLUMNS, rows)
-
-
-def memory_rows(results: Sequence[TestResult]) -> list[list[str]]:
-    rows = []
-    for result in results:
-        memory = result.memory
-        if memory is None:
-            continue
-        pool = "-" if memory.num_kv_blocks is None else str(memory.num_kv_blocks)
-        rows.append([
-            result.test_id.rpartition("::")[2],
-            f"{memory.peak_kv_blocks_used}/{memory.mean_kv_blocks_used:.1f}/{pool}",
-            "-" if memory.kv_block_size is None else str(memory.kv_block_size),
-            f"{memory.kv_utilisation:.0%}",
-            f"{memory.num_preemptions} ({memory.num_recomputed_tokens})",
-            str(memory.peak_num_running),
-            format_bytes(memory.max_memory_allocated_bytes),
-        ])  # fmt: skip
-    return rows
-
-
-def format_bytes(value: int | None) -> str:
-    """Binary units, about three significant figures (``1.21 GiB``, ``123 MiB``); ``-`` when not measured."""
-    if value is None:
-        return "-"
-    if value < 1024:
-        return f"{value} B"
-    scaled, unit = float(value), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        scaled /= 1024
-        if scaled < 1024:
-            break
-    decimals = 2 if scaled < 10 else 1 if scaled < 100 else 0
-    return f"{scaled:.{decimals}f} {unit}"

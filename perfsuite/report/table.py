@@ -1,8 +1,15 @@
-"""Plain-text tables for the terminal."""
+"""Plain-text tables for the terminal, and the KV cache and device memory table of a session's tests."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI and the benchmarks import this module for format_table alone: keep it free
+    from perfsuite.judge.results import TestResult
+
+MEMORY_COLUMNS = ["test", "KV blocks peak/mean/pool", "block", "KV util", "preempted (recomputed tok)",
+                  "max running", "CUDA peak"]  # fmt: skip
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -20,3 +27,45 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}" if abs(value) >= 100 else f"{value:.3g}" if abs(value) < 0.01 else f"{value:.2f}"
     return str(value)
+
+
+def memory_table(results: Sequence[TestResult]) -> str | None:
+    """Each test's KV cache (its last repeat) and CUDA peak, under a title; None when no test recorded either."""
+    rows = memory_rows(results)
+    if not rows:
+        return None
+    return "KV cache (last repeat) and device memory:\n" + format_table(MEMORY_COLUMNS, rows)
+
+
+def memory_rows(results: Sequence[TestResult]) -> list[list[str]]:
+    rows = []
+    for result in results:
+        memory = result.memory
+        if memory is None:
+            continue
+        pool = "-" if memory.num_kv_blocks is None else str(memory.num_kv_blocks)
+        rows.append([
+            result.test_id.rpartition("::")[2],
+            f"{memory.peak_kv_blocks_used}/{memory.mean_kv_blocks_used:.1f}/{pool}",
+            "-" if memory.kv_block_size is None else str(memory.kv_block_size),
+            f"{memory.kv_utilisation:.0%}",
+            f"{memory.num_preemptions} ({memory.num_recomputed_tokens})",
+            str(memory.peak_num_running),
+            format_bytes(memory.max_memory_allocated_bytes),
+        ])  # fmt: skip
+    return rows
+
+
+def format_bytes(value: int | None) -> str:
+    """Binary units, about three significant figures (``1.21 GiB``, ``123 MiB``); ``-`` when not measured."""
+    if value is None:
+        return "-"
+    if value < 1024:
+        return f"{value} B"
+    scaled, unit = float(value), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        scaled /= 1024
+        if scaled < 1024:
+            break
+    decimals = 2 if scaled < 10 else 1 if scaled < 100 else 0
+    return f"{scaled:.{decimals}f} {unit}"
