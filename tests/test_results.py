@@ -244,3 +244,9 @@ def test_a_counter_this_perfsuite_does_not_know_is_a_malformed_field(tmp_path):
     path.write_text(json.dumps(document))
     with pytest.raises(ResultsFileError, match="num_teleports.*pytest --perf"):
         read_results(path)
+
+
+def test_the_kv_counters_named_for_older_files_are_engine_counters():
+    names = {f.name for f in dataclasses.fields(EngineCounters)}
+    assert set(KV_COUNTERS) <= names and "num_preemptions" in KV_COUNTERS
+    assert not {"num_forward_passes", "num_padding_tokens"} & set(KV_COUNTERS), "a version 3 file has these"
