@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite.judge.paired import pairs_for_regression_with_one_disagreeing_pair
+from perfsuite.workload.profiles import PROFILES
+
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,6 +155,19 @@ def test_against_head_measures_both_trees_and_passes(pytester, repo):
     assert not worker_processes(repo) and not snapshots_of(head)
 
 
+def test_unless_given_the_pairs_leave_room_for_one_disagreeing_pair_and_rotate_over_the_workers(pytester, repo):
+    result = run_ab(pytester, "HEAD", "-k", ONE_TEST, "--perf-against-workers", "3")
+    document = results_json(repo)
+    (test,) = document["tests"]
+    policy = document["policy"]
+    pairs = pairs_for_regression_with_one_disagreeing_pair(policy["num_planned_comparisons"], policy["alpha"])
+    assert pairs > PROFILES["smoke"].repeats, "more pairs than the profile's repeats: the floor is what sets them"
+    assert len(test["pair_order"]) == pairs
+    assert "rotate two at a time over 3 worker processes a side" in document["against"]["order"]
+    result.stdout.fnmatch_lines([f"*{pairs} pairs per test in ABBA order over 3 worker(s) a side*"])
+    assert not worker_processes(repo)
+
+
 def test_a_current_tree_slower_than_ref_fails_with_the_documented_message(pytester, repo):
     """REF is the commit before one that makes every forward pass 50% slower; the current tree has that commit.
 
@@ -181,7 +197,7 @@ def test_a_ref_whose_tree_cannot_be_imported_is_a_usage_error_naming_it(pytester
     sha = branch_with(repo, "broken", "perfsuite/__init__.py", '\nraise ImportError("this tree is broken")\n')
     result = run_ab(pytester, "broken")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--perf-against broken: worker A, REF broken ({sha[:12]}) failed to start*"])
+    result.stderr.fnmatch_lines([f"*--perf-against broken: worker A#1, REF broken ({sha[:12]}) failed to start*"])
     assert "this tree is broken" in result.stderr.str()
     assert not worker_processes(repo) and not snapshots_of(sha)
 
@@ -198,7 +214,7 @@ def test_a_worker_that_dies_or_hangs_fails_its_test_and_the_session_goes_on(pyte
     sha = branch_with(repo, "bad", "perfsuite/engine/engine.py", engine_code)
     result = run_ab(pytester, "bad", "-k", "inflight", *extra)
     result.assert_outcomes(failed=2)  # both inflight tests ran, each failing on its own
-    result.stdout.fnmatch_lines([f"*test_throughput[[]inflight-B2-*--perf-against bad: worker A, REF bad*{what}*"])
+    result.stdout.fnmatch_lines([f"*test_throughput[[]inflight-B2-*--perf-against bad: worker A#?, REF bad*{what}*"])
     assert not worker_processes(repo), "no worker outlives its session"
     assert not snapshots_of(sha)
 

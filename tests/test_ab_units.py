@@ -14,9 +14,10 @@ from perfsuite.ab.pair import (
     ABRunner,
     NoRoomForSecondCopy,
     PairedRuns,
-    check_room_for_second_copy,
+    check_room_for_other_copies,
     different_output_lengths,
     pair_order,
+    pair_workers,
 )
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
 from perfsuite.ab.workers import EngineSpec, Side, SideRunner, WorkerError
@@ -50,7 +51,7 @@ class FakeWorker:
         if isinstance(message, wire.Build):
             return wire.Built(message.engine_id, message.engine, message.batch_size)
         if isinstance(message, wire.Run):
-            self.log.append((self.side.label, message.engine_id))
+            self.log.append((self.side.label, message.engine_id, self.side.number))
             return wire.RunDone(wire.encode(run_result(f"{self.side.label}-engine", self.tokens)))
         raise AssertionError(f"unexpected {message!r}")
 
@@ -58,7 +59,9 @@ class FakeWorker:
         self.alive, self.closed = False, True
 
 
-def fake_runner(log: list, tokens: dict[str, int] | None = None, starts: list | None = None) -> ABRunner:
+def fake_runner(
+    log: list, tokens: dict[str, int] | None = None, starts: list | None = None, workers_per_side: int = 1
+) -> ABRunner:
     tokens = tokens or {"r0": 3, "r1": 3}
     starts = starts if starts is not None else []
 
@@ -68,7 +71,7 @@ def fake_runner(log: list, tokens: dict[str, int] | None = None, starts: list | 
         return worker
 
     trees = Trees("HEAD", "0" * 40, Path("/current"), Path("/reference"), None, None)
-    return ABRunner(trees, LOAD, timeout=5, start=start)
+    return ABRunner(trees, LOAD, timeout=5, start=start, workers_per_side=workers_per_side)
 
 
 @given(st.integers(min_value=0, max_value=40))
@@ -82,12 +85,50 @@ def test_pairs_alternate_which_side_runs_first(num_pairs):
 def test_warm_ups_then_abba_pairs_run_on_the_right_sides():
     log: list = []
     paired = fake_runner(log).run_pairs(SPEC, REQUESTS, None, num_warmups=1, num_pairs=4)
-    sides = "".join(label for label, _ in log)
+    sides = "".join(label for label, _, _ in log)
     assert sides == "AB" + "ABBAABBA", "one warm-up a side, then the pairs ABBA"
     assert paired.order == ("AB", "BA", "AB", "BA")
     assert len(paired.reference) == len(paired.current) == 4
     assert all(r.engine_name == "A-engine" for r in paired.reference)
     assert all(r.engine_name == "B-engine" for r in paired.current)
+
+
+@given(st.integers(min_value=0, max_value=40), st.integers(min_value=1, max_value=4))
+def test_pairs_rotate_over_the_workers_and_each_worker_sees_both_orders(num_pairs, workers_per_side):
+    workers, order = pair_workers(num_pairs, workers_per_side), pair_order(num_pairs)
+    assert len(workers) == num_pairs and set(workers) <= set(range(workers_per_side))
+    used = {w: [o for o, ww in zip(order, workers) if ww == w] for w in set(workers)}
+    counts = [len(orders) for orders in used.values()]
+    assert not counts or max(counts) - min(counts) <= 2, "the pairs spread evenly over the workers"
+    for orders in used.values():
+        assert orders.count("AB") - orders.count("BA") in (0, 1), "a worker's pairs are balanced AB/BA"
+    if num_pairs >= 2 * workers_per_side:
+        assert set(workers) == set(range(workers_per_side)), "every worker runs pairs"
+
+
+def test_pair_workers_refuses_zero_workers():
+    with pytest.raises(ValueError, match="workers_per_side must be >= 1"):
+        pair_workers(4, 0)
+    with pytest.raises(ValueError, match="workers_per_side must be >= 1"):
+        fake_runner([], workers_per_side=0)
+
+
+def test_two_workers_a_side_each_warm_up_then_take_two_pairs_in_turn():
+    log, starts = [], []
+    runner = fake_runner(log, starts=starts, workers_per_side=2)
+    runner.start()
+    assert [w.side.label for w in starts] == ["B", "B", "A", "A"], "one current worker first, for the memory check"
+    paired = runner.run_pairs(SPEC, REQUESTS, None, num_warmups=1, num_pairs=5)
+    ran = [(label, number) for label, _, number in log]
+    warmups, timed = ran[:4], ran[4:]
+    assert sorted(warmups) == [("A", 1), ("A", 2), ("B", 1), ("B", 2)], "every worker warms up once"
+    assert timed == [("A", 1), ("B", 1), ("B", 1), ("A", 1),  # pairs 0-1: AB, BA on workers #1
+                     ("A", 2), ("B", 2), ("B", 2), ("A", 2),  # pairs 2-3 on workers #2
+                     ("A", 1), ("B", 1)]  # fmt: skip
+    assert str(starts[2].side).startswith("A#1, REF HEAD")
+    assert paired.workers == (0, 0, 1, 1, 0) and paired.order == ("AB", "BA", "AB", "BA", "AB")
+    runner.close()
+    assert all(w.closed for w in starts)
 
 
 def test_the_current_side_starts_first_and_a_dead_side_is_started_again():
@@ -128,14 +169,15 @@ def test_a_side_that_made_fewer_tokens_in_any_repeat_is_named():
 
 
 def test_a_device_without_room_for_the_second_copy_is_refused_before_it_starts():
-    check_room_for_second_copy(LOADED)  # 10 000 free for 1 000 of weights: fine
-    check_room_for_second_copy(wire.Loaded("cpu", 10**9, None, 256, 2, 320))  # unknown: not checked
+    check_room_for_other_copies(LOADED)  # 10 000 free for 1 000 of weights: fine
+    check_room_for_other_copies(wire.Loaded("cpu", 10**9, None, 256, 2, 320))  # unknown: not checked
     tight = wire.Loaded("cuda:0", model_bytes=8 * 2**30, free_bytes=10 * 2**30, max_context=2048, eos_token_id=2,
                         vocab_size=32000)  # fmt: skip
     with pytest.raises(NoRoomForSecondCopy) as error:
-        check_room_for_second_copy(tight)
+        check_room_for_other_copies(tight)
     message = str(error.value)
-    for part in ("cuda:0 has 10.00 GiB free", "(8.00 GiB)", "about 12.00 GiB", "--perf-dtype", "drop --perf-against"):
+    for part in ("cuda:0 has 10.00 GiB free", "(8.00 GiB)", "a second copy", "about 12.00 GiB", "--perf-dtype",
+                 "drop --perf-against"):
         assert part in message
     assert isinstance(error.value, WorkerError), "a worker error: the plugin turns it into a usage error"
 
@@ -214,3 +256,33 @@ def test_a_ref_without_the_projects_folder_says_which_folder(repo, tmp_path):
     git(repo, "commit", "-q", "-m", "three")
     with pytest.raises(ReferenceError, match="has no newer/ folder"):
         prepare_trees("HEAD~2", repo / "newer", invocation_dir=tmp_path)
+
+
+def test_three_more_copies_are_counted_and_fewer_workers_suggested():
+    check_room_for_other_copies(LOADED, 3)  # 10 000 free for 3 x 1.5 x 1 000: fine
+    roomy_for_one = wire.Loaded("cpu", model_bytes=2 * 2**30, free_bytes=4 * 2**30, max_context=256, eos_token_id=2,
+                                vocab_size=320)  # fmt: skip
+    check_room_for_other_copies(roomy_for_one, 1)
+    with pytest.raises(NoRoomForSecondCopy) as error:
+        check_room_for_other_copies(roomy_for_one, 3)
+    assert "3 more copies (one per worker)" in str(error.value) and "about 9.00 GiB" in str(error.value)
+    assert "--perf-against-workers 1" in str(error.value)
+
+
+def test_a_refused_start_leaves_only_the_first_worker_which_close_stops(monkeypatch):
+    starts: list = []
+    runner = fake_runner([], starts=starts, workers_per_side=2)
+    original = FakeWorker.request
+
+    def tight(self, message, answer, timeout, what):
+        if isinstance(message, wire.Load):
+            return wire.Loaded("cpu", model_bytes=1000, free_bytes=2000, max_context=256, eos_token_id=2,
+                               vocab_size=320)  # fmt: skip
+        return original(self, message, answer, timeout, what)
+
+    monkeypatch.setattr(FakeWorker, "request", tight)
+    with pytest.raises(NoRoomForSecondCopy):
+        runner.start()
+    assert len(starts) == 1, "no other worker is started once the memory check fails"
+    runner.close()
+    assert starts[0].closed

@@ -16,7 +16,9 @@ from perfsuite.judge.paired import (
     hodges_lehmann,
     max_comparisons_for_lone_paired_regression,
     paired_minimum_detectable_effect,
+    paired_p_value_with_one_disagreeing_pair,
     pairs_for_lone_regression,
+    pairs_for_regression_with_one_disagreeing_pair,
     plan_paired_power,
     smallest_paired_p_value,
     walsh_averages,
@@ -346,6 +348,30 @@ def test_the_suggested_pairs_are_the_fewest_that_suffice(num_comparisons, alpha)
     assert max_comparisons_for_lone_paired_regression(pairs, alpha) >= num_comparisons
     if pairs > 1:
         assert max_comparisons_for_lone_paired_regression(pairs - 1, alpha) < num_comparisons
+
+
+@given(st.integers(2, 20))
+def test_one_disagreeing_pair_doubles_the_smallest_p(num_pairs):
+    worse_but_the_smallest = [-0.001] + [0.01 * (i + 1) for i in range(num_pairs - 1)]
+    assert paired_p_value_with_one_disagreeing_pair(num_pairs) == wilcoxon_signed_rank_upper_p(worse_but_the_smallest)
+
+
+@given(st.integers(1, 5000), ALPHAS)
+def test_the_pairs_for_one_disagreeing_pair_are_the_fewest_and_one_more_than_unanimity_needs(num_comparisons, alpha):
+    pairs = pairs_for_regression_with_one_disagreeing_pair(num_comparisons, alpha)
+    p = paired_p_value_with_one_disagreeing_pair(pairs)
+    assert benjamini_hochberg([p] + [1.0] * (num_comparisons - 1))[0] < alpha
+    if pairs > 2:
+        fewer = paired_p_value_with_one_disagreeing_pair(pairs - 1)
+        assert not benjamini_hochberg([fewer] + [1.0] * (num_comparisons - 1))[0] < alpha
+    assert pairs == max(2, pairs_for_lone_regression(num_comparisons, alpha) + 1)
+
+
+def test_twelve_comparisons_take_nine_pairs_and_seventy_two_take_twelve():
+    assert pairs_for_regression_with_one_disagreeing_pair(12, 0.05) == 9  # 12 * 2/512 = 0.047
+    assert pairs_for_regression_with_one_disagreeing_pair(72, 0.05) == 12  # 72 * 2/4096 = 0.035; 11 pairs: 0.070
+    with pytest.raises(ValueError):
+        paired_p_value_with_one_disagreeing_pair(1)
 
 
 def test_a_paired_plan_within_the_limit_needs_no_advice():

@@ -6,6 +6,15 @@ than a pair cancels in its ratio), and across pairs whatever favours the
 second run of a pair (a warm cache, a CPU clock that just ramped up) favours
 A and B equally often: it widens the ratios' spread instead of shifting it,
 which keeps the signed-rank test's symmetry assumption (``judge.paired``).
+
+Each side runs in ``workers_per_side`` worker processes, and pairs rotate over
+them two at a time (pairs 0-1 on the first worker of each side, 2-3 on the
+second, ...), so each worker sees both orders. One process per side would
+carry its own speed (where its weights landed in memory, its threads'
+placement) into every pair of a test: an A/A calibration found side B, the
+same code, slower in every pair by 3-7%, which no order can balance. Over
+several processes that offset varies from pair to pair, so the signed-rank
+test sees it as spread instead of a shift.
 """
 
 from __future__ import annotations
@@ -18,9 +27,11 @@ from perfsuite.ab.trees import Trees
 from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
 from perfsuite.engine.types import Request, RunResult
 
-# What a second copy needs beyond its weights: the KV cache and activations of a perf test's batch.
+# What another copy needs beyond its weights: the KV cache and activations of a perf test's batch.
 SECOND_COPY_MARGIN = 1.5
 REFERENCE, CURRENT = "A", "B"
+DEFAULT_WORKERS_PER_SIDE = 2
+PAIRS_PER_WORKER_TURN = 2  # AB then BA on the same two workers, so a worker's turn is balanced
 
 
 class NoRoomForSecondCopy(WorkerError):
@@ -34,10 +45,13 @@ class PairedRuns:
     reference: tuple[RunResult, ...]  # side A
     current: tuple[RunResult, ...]  # side B
     order: tuple[str, ...]  # "AB" or "BA", per pair
+    workers: tuple[int, ...] = ()  # which worker of each side ran the pair (empty: not recorded)
 
     def __post_init__(self) -> None:
         if not len(self.reference) == len(self.current) == len(self.order):
             raise ValueError("every pair has one run of each side")
+        if self.workers and len(self.workers) != len(self.order):
+            raise ValueError("one worker index per pair")
 
 
 def pair_order(num_pairs: int) -> tuple[str, ...]:
@@ -45,35 +59,63 @@ def pair_order(num_pairs: int) -> tuple[str, ...]:
     return tuple(REFERENCE + CURRENT if i % 2 == 0 else CURRENT + REFERENCE for i in range(num_pairs))
 
 
-class ABRunner:
-    """The reference's worker (A) and the current tree's (B), each with the model loaded once."""
+def pair_workers(num_pairs: int, workers_per_side: int) -> tuple[int, ...]:
+    """Which worker of each side runs each pair: two pairs (AB, BA) per worker, in rotation."""
+    if workers_per_side < 1:
+        raise ValueError(f"workers_per_side must be >= 1, got {workers_per_side}")
+    return tuple((i // PAIRS_PER_WORKER_TURN) % workers_per_side for i in range(num_pairs))
 
-    def __init__(self, trees: Trees, load: wire.Load, timeout: float, start: Callable[[Side], Worker] = Worker):
+
+class ABRunner:
+    """The reference's workers (A) and the current tree's (B), each with the model loaded once."""
+
+    def __init__(
+        self,
+        trees: Trees,
+        load: wire.Load,
+        timeout: float,
+        start: Callable[[Side], Worker] = Worker,
+        workers_per_side: int = DEFAULT_WORKERS_PER_SIDE,
+    ) -> None:
+        if workers_per_side < 1:
+            raise ValueError(f"workers_per_side must be >= 1, got {workers_per_side}")
         self.trees = trees
-        self.current = SideRunner(Side(CURRENT, "the current tree", trees.current), load, timeout, start)
-        self.reference = SideRunner(Side(REFERENCE, f"REF {trees.reference_label}", trees.reference),
-                                    load, timeout, start)  # fmt: skip
+
+        def sides(label: str, description: str, tree) -> tuple[SideRunner, ...]:
+            numbers = range(1, workers_per_side + 1) if workers_per_side > 1 else (None,)
+            return tuple(SideRunner(Side(label, description, tree, number), load, timeout, start) for number in numbers)
+
+        self.currents = sides(CURRENT, "the current tree", trees.current)
+        self.references = sides(REFERENCE, f"REF {trees.reference_label}", trees.reference)
+
+    @property
+    def workers_per_side(self) -> int:
+        return len(self.currents)
 
     @property
     def loaded(self) -> wire.Loaded:
-        """What the current tree's worker loaded: the model's limits the workloads are built for."""
-        self.current.worker()
-        return self.current.loaded
+        """What the current tree's first worker loaded: the model's limits the workloads are built for."""
+        self.currents[0].worker()
+        return self.currents[0].loaded
 
     def start(self) -> None:
-        """The current side first: once it holds a copy, is there room for the reference's?"""
-        self.current.worker()
-        check_room_for_second_copy(self.current.loaded)
-        self.reference.worker()
+        """One current worker first: once it holds a copy, is there room for all the others?"""
+        self.currents[0].worker()
+        check_room_for_other_copies(self.currents[0].loaded, 2 * self.workers_per_side - 1)
+        for side_runner in self.currents[1:] + self.references:
+            side_runner.worker()
 
     def tokenize(self, text: str) -> tuple[int, ...]:
-        return self.current.tokenize(text)
+        return self.currents[0].tokenize(text)
 
-    def side(self, label: str) -> SideRunner:
-        return self.reference if label == REFERENCE else self.current
+    def side(self, label: str, worker: int = 0) -> SideRunner:
+        return (self.references if label == REFERENCE else self.currents)[worker]
 
     def build(self, spec: EngineSpec) -> tuple[wire.Built, wire.Built]:
-        return self.reference.build(spec), self.current.build(spec)
+        """Build the engine in every worker; what the first of each side built, A's then B's."""
+        for side_runner in self.references + self.currents:
+            side_runner.build(spec)
+        return self.references[0].build(spec), self.currents[0].build(spec)
 
     def run_pairs(
         self,
@@ -83,33 +125,44 @@ class ABRunner:
         num_warmups: int,
         num_pairs: int,
     ) -> PairedRuns:
-        """``num_warmups`` discarded runs a side, then ``num_pairs`` pairs in ABBA order."""
+        """``num_warmups`` discarded runs per worker, then ``num_pairs`` pairs in ABBA order over the workers."""
         encoded = tuple(wire.encode(r) for r in requests)
-        order = (REFERENCE + CURRENT,) * num_warmups + pair_order(num_pairs)
+        workers = pair_workers(num_pairs, self.workers_per_side)
+        warmups = [(REFERENCE + CURRENT, w) for w in range(self.workers_per_side) for _ in range(num_warmups)]
         runs: dict[str, list[RunResult]] = {REFERENCE: [], CURRENT: []}
-        for pair_index, labels in enumerate(order):
+        for labels, worker in warmups:
             for label in labels:
-                result = wire.decode(RunResult, self.side(label).run(spec, encoded, max_concurrency))
-                if pair_index >= num_warmups:
-                    runs[label].append(result)
-        return PairedRuns(tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order[num_warmups:])
+                self.side(label, worker).run(spec, encoded, max_concurrency)
+        order = pair_order(num_pairs)
+        for labels, worker in zip(order, workers):
+            for label in labels:
+                result = self.side(label, worker).run(spec, encoded, max_concurrency)
+                runs[label].append(wire.decode(RunResult, result))
+        return PairedRuns(tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order, workers)
 
     def close(self) -> None:
-        try:
-            self.reference.close()
-        finally:
-            self.current.close()
+        errors = []
+        for side_runner in self.references + self.currents:
+            try:
+                side_runner.close()
+            except Exception as error:  # close them all, then say what went wrong
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
 
-def check_room_for_second_copy(loaded: wire.Loaded) -> None:
-    if loaded.free_bytes is None:
+def check_room_for_other_copies(loaded: wire.Loaded, num_other_copies: int = 1) -> None:
+    """Refuse before starting them when the device cannot hold the other workers' copies of the model."""
+    if loaded.free_bytes is None or num_other_copies < 1:
         return
-    needed = int(SECOND_COPY_MARGIN * loaded.model_bytes)
+    needed = int(SECOND_COPY_MARGIN * loaded.model_bytes * num_other_copies)
     if loaded.free_bytes < needed:
+        copies = "a second copy" if num_other_copies == 1 else f"{num_other_copies} more copies"
+        fewer = "" if num_other_copies == 1 else "use --perf-against-workers 1, "
         raise NoRoomForSecondCopy(
             f"{loaded.device} has {_gib(loaded.free_bytes)} free after loading one copy of the model "
-            f"({_gib(loaded.model_bytes)}); --perf-against runs a second copy for the reference and needs about "
-            f"{_gib(needed)}: use a smaller --perf-dtype or a larger device, or compare with stored baselines "
+            f"({_gib(loaded.model_bytes)}); --perf-against runs {copies} (one per worker) and needs about "
+            f"{_gib(needed)}: {fewer}use a smaller --perf-dtype or a larger device, or compare with stored baselines "
             "(drop --perf-against)"
         )
 

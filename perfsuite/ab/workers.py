@@ -41,9 +41,11 @@ class Side:
     label: str  # "A" (the reference) or "B" (the current tree)
     description: str  # "REF origin/main (3f2a9c1)", "the current tree"
     tree: Path
+    number: int | None = None  # which of the side's workers, when it has several
 
     def __str__(self) -> str:
-        return f"{self.label}, {self.description}"
+        number = "" if self.number is None else f"#{self.number}"
+        return f"{self.label}{number}, {self.description}"
 
 
 class Worker:

@@ -283,6 +283,29 @@ def pairs_for_lone_regression(num_comparisons: int, alpha: float) -> int | None:
     return None
 
 
+def paired_p_value_with_one_disagreeing_pair(num_pairs: int) -> float:
+    """The exact p when every pair is worse but the one of smallest |log ratio|: 2 of 2^n sign patterns.
+
+    Those two are T+ = 0 (all worse) and T+ = 1 (only rank 1 better), whatever n is.
+    """
+    if num_pairs < 2:
+        raise ValueError(f"need at least two pairs, got {num_pairs}")
+    return 2.0 ** (1 - num_pairs)
+
+
+def pairs_for_regression_with_one_disagreeing_pair(num_comparisons: int, alpha: float) -> int | None:
+    """The fewest pairs with which a lone regression whose smallest pair disagrees can still be flagged.
+
+    With just enough pairs for a unanimous regression, one pair that noise
+    flips loses it; one pair more buys that margin. A/B mode runs at least
+    this many pairs unless told otherwise.
+    """
+    for num_pairs in range(2, MAX_SUGGESTED_REPEATS + 1):
+        if max_comparisons_for_p_value(paired_p_value_with_one_disagreeing_pair(num_pairs), alpha) >= num_comparisons:
+            return num_pairs
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class PairedPowerPlan(PowerPlan):
     """A PowerPlan whose repeats are pairs: n reference and n current repeats make n pairs."""

@@ -1,8 +1,9 @@
-"""``--perf-against REF``: the session's reference tree and its two workers, and the fixtures' stand-ins for them.
+"""``--perf-against REF``: the session's reference tree and its workers, and the fixtures' stand-ins for them.
 
 In this mode no model is loaded in the pytest process: the current tree's
-worker (B) tokenizes the workloads and reports the model's limits, so the
-machine holds exactly two copies of the model, one per side. An engine the
+first worker (B) tokenizes the workloads and reports the model's limits, so
+the machine holds one copy of the model per worker process, and
+``--perf-against-workers`` (default 2) of those per side. An engine the
 ``perf_engine_factory`` fixture returns is a ``WorkerEngine``: a name and
 knobs that both workers build the engine from; ``perf.measure`` runs it.
 """
@@ -24,6 +25,12 @@ from perfsuite.judge.results import AgainstDescription
 ORDER = "ABBA: repeats in pairs, A (the reference) first in even pairs, B (the current tree) first in odd ones"
 
 
+def describe_order(workers_per_side: int) -> str:
+    if workers_per_side == 1:
+        return f"{ORDER}; one worker process a side"
+    return f"{ORDER}; pairs rotate two at a time over {workers_per_side} worker processes a side"
+
+
 @dataclass(frozen=True, slots=True)
 class Against:
     """The reference tree and the workers measuring it and the current tree."""
@@ -36,7 +43,8 @@ class Against:
         return self.trees.reference_label
 
     def describe(self) -> AgainstDescription:
-        return AgainstDescription(self.trees.ref, self.trees.commit, self.trees.current_commit, ORDER)
+        order = describe_order(self.runner.workers_per_side)
+        return AgainstDescription(self.trees.ref, self.trees.commit, self.trees.current_commit, order)
 
     def close(self) -> None:
         try:
@@ -45,13 +53,15 @@ class Against:
             self.trees.remove()
 
 
-def start_against(ref: str, rootdir: Path, invocation_dir: Path, load: wire.Load, timeout: float) -> Against:
-    """Lay out REF's tree and start both workers, each loading the model; a failure is a usage error naming REF."""
+def start_against(
+    ref: str, rootdir: Path, invocation_dir: Path, load: wire.Load, timeout: float, workers_per_side: int = 2
+) -> Against:
+    """Lay out REF's tree and start both sides' workers, each loading the model; a failure is a usage error naming REF."""
     try:
         trees = prepare_trees(ref, rootdir, invocation_dir)
     except ReferenceError as error:
         raise pytest.UsageError(str(error)) from None
-    runner = ABRunner(trees, load, timeout)
+    runner = ABRunner(trees, load, timeout, workers_per_side=workers_per_side)
     try:
         runner.start()
     except WorkerError as error:

@@ -67,7 +67,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         invocation_dir = session.config.invocation_params.dir
         load = load_message(options.model, options.device, options.dtype, options.decode_mode, invocation_dir)
         perf_session.against = start_against(
-            options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout
+            options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout, options.against_workers
         )
     advice = perf_session.plan_power().advice()
     if advice is None:

@@ -32,6 +32,7 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
+worker_count = integer_at_least(1, "at least 1 worker per side")
 
 
 def profile_name(text: str) -> str:
@@ -106,7 +107,9 @@ _OPTIONS = (
     ("perf_api", one_of(APIS), "completions", "openai-http endpoint: completions or chat (never greedy-equal)"),
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
-    ("perf_repeats", repeats, None, "timed repeats per test (default: the profile's)"),
+    ("perf_repeats", repeats, None,
+     "timed repeats per test (default: the profile's; with --perf-against at least enough pairs that a regression "
+     "with one disagreeing pair can still be flagged in a session this size)"),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
     ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),
@@ -117,6 +120,9 @@ _OPTIONS = (
     ("perf_against", str, None,
      "a git ref (origin/main, HEAD~1, a tag) or a path to another checkout: measure it and the current tree "
      "side by side, repeats interleaved ABBA, instead of comparing with baselines/"),
+    ("perf_against_workers", worker_count, "2",
+     "worker processes per side under --perf-against (each holds a copy of the model); pairs rotate over them "
+     "two at a time, so no one process's own speed shifts every pair"),
     ("perf_worker_timeout", positive_number, "600",
      "seconds a --perf-against worker may take to answer one run before it is killed as hung"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
@@ -176,6 +182,8 @@ class PerfOptions:
     busy_threshold: float = DEFAULT_THRESHOLD
     against: str | None = None  # --perf-against REF: A/B side by side, no baselines
     worker_timeout: float = 600.0
+    against_workers: int = 2  # worker processes per side under --perf-against
+    repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -228,6 +236,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
         busy_threshold=values["perf_busy_threshold"],
         against=against,
         worker_timeout=values["perf_worker_timeout"],
+        against_workers=values["perf_against_workers"],
+        repeats_given=values["perf_repeats"] is not None,
     )
 
 

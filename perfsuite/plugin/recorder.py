@@ -71,7 +71,7 @@ class PerfRecorder:
     ) -> TestResult:
         """Warm up (discarded), then time ``repeats`` (default: the profile's) through pytest-benchmark."""
         options = self.session.options
-        repeats = repeats or options.repeats
+        repeats = repeats or self.session.repeats
         if self.session.against is not None:
             return self._measure_paired(engine, requests, max_concurrency, arrival_rate, repeats)
         for _ in range(options.profile.warmup_runs):

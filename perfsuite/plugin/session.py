@@ -36,7 +36,7 @@ from perfsuite.judge.judge import (
     judge_paired,
     not_compared,
 )
-from perfsuite.judge.paired import plan_paired_power
+from perfsuite.judge.paired import pairs_for_regression_with_one_disagreeing_pair, plan_paired_power
 from perfsuite.judge.power import PowerPlan, plan_power
 from perfsuite.judge.results import Results, TestResult, write_results
 from perfsuite.judge.run_config import RunConfiguration
@@ -91,9 +91,18 @@ class PerfSession:
     def slo_label(self) -> str | None:
         return self.options.slo.label if self.options.slo else None
 
+    @property
+    def repeats(self) -> int:
+        """Timed repeats per test; A/B pairs, unless given, enough that one disagreeing pair is survivable."""
+        options = self.options
+        if options.against is None or options.repeats_given:
+            return options.repeats
+        needed = pairs_for_regression_with_one_disagreeing_pair(self.num_planned_comparisons, options.policy.alpha)
+        return max(options.repeats, needed or options.repeats)
+
     def plan_power(self) -> PowerPlan:
         """Can a lone regression be flagged at all in a session of this size?"""
-        repeats, alpha = self.options.repeats, self.options.policy.alpha
+        repeats, alpha = self.repeats, self.options.policy.alpha
         if self.options.against is not None:
             return plan_paired_power(self.num_planned_comparisons, repeats, alpha)
         return plan_power(self.num_planned_comparisons, repeats, repeats, alpha)
@@ -286,7 +295,7 @@ class PerfSession:
             environment=self.shown_environment,
             servers=tuple(dict.fromkeys(r.environment for r in self.results if r.is_remote)),
             profile=options.profile.name,
-            repeats=options.repeats,
+            repeats=self.repeats,
             decode_mode=options.decode_mode,
             policy=describe_policy(options.policy, self.plan_power(), options.busy_threshold,
                                    paired=self.against is not None),  # fmt: skip

@@ -42,9 +42,10 @@ def write_summary(
     num_metrics = len(perf_session.compared_metrics)
     if perf_session.against is not None:
         write(f"A/B: A = REF {perf_session.against.label}, B = the current tree, side by side; "
-              f"{options.repeats} pairs per test in ABBA order; no baselines read or written")  # fmt: skip
+              f"{perf_session.repeats} pairs per test in ABBA order over {options.against_workers} worker(s) a side; "
+              "no baselines read or written")  # fmt: skip
     write(
-        f"profile {options.profile.name}, {options.repeats} repeats, alpha {options.policy.alpha} "
+        f"profile {options.profile.name}, {perf_session.repeats} repeats, alpha {options.policy.alpha} "
         f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "
         f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
     )
