@@ -131,6 +131,7 @@ def test_the_step_is_captured_when_the_engine_is_built_not_in_its_first_request(
     runner, step = graph_runner(loaded)
     engine = build(runner, loaded, 2)
     assert step.num_captures == 1, "captured at build, before any request"
+    assert not engine.kv_cache.keys.is_inference(), "an ordinary tensor, writable outside inference mode"
     check_run(engine, loaded, reference)
     check_run(engine, loaded, reference, seed=1)
     assert step.num_captures == 1, "the runs replayed it"

@@ -124,8 +124,9 @@ class StaticDecodeStep:
         if step is not None and step.is_leased:
             gc.collect()  # an engine dropped inside a reference cycle is gone only once collected
         if step is None or step.is_leased:
-            with torch.inference_mode():
-                step = self._capture(self.decoder.new_kv_cache(num_slots, max_seq_len))
+            kv_cache = self.decoder.new_kv_cache(num_slots, max_seq_len)  # ordinary tensors, as in the other modes
+            with torch.inference_mode():  # as every later step runs
+                step = self._capture(kv_cache)
             self._keep(shape, step)
         return step.lease()
 
