@@ -22,6 +22,8 @@ from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.models import load_model
 from engine_harness import CachedReference
 
+pytest_plugins = ["pytester"]
+
 MAX_SEQ_LEN = 64
 
 # -- the cache alone -------------------------------------------------------------
@@ -198,3 +200,44 @@ def test_without_graphs_every_engine_gets_a_cache_of_its_own(tiny):
     del first
     assert build(runner, loaded, 2).kv_cache.keys is not first_keys
     assert runner.static_decode.num_captures == 0 and len(runner.static_decode.graphs) == 0
+
+
+# -- a perf session: one engine per test, one capture per shape ----------------------
+
+FAKE_GRAPH_BACKEND = '''
+import pathlib, pytest, torch
+from perfsuite.adapters import Backend
+from perfsuite.engine.static_decode import StaticDecodeStep
+
+class FakeGraph:
+    def __init__(self, run):
+        self.replay = run
+    def reset(self):
+        pass
+
+class FakeGraphStep(StaticDecodeStep):
+    @staticmethod
+    def _can_capture_on(device):
+        return True
+    def _record(self, inputs, kv_cache):
+        next_tokens = torch.zeros(kv_cache.num_slots, dtype=torch.long)
+        return FakeGraph(lambda: next_tokens.copy_(self.forward(inputs, kv_cache))), next_tokens
+
+@pytest.fixture(scope="session")
+def perf_backend(perf_model):
+    backend = Backend.from_loaded(perf_model, decode_mode="static")
+    backend.runner.static_decode = FakeGraphStep(backend.runner.decoder, use_cuda_graph=True)
+    yield backend
+    pathlib.Path("captures.txt").write_text(str(backend.runner.static_decode.num_captures))
+'''
+
+
+def test_a_perf_session_that_builds_an_engine_per_test_captures_once_per_shape(pytester):
+    """The function-scoped engine factory's engines are gone by the next test, so each takes the last one's graph."""
+    from smoke_session import run_shipped_smoke_session
+
+    result = run_shipped_smoke_session(
+        pytester, "--perf-repeats", "2", "-k", "throughput", conftest_addition=FAKE_GRAPH_BACKEND
+    )
+    result.assert_outcomes(passed=4)  # static and inflight, B2, every request within 64 tokens: one shape
+    assert (pytester.path / "captures.txt").read_text() == "1"
