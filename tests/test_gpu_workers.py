@@ -68,7 +68,8 @@ def test_workers_are_not_pinned_where_there_is_nothing_to_pin(enabled, device, e
 
 
 def test_more_workers_than_gpus_is_an_error():
-    with pytest.raises(GpuAssignmentError, match=r"-n 3 asks for 3 workers but 2 GPUs are visible .*use -n 2 or -n auto"):
+    expected = r"-n 3 asks for 3 workers but 2 GPUs are visible .*use -n 2 or -n auto"
+    with pytest.raises(GpuAssignmentError, match=expected):
         gpus_for_workers(True, "auto", 3, TWO_GPUS, no_count)
 
 
