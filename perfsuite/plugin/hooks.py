@@ -158,7 +158,7 @@ def _num_xdist_workers(config: pytest.Config) -> int:
 
 
 def _count_cuda_devices() -> int:
-    import torch  # only when CUDA_VISIBLE_DEVICES is unset; counted through NVML, without initialising CUDA
+    import torch  # only when CUDA_VISIBLE_DEVICES is unset; NVML counts where it can (the controller runs no test)
 
     return torch.cuda.device_count()
 
