@@ -1,16 +1,22 @@
 """On CUDA, in float32 and bfloat16: every decode mode equals unbatched greedy decoding, and graphs do not leak.
 
 Skipped without CUDA. Written without a GPU to run them on: nothing here has
-run yet, and the bfloat16 near-tie tolerance is reasoned, not measured.
+run on one yet, and the bfloat16 near-tie tolerance is reasoned from
+bfloat16's steps and checked against CPU runs only.
 
 A batched engine computes each token in another batch shape than the
 unbatched reference, so rounding differs; in float32 that flips a greedy
 choice only where the reference's top-1 and top-2 logits are within 1e-3
-(``FLOAT32_NEAR_TIE``). bfloat16 keeps 8 significant bits: logits of a few
-units are 1/32 to 1/16 apart, and a different reduction order moves them by
-a few such steps, so a flip is accepted where the reference's own margin is
-below ``BF16_NEAR_TIE``, and only on a minority of requests. A flip where
-the reference clearly preferred its token fails, whatever the dtype.
+(``FLOAT32_NEAR_TIE``). bfloat16 keeps 8 significant bits: tiny-random's top
+logits lie between 4 and 8, where bfloat16 steps by 1/32, and a different
+reduction order moves each of the two logits by a step or two, so a flip is
+accepted where the reference's own margin is below four steps
+(``BF16_NEAR_TIE``). The margin is often exactly 0 in bfloat16 (a tie the
+two sides may break differently), so near-tie flips are not counted: on CPU
+in bfloat16, the engines over these scenarios (240 runs, packed and static
+decode) flipped on up to half of a run's requests, always at margins of 1/32
+or less. A flip where the reference clearly preferred its
+token fails, whatever the dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from perfsuite.correctness import find_divergences
+from perfsuite.correctness import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, static_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.reference import ReferenceDecoder
@@ -34,7 +40,7 @@ pytestmark = [
 ]
 
 MAX_SEQ_LEN = 64
-BF16_NEAR_TIE = 0.25
+BF16_NEAR_TIE = 4 / 32
 NEAR_TIE = {"float32": FLOAT32_NEAR_TIE, "bfloat16": BF16_NEAR_TIE}
 DECODE_MODES = ("packed", "static", "cuda-graph")
 
@@ -70,16 +76,10 @@ def cuda_model(request):
 
 
 def check_equal_to_reference(scenario: Scenario, dtype: str, loaded, reference, runner) -> None:
-    """Every engine's outputs equal the reference's, but for near-ties on at most half the requests (or one)."""
+    """Every engine's outputs equal the reference's, but for flips where the reference's margin is a near-tie."""
     expected, margins = reference.outputs(scenario.requests)
     for engine in scenario.engines(runner, loaded.eos_token_id, MAX_SEQ_LEN):
-        divergences = find_divergences(engine.name, expected, drive(engine, scenario), margins)
-        real = [d for d in divergences if not d.is_near_tie(NEAR_TIE[dtype])]
-        assert not real, f"{dtype} {engine.name}:\n" + "\n".join(d.describe() for d in real)
-        assert len(divergences) <= max(1, len(scenario.requests) // 2), (
-            f"{dtype} {engine.name}: near-ties on {len(divergences)} of {len(scenario.requests)} requests is no "
-            "longer rounding:\n" + "\n".join(d.describe() for d in divergences)
-        )
+        assert_outputs_equal(f"{dtype} {engine.name}", expected, drive(engine, scenario), margins, NEAR_TIE[dtype])
 
 
 @pytest.mark.parametrize("mode", DECODE_MODES)
