@@ -44,6 +44,30 @@ class KVCache:
 
 
 @dataclass(frozen=True, slots=True)
+class PagedKVCache:
+    """Keys and values in fixed-size blocks, one pool per layer; requests find theirs through block tables."""
+
+    keys: torch.Tensor  # [layers, num_blocks, block_size, kv_heads, head_dim]
+    values: torch.Tensor
+
+    @property
+    def num_blocks(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.keys.shape[2]
+
+    def token_rows(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values with one row per token cell, [num_blocks * block_size, kv_heads, head_dim].
+
+        Cell ``block * block_size + offset`` is the index vLLM calls a slot; a view, no copy.
+        """
+        keys, values = self.keys[layer_index], self.values[layer_index]
+        return keys.flatten(0, 1), values.flatten(0, 1)
+
+
+@dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
@@ -73,6 +97,42 @@ class HeadLayout:
             k.view(num_tokens, self.num_kv_heads, self.head_dim),
             v.view(num_tokens, self.num_kv_heads, self.head_dim),
         )
+
+
+def grouped_query_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Masked attention of queries [rows, q_len, heads, head_dim] over keys and values [rows, kv_heads, keys, head_dim].
+
+    ``mask`` [rows, 1, q_len, keys] is True where a query may attend; the
+    result is [rows, q_len, heads, head_dim].
+
+    Why not ``scaled_dot_product_attention(..., attn_mask=mask, enable_gqa=True)``:
+    on CUDA that pair falls back to the math kernel, which also materialises
+    K/V repeated per query head. Repeating K/V ourselves (repeat_interleave)
+    would keep a fused kernel but copy the whole cache read each layer, and
+    ``is_causal`` cannot express rows that start at different positions.
+    Instead the query heads that share a KV head (HF's ``repeat_kv`` order:
+    KV head j serves query heads j * group ... j * group + group - 1) are
+    folded into the query length: [rows, kv_heads, group * q_len, head_dim]
+    against that KV head's own keys, with the mask tiled over the group. K/V
+    are never copied, only the small queries, and SDPA with a mask and equal
+    head counts keeps the fused memory-efficient kernel on CUDA (flash
+    attention takes no mask). On CPU it is measured by bench/step_formulation.py.
+    """
+    rows, q_len, num_heads, head_dim = queries.shape
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
+    folded = (
+        queries.view(rows, q_len, num_kv_heads, group, head_dim)
+        .permute(0, 2, 3, 1, 4)
+        .reshape(rows, num_kv_heads, group * q_len, head_dim)
+    )
+    tiled_mask = mask.repeat(1, 1, group, 1) if group > 1 else mask  # [rows, 1, group * q_len, keys]
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=tiled_mask)  # [rows, kv_heads, group*q, d]
+    return out.view(rows, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4).reshape(
+        rows, q_len, num_heads, head_dim
+    )
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -177,6 +237,15 @@ class Decoder:
             )
         shape = (len(self.layers), num_slots, self.heads.num_kv_heads, max_seq_len, self.heads.head_dim)
         return KVCache(
+            keys=torch.zeros(shape, device=self.device, dtype=self.dtype),
+            values=torch.zeros(shape, device=self.device, dtype=self.dtype),
+        )
+
+    def new_paged_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
+        shape = (len(self.layers), num_blocks, block_size, self.heads.num_kv_heads, self.heads.head_dim)
+        return PagedKVCache(
             keys=torch.zeros(shape, device=self.device, dtype=self.dtype),
             values=torch.zeros(shape, device=self.device, dtype=self.dtype),
         )

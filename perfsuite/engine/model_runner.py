@@ -1,49 +1,109 @@
 """The model runner: the only engine code that turns scheduled chunks into tensors.
 
 It turns a ``SchedulerOutput`` into tensors, runs one forward pass of the
-decoder (``perfsuite.engine.layers``) over a KV cache with a fixed shape per
-slot (gpt-fast style: ``[layers, slots, kv_heads, max_seq_len, head_dim]``,
-updated by index) and returns the greedy token of every chunk that samples.
+decoder (``perfsuite.engine.layers``) over an engine's KV cache and returns
+the greedy token of every chunk that samples. The cache is either slots of a
+fixed shape (gpt-fast style: ``[layers, slots, kv_heads, max_seq_len,
+head_dim]``, updated by index) or, for the paged engine, a pool of blocks
+(``[layers, num_blocks, block_size, kv_heads, head_dim]``) that each request
+reaches through its block table.
 
 Tokens are packed: the projections and the MLP, which are almost all the
 work, see ``[num_tokens, hidden]`` with no padding whatever the mix of prompt
-and decode lengths. Only attention groups the tokens per slot, because each
-query must see its own slot's keys up to its own position.
+and decode lengths. Only attention groups the tokens per request, because
+each query must see its own request's keys up to its own position.
+
+Every index tensor of a step (token ids, positions, where each token's K/V
+is written, block tables, ...) is written into one host buffer, pinned on
+CUDA, and copied to the device once without blocking: a step makes one
+host-to-device copy, not one blocking copy per index.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.layers import Decoder, KVCache
+from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)
 class _AttentionGroup:
-    """Chunks attended together: all decode chunks, or all prefill chunks."""
+    """Chunks attended together: all decode chunks, or all prefill chunks.
+
+    A slot cache reads the rows' keys from ``slots``; a paged one gathers
+    them from the pool cells ``key_cells`` (what a paged kernel derives from
+    ``block_tables`` and the key lengths).
+    """
 
     token_index: torch.Tensor  # [num_group_tokens] positions in the packed batch
-    slots: torch.Tensor | slice  # which cache slots, a view when contiguous
+    slots: torch.Tensor | slice | None  # which cache slots, a view when contiguous; None for a paged cache
     num_rows: int
     max_query_len: int
     max_key_len: int
     query_rows: torch.Tensor | None  # [num_group_tokens] row of each token, None for decode
     query_cols: torch.Tensor | None  # [num_group_tokens] column of each token
     mask: torch.Tensor  # [rows, 1, max_query_len, max_key_len] bool, True = may attend
+    block_tables: torch.Tensor | None = None  # [rows, max_blocks] paged: each row's blocks, padded with block 0
+    key_cells: torch.Tensor | None = None  # [rows, max_key_len] paged: the pool cell of each key position
 
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    token_slots: torch.Tensor  # [T]
+    token_slots: torch.Tensor  # [T] each token's slot, or for a paged cache its pool cell (vLLM's slot_mapping)
     sample_index: torch.Tensor  # [num_sampling_chunks] packed index of each sampled token
     groups: tuple[_AttentionGroup, ...]
+
+
+class _HostIndices:
+    """Integer index lists gathered on the host, then sent to the device as one tensor in one copy."""
+
+    def __init__(self) -> None:
+        self._values: list[int] = []
+        self._spans: list[tuple[int, int]] = []
+
+    def add(self, values: Sequence[int]) -> int:
+        """Queue ``values``; the returned handle names their tensor after ``upload``."""
+        self._spans.append((len(self._values), len(values)))
+        self._values.extend(values)
+        return len(self._spans) - 1
+
+    def host_tensor(self, device: torch.device) -> torch.Tensor:
+        """Every value queued so far in one host tensor, pinned when it is bound for CUDA."""
+        host = torch.tensor(self._values, dtype=torch.long)
+        # Pinned memory makes the copy asynchronous; the caching host allocator keeps the buffer alive until
+        # the copy has run, so it may go out of scope after. Pinning costs a page-locked allocation: only CUDA
+        # gains from it.
+        return host.pin_memory() if device.type == "cuda" else host
+
+    def upload(self, device: torch.device) -> list[torch.Tensor]:
+        """One tensor per ``add``, views of a single device copy (pinned and non-blocking on CUDA)."""
+        flat = self.host_tensor(device).to(device, non_blocking=True)
+        return [flat[offset : offset + length] for offset, length in self._spans]
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupPlan:
+    """One attention group's index lists on the host, before the step's single copy."""
+
+    num_rows: int
+    max_query_len: int
+    max_key_len: int
+    slots: list[int]
+    slot_index: int  # handles into _HostIndices
+    token_index: int
+    query_positions: int  # [rows * max_query_len]
+    query_rows: int
+    query_cols: int
+    block_tables: int | None  # [rows * max_blocks], paged only
+    num_table_columns: int
 
 
 class ModelRunner:
@@ -88,25 +148,39 @@ class ModelRunner:
             return self.static_decode.new_kv_cache(num_slots, max_seq_len)
         return self.decoder.new_kv_cache(num_slots, max_seq_len)
 
+    def new_paged_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """A paged engine's pool; its steps always take the packed path (the static decode path needs slots)."""
+        return self.decoder.new_paged_kv_cache(num_blocks, block_size)
+
     # -- one step -----------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput, kv_cache: KVCache) -> list[int]:
+    def execute(self, output: SchedulerOutput, kv_cache: KVCache | PagedKVCache) -> list[int]:
         """Run every chunk; return the greedy token of each sampling chunk, in order."""
-        if self.static_decode is not None and self.static_decode.handles(output.chunks):
+        if (
+            self.static_decode is not None
+            and isinstance(kv_cache, KVCache)
+            and self.static_decode.handles(output.chunks)
+        ):
             sampled = self.static_decode(output.chunks, kv_cache)
         else:
             sampled = self._packed_step(output.chunks, kv_cache)
         self.num_forward_passes += 1
         return sampled
 
-    def _packed_step(self, chunks: tuple[ScheduledChunk, ...], kv_cache: KVCache) -> list[int]:
-        batch = self._prepare(chunks, kv_cache.max_seq_len)
+    def _packed_step(self, chunks: tuple[ScheduledChunk, ...], kv_cache: KVCache | PagedKVCache) -> list[int]:
+        batch = self._prepare(chunks, kv_cache)
+        is_paged = isinstance(kv_cache, PagedKVCache)
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
-            k_cache[batch.token_slots, :, batch.positions] = k
-            v_cache[batch.token_slots, :, batch.positions] = v
+            if is_paged:
+                k_cache, v_cache = kv_cache.token_rows(layer_index)  # [cells, kv_heads, head_dim]
+                k_cache[batch.token_slots] = k
+                v_cache[batch.token_slots] = v
+            else:
+                k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
+                k_cache[batch.token_slots, :, batch.positions] = k
+                v_cache[batch.token_slots, :, batch.positions] = v
             attended = torch.empty_like(q)  # [T, heads, head_dim]
             for group in batch.groups:
                 attended[group.token_index] = self._attend(group, q, k_cache, v_cache)
@@ -118,8 +192,12 @@ class ModelRunner:
         return self.decoder.greedy_tokens(hidden[batch.sample_index]).tolist()
 
     def _attend(self, group: _AttentionGroup, q, k_cache, v_cache) -> torch.Tensor:
-        keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
-        values = v_cache[group.slots, :, : group.max_key_len]
+        if group.key_cells is None:
+            keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
+            values = v_cache[group.slots, :, : group.max_key_len]
+        else:  # a gather on CPU; on GPU a paged kernel would read the blocks in place
+            keys = k_cache[group.key_cells].transpose(1, 2)  # [rows, kv_heads, keys, head_dim]
+            values = v_cache[group.key_cells].transpose(1, 2)
         group_q = q[group.token_index]  # [group_tokens, heads, head_dim]
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
@@ -127,17 +205,15 @@ class ModelRunner:
             heads = self.decoder.heads
             queries = group_q.new_zeros(group.num_rows, group.max_query_len, heads.num_heads, heads.head_dim)
             queries[group.query_rows, group.query_cols] = group_q
-        out = F.scaled_dot_product_attention(
-            queries.transpose(1, 2), keys, values, attn_mask=group.mask, enable_gqa=True
-        )  # [rows, heads, queries, head_dim]
-        out = out.transpose(1, 2)
+        out = grouped_query_attention(queries, keys, values, group.mask)  # [rows, queries, heads, head_dim]
         if group.query_rows is None:
             return out.squeeze(1)
         return out[group.query_rows, group.query_cols]
 
     # -- tensors from chunks ------------------------------------------------
 
-    def _prepare(self, chunks: tuple[ScheduledChunk, ...], max_seq_len: int) -> _Batch:
+    def _prepare(self, chunks: tuple[ScheduledChunk, ...], kv_cache: KVCache | PagedKVCache) -> _Batch:
+        block_size = kv_cache.block_size if isinstance(kv_cache, PagedKVCache) else None
         input_ids: list[int] = []
         positions: list[int] = []
         token_slots: list[int] = []
@@ -145,70 +221,111 @@ class ModelRunner:
         decode_chunks: list[tuple[int, ScheduledChunk]] = []
         prefill_chunks: list[tuple[int, ScheduledChunk]] = []
         for chunk in chunks:
-            if chunk.start_position + chunk.num_tokens > max_seq_len:
-                raise ValueError(
-                    f"chunk of {chunk.request_id!r} reaches position {chunk.start_position + chunk.num_tokens} "
-                    f"beyond the cache's max_seq_len {max_seq_len}"
-                )
+            _check_fits(chunk, kv_cache)
             offset = len(input_ids)
+            chunk_positions = range(chunk.start_position, chunk.start_position + chunk.num_tokens)
             input_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start_position, chunk.start_position + chunk.num_tokens))
-            token_slots.extend([chunk.slot] * chunk.num_tokens)
+            positions.extend(chunk_positions)
+            if block_size is None:
+                token_slots.extend([chunk.slot] * chunk.num_tokens)
+            else:
+                table = chunk.block_table
+                token_slots.extend(table[p // block_size] * block_size + p % block_size for p in chunk_positions)
             if chunk.samples:
                 sample_index.append(offset + chunk.num_tokens - 1)
             (decode_chunks if chunk.num_tokens == 1 else prefill_chunks).append((offset, chunk))
-        groups = tuple(
-            self._attention_group(group_chunks)
+        indices = _HostIndices()
+        handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
+        plans = [
+            self._plan_group(group_chunks, indices, block_size)
             for group_chunks in (decode_chunks, prefill_chunks)
             if group_chunks
-        )
+        ]
+        tensors = indices.upload(self.device)
         return _Batch(
-            input_ids=self._long(input_ids),
-            positions=self._long(positions),
-            token_slots=self._long(token_slots),
-            sample_index=self._long(sample_index),
-            groups=groups,
+            *(tensors[handle] for handle in handles),
+            groups=tuple(self._attention_group(plan, tensors, block_size) for plan in plans),
         )
 
-    def _attention_group(self, offset_chunks: list[tuple[int, ScheduledChunk]]) -> _AttentionGroup:
+    @staticmethod
+    def _plan_group(
+        offset_chunks: list[tuple[int, ScheduledChunk]], indices: _HostIndices, block_size: int | None
+    ) -> _GroupPlan:
         offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
         chunks = [chunk for _, chunk in offset_chunks]
-        slots = [chunk.slot for chunk in chunks]
         max_query_len = max(chunk.num_tokens for chunk in chunks)
-        key_lens = [chunk.start_position + chunk.num_tokens for chunk in chunks]
-        max_key_len = max(key_lens)
         token_index: list[int] = []
         query_rows: list[int] = []
         query_cols: list[int] = []
         # Query (row, col) sits at position start + col; it sees keys 0..that
-        # position of its own slot. Padded query columns reuse the row's last
+        # position of its own request. Padded query columns reuse the row's last
         # position so no row is ever fully masked (which would give NaN).
-        query_positions = []
+        query_positions: list[int] = []
         for row, (offset, chunk) in enumerate(offset_chunks):
             token_index.extend(range(offset, offset + chunk.num_tokens))
             query_rows.extend([row] * chunk.num_tokens)
             query_cols.extend(range(chunk.num_tokens))
             last = chunk.start_position + chunk.num_tokens - 1
-            query_positions.append(
-                [min(chunk.start_position + col, last) for col in range(max_query_len)]
-            )
-        query_pos = self._long(query_positions)  # [rows, max_query_len]
-        key_pos = torch.arange(max_key_len, device=self.device)
-        mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-        is_decode = max_query_len == 1
-        return _AttentionGroup(
-            token_index=self._long(token_index),
-            slots=_as_slice_if_contiguous(slots) or self._long(slots),
+            query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
+        block_tables, num_table_columns = None, 0
+        if block_size is not None:
+            num_table_columns = max(len(chunk.block_table) for chunk in chunks)
+            padded = [(*chunk.block_table, *[0] * (num_table_columns - len(chunk.block_table))) for chunk in chunks]
+            block_tables = indices.add([block for table in padded for block in table])
+        return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
-            max_key_len=max_key_len,
-            query_rows=None if is_decode else self._long(query_rows),
-            query_cols=None if is_decode else self._long(query_cols),
-            mask=mask,
+            max_key_len=max(chunk.start_position + chunk.num_tokens for chunk in chunks),
+            slots=[chunk.slot for chunk in chunks],
+            slot_index=indices.add([chunk.slot for chunk in chunks]),
+            token_index=indices.add(token_index),
+            query_positions=indices.add(query_positions),
+            query_rows=indices.add(query_rows),
+            query_cols=indices.add(query_cols),
+            block_tables=block_tables,
+            num_table_columns=num_table_columns,
         )
 
-    def _long(self, values) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _attention_group(
+        self, plan: _GroupPlan, tensors: list[torch.Tensor], block_size: int | None
+    ) -> _AttentionGroup:
+        query_pos = tensors[plan.query_positions].view(plan.num_rows, plan.max_query_len)
+        key_pos = torch.arange(plan.max_key_len, device=self.device)
+        mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+        is_decode = plan.max_query_len == 1
+        block_tables = key_cells = None
+        slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
+        if block_size is not None:
+            slots = None
+            block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
+            key_cells = block_tables[:, key_pos // block_size] * block_size + key_pos % block_size
+        return _AttentionGroup(
+            token_index=tensors[plan.token_index],
+            slots=slots,
+            num_rows=plan.num_rows,
+            max_query_len=plan.max_query_len,
+            max_key_len=plan.max_key_len,
+            query_rows=None if is_decode else tensors[plan.query_rows],
+            query_cols=None if is_decode else tensors[plan.query_cols],
+            mask=mask,
+            block_tables=block_tables,
+            key_cells=key_cells,
+        )
+
+
+def _check_fits(chunk: ScheduledChunk, kv_cache: KVCache | PagedKVCache) -> None:
+    """A chunk past its cache would write out of bounds (slots) or into another request's block (paged)."""
+    end = chunk.start_position + chunk.num_tokens
+    if isinstance(kv_cache, KVCache) and end > kv_cache.max_seq_len:
+        raise ValueError(
+            f"chunk of {chunk.request_id!r} reaches position {end} beyond the cache's max_seq_len "
+            f"{kv_cache.max_seq_len}"
+        )
+    if isinstance(kv_cache, PagedKVCache) and end > len(chunk.block_table) * kv_cache.block_size:
+        raise ValueError(
+            f"chunk of {chunk.request_id!r} reaches position {end} beyond its {len(chunk.block_table)} blocks of "
+            f"{kv_cache.block_size} tokens; the scheduler must grow its block table first"
+        )
 
 
 def _as_slice_if_contiguous(slots: list[int]) -> slice | None:
