@@ -92,6 +92,7 @@ class Build:
     max_seq_len: int
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None
+    num_kv_blocks: int | None = None  # an older tree's Build lacks it: decoding fills the default
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +170,18 @@ def loads_message(line: str) -> Any:
 
 
 def encode(value: Any) -> Any:
-    """``value`` as plain JSON data: dataclasses by field, enums by value, non-finite floats tagged."""
+    """``value`` as plain JSON data: dataclasses by field, enums by value, non-finite floats tagged.
+
+    A field that is None where None is its default is not sent: the receiver
+    fills its own default, and a receiver whose code predates the field (an
+    older tree under ``--perf-against``) can still decode the value.
+    """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return {
+            f.name: encode(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.init and not (f.default is None and getattr(value, f.name) is None)
+        }
     if isinstance(value, enum.Enum):
         return encode(value.value)
     if isinstance(value, float) and not math.isfinite(value):

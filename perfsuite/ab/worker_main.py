@@ -112,7 +112,11 @@ class Worker:
         from perfsuite.adapters import EngineConfig, build_engine
 
         config = EngineConfig(
-            message.batch_size, message.max_seq_len, message.prefill_batch_size, message.max_num_batched_tokens
+            message.batch_size,
+            message.max_seq_len,
+            message.prefill_batch_size,
+            message.max_num_batched_tokens,
+            message.num_kv_blocks,
         )
         engine = build_engine(message.engine, self._loaded(), config)
         self.engines[message.engine_id] = engine

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfsuite.adapters.protocol import Backend, EngineConfig
-from perfsuite.engine import Engine, inflight_engine, static_engine
+from perfsuite.engine import Engine, inflight_engine, paged_engine, static_engine
 
 
 def build_static(backend: Backend, config: EngineConfig) -> Engine:
@@ -18,6 +18,18 @@ def build_inflight(backend: Backend, config: EngineConfig) -> Engine:
         decode_batch_size=config.batch_size,
         prefill_batch_size=config.prefill_batch_size,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        max_seq_len=config.max_seq_len,
+        eos_token_id=backend.eos_token_id,
+    )
+
+
+def build_paged(backend: Backend, config: EngineConfig) -> Engine:
+    return paged_engine(
+        backend.runner,
+        decode_batch_size=config.batch_size,
+        prefill_batch_size=config.prefill_batch_size,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_kv_blocks=config.num_kv_blocks,
         max_seq_len=config.max_seq_len,
         eos_token_id=backend.eos_token_id,
     )

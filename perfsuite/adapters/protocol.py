@@ -13,6 +13,7 @@ registered by name (see ``perfsuite.adapters.registry``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -124,12 +125,30 @@ class EngineConfig:
     max_seq_len: int
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None  # the most tokens one step computes (vLLM's name)
+    num_kv_blocks: int | None = None  # the paged engine's KV pool; None: batch_size x max_seq_len tokens of it
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}; or leave it unset")
+
+    def identity(self) -> dict[str, int | None]:
+        """The knobs as a stored run's identity records them.
+
+        A knob added after baselines were stored is left out while unset, so
+        a run that does not use it keeps the identity its baselines carry.
+        """
+        knobs = dataclasses.asdict(self)
+        for name in _KNOBS_ADDED_LATER:
+            if knobs[name] is None:
+                del knobs[name]
+        return knobs
+
+
+_KNOBS_ADDED_LATER = ("num_kv_blocks",)
 
 
 EngineFactory = Callable[[Backend, EngineConfig], BatchingEngine]

@@ -30,6 +30,7 @@ DEFAULT_ENGINES = ("static", "inflight")
 BUILTIN_ENGINES: dict[str, str] = {
     "static": "perfsuite.adapters.builtin:build_static",
     "inflight": "perfsuite.adapters.builtin:build_inflight",
+    "paged": "perfsuite.adapters.builtin:build_paged",
     "hf-static": "perfsuite.adapters.hf_static:build",
     "hf-cb": "perfsuite.adapters.hf_cb:build",
     "openai-http": "perfsuite.adapters.openai_http:build",

@@ -108,7 +108,7 @@ class WorkerEngine:
     def spec(self) -> EngineSpec:
         config = self.config
         return EngineSpec(self.name, config.batch_size, config.max_seq_len, config.prefill_batch_size,
-                          config.max_num_batched_tokens)  # fmt: skip
+                          config.max_num_batched_tokens, config.num_kv_blocks)  # fmt: skip
 
     def run(self, requests, on_step=None, max_concurrency=None):
         raise RuntimeError(

@@ -300,7 +300,8 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
     ``requests``, the requests the engine will serve, size its cache (``max_seq_len``)
     for the longest of them, so a static decode step attends over what this
-    test needs; without them it is ``perf_max_seq_len``.
+    test needs; without them it is ``perf_max_seq_len``. ``num_kv_blocks=...``
+    sizes the paged engine's KV pool.
     Override this fixture to hand the shipped tests an engine of your own.
     """
     from perfsuite.adapters import EngineConfig, build_engine
@@ -308,11 +309,18 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
 
     default_batch = max(perf_session.options.profile.batch_sizes)
 
-    def make(name: str, batch_size: int = default_batch, prefill_batch_size=None, token_budget=None, requests=None):
+    def make(
+        name: str,
+        batch_size: int = default_batch,
+        prefill_batch_size=None,
+        token_budget=None,
+        requests=None,
+        num_kv_blocks=None,
+    ):
         from perfsuite.plugin.recorder import BuiltEngine
 
         max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
-        config = EngineConfig(batch_size, max_seq_len, prefill_batch_size, token_budget)
+        config = EngineConfig(batch_size, max_seq_len, prefill_batch_size, token_budget, num_kv_blocks)
         if perf_session.against is not None:  # both workers build it from its name and knobs
             from perfsuite.plugin.against import WorkerEngine
 

@@ -228,7 +228,7 @@ class PerfRecorder:
         options = self.session.options
         built = next((b for b in self.built_engines if b.engine is engine), None)
         if built is not None:
-            name, engine_knobs = built.name, dataclasses.asdict(built.config)
+            name, engine_knobs = built.name, built.config.identity()
         else:  # built by the test itself: all we know is what the protocol shows
             name, engine_knobs = engine.name, {"batch_size": engine.batch_size}
         max_seq_len = engine_knobs.pop("max_seq_len", None)
