@@ -9,9 +9,11 @@ message gives the reference's top-1/top-2 margin so a reader can tell.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import event, example, given, settings
 
 from perfsuite.correctness import assert_outputs_equal, find_divergences
 from perfsuite.engine import Request, SamplingParams, inflight_engine
@@ -31,16 +33,20 @@ def tiny():
 
 
 def check_scenario(scenario: Scenario, loaded, runner, reference, max_seq_len, near_tie_tolerance=0.0):
+    """Every engine's outputs against the reference; the near-ties and the paged engine's preemptions."""
     expected, margins = reference.outputs(scenario.requests)
-    near_ties = []
+    near_ties, num_preemptions = [], 0
     for engine in scenario.engines(runner, loaded.eos_token_id, max_seq_len):
         actual = drive(engine, scenario)
         near_ties += assert_outputs_equal(engine.name, expected, actual, margins, near_tie_tolerance)
-    return near_ties
+        if engine.name == "paged":
+            num_preemptions = engine.result(0.0, 1.0).counters.num_preemptions
+    return near_ties, num_preemptions
 
 
 def _scenario(
-    *lengths, batch_size=3, prefill_batch_size=2, max_num_batched_tokens=16, arrival_steps=None, prompt_len=9
+    *lengths, batch_size=3, prefill_batch_size=2, max_num_batched_tokens=16, arrival_steps=None, prompt_len=9,
+    num_kv_blocks=None, kv_block_size=16,
 ):
     requests = tuple(
         Request(f"r{i}", tuple((7 * i + 3 * j) % 250 + 3 for j in range(prompt_len + i)), SamplingParams(n, ignore_eos=True))
@@ -52,58 +58,99 @@ def _scenario(
         batch_size=batch_size,
         prefill_batch_size=prefill_batch_size,
         max_num_batched_tokens=max_num_batched_tokens,
+        num_kv_blocks=num_kv_blocks,
+        kv_block_size=kv_block_size,
     )
 
 
-@settings(max_examples=200)
-@given(scenario=scenarios(vocab_size=320))
-@example(scenario=_scenario(5, 12, 3, 20, 7, batch_size=3, max_num_batched_tokens=4, arrival_steps=(0, 0, 2, 5, 5)))
-def test_tiny_random_float64_engines_equal_reference(tiny, scenario):
+def test_tiny_random_float64_engines_equal_reference(tiny):
+    """The property over static, slot in-flight and paged; most paged runs must preempt (the share is printed)."""
     loaded, runner, reference = tiny
-    check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)
+    preempted = []
+
+    # 150 examples, not 200 as with two engines: the paged engine's run costs about what the others' do.
+    @settings(max_examples=150)
+    @given(scenario=scenarios(vocab_size=320))
+    @example(scenario=_scenario(5, 12, 3, 20, 7, batch_size=3, max_num_batched_tokens=4,
+                                arrival_steps=(0, 0, 2, 5, 5), num_kv_blocks=8, kv_block_size=4))  # fmt: skip
+    def engines_equal_reference(scenario):
+        _, num_preemptions = check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)
+        event(f"paged engine preempted: {'yes' if num_preemptions else 'no'}")
+        preempted.append(num_preemptions > 0)
+
+    engines_equal_reference()
+    share = sum(preempted) / len(preempted)
+    print(f"paged runs that preempted: {sum(preempted)} of {len(preempted)} ({share:.0%})")
+    assert share >= 0.5, f"only {share:.0%} of the paged runs preempted; shrink the pools in engine_harness.scenarios"
+
+
+def test_the_paged_engine_preempts_and_recomputes_yet_equals_the_reference(tiny):
+    loaded, runner, reference = tiny
+    # Three requests of 9-11 prompt tokens and 12-20 new ones in 8 blocks of 4 (32 tokens): they outgrow it.
+    scenario = _scenario(12, 20, 16, batch_size=3, max_num_batched_tokens=64, num_kv_blocks=8, kv_block_size=4)
+    expected, margins = reference.outputs(scenario.requests)
+    engine = scenario.paged_engine(runner, loaded.eos_token_id, TINY_MAX_SEQ_LEN)
+    assert_outputs_equal("paged", expected, drive(engine, scenario), margins)
+    counters = engine.result(0.0, 1.0).counters
+    assert counters.num_preemptions >= 2 and counters.num_recomputed_tokens > 0
+    assert counters.peak_kv_blocks_used == 8
 
 
 # -- mutants: the property must catch bugs in positions, masks and slots ------
 
 
 class _PositionBug(ModelRunner):
-    def _prepare(self, chunks, max_seq_len):
-        batch = super()._prepare(chunks, max_seq_len)
+    def _prepare(self, chunks, kv_cache):
+        batch = super()._prepare(chunks, kv_cache)
         shifted = torch.where(batch.positions > 4, batch.positions + 1, batch.positions)
-        return type(batch)(batch.input_ids, shifted.clamp(max=max_seq_len - 1), batch.token_slots,
+        return type(batch)(batch.input_ids, shifted.clamp(max=TINY_MAX_SEQ_LEN - 1), batch.token_slots,
                            batch.sample_index, batch.groups)
 
 
 class _MaskBug(ModelRunner):
-    def _attention_group(self, offset_chunks):
-        group = super()._attention_group(offset_chunks)
+    def _attention_group(self, *args):
+        group = super()._attention_group(*args)
         leaky = group.mask.clone()
         leaky[..., : group.max_key_len] |= torch.ones_like(leaky)  # every key visible, stale ones too
-        return type(group)(group.token_index, group.slots, group.num_rows, group.max_query_len,
-                           group.max_key_len, group.query_rows, group.query_cols, leaky)
+        return dataclasses.replace(group, mask=leaky)
 
 
 class _SlotBug(ModelRunner):
-    def _attention_group(self, offset_chunks):
-        group = super()._attention_group(offset_chunks)
+    def _attention_group(self, *args):
+        group = super()._attention_group(*args)
         if isinstance(group.slots, slice) or group.num_rows < 2:
             return group
-        return type(group)(group.token_index, group.slots.flip(0), *_rest(group))
+        return dataclasses.replace(group, slots=group.slots.flip(0))
 
 
-def _rest(group):
-    return (group.num_rows, group.max_query_len, group.max_key_len, group.query_rows, group.query_cols, group.mask)
+class _BlockTableBug(ModelRunner):
+    """Walks each row's block table backwards, as an off-by-one in the table walk would misplace keys."""
+
+    def _attention_group(self, plan, tensors, block_size):
+        group = super()._attention_group(plan, tensors, block_size)
+        key_positions = torch.arange(group.max_key_len)
+        reversed_cells = group.block_tables.flip(1)[:, key_positions // block_size] * block_size
+        return dataclasses.replace(group, key_cells=reversed_cells + key_positions % block_size)
 
 
-@pytest.mark.parametrize("mutant", [_PositionBug, _MaskBug, _SlotBug], ids=["positions", "mask", "slot-index"])
-def test_a_runner_bug_breaks_the_property(tiny, mutant):
+@pytest.mark.parametrize(
+    ("mutant", "engine_kind"),
+    [(_PositionBug, "inflight"), (_MaskBug, "inflight"), (_SlotBug, "inflight"),
+     (_MaskBug, "paged"), (_BlockTableBug, "paged")],
+    ids=["positions", "mask", "slot-index", "paged-mask", "paged-block-table"],
+)  # fmt: skip
+def test_a_runner_bug_breaks_the_property(tiny, mutant, engine_kind):
     loaded, _, reference = tiny
     broken = mutant(loaded.model)
     # Slots 0 and 2 decode while slot 1 is free, so the decode group needs an index, not a slice.
-    scenario = _scenario(14, 2, 14, 6, batch_size=3, prefill_batch_size=3, max_num_batched_tokens=64)
+    scenario = _scenario(14, 2, 14, 6, batch_size=3, prefill_batch_size=3, max_num_batched_tokens=64,
+                         num_kv_blocks=8, kv_block_size=4)  # fmt: skip
     expected, margins = reference.outputs(scenario.requests)
-    engine = inflight_engine(broken, decode_batch_size=3, max_seq_len=TINY_MAX_SEQ_LEN,
-                             eos_token_id=loaded.eos_token_id, prefill_batch_size=3, max_num_batched_tokens=64)
+    if engine_kind == "paged":
+        engine = scenario.paged_engine(broken, loaded.eos_token_id, TINY_MAX_SEQ_LEN)
+    else:
+        engine = inflight_engine(broken, decode_batch_size=3, max_seq_len=TINY_MAX_SEQ_LEN,
+                                 eos_token_id=loaded.eos_token_id, prefill_batch_size=3, max_num_batched_tokens=64)
     divergences = find_divergences("mutant", expected, drive(engine, scenario), margins)
     assert divergences, f"{mutant.__name__} went unnoticed"
     assert not all(d.is_near_tie(FLOAT32_NEAR_TIE) for d in divergences), "a real bug must not look like a near-tie"
@@ -123,7 +170,7 @@ def smollm2():
 @given(scenario=scenarios(vocab_size=49152, max_requests=5, max_prompt_len=24, max_new_tokens=10, max_batch_size=4))
 def test_smollm2_float32_engines_equal_reference(smollm2, scenario):
     loaded, runner, reference = smollm2
-    near_ties = check_scenario(scenario, loaded, runner, reference, 64, near_tie_tolerance=FLOAT32_NEAR_TIE)
+    near_ties, _ = check_scenario(scenario, loaded, runner, reference, 64, near_tie_tolerance=FLOAT32_NEAR_TIE)
     assert len(near_ties) <= 1, f"too many near-ties to be chance: {[d.describe() for d in near_ties]}"
 
 
