@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -84,7 +85,9 @@ def recorded(tmp_path, engine, device: str):
     from test_server_identity import Benchmark, requests, session
 
     recorder = PerfRecorder(session(tmp_path), "tests/perf/t.py::test_memory", Benchmark(), backend_on(device))
-    return recorder.measure(engine, requests())
+    result = recorder.measure(engine, requests())  # pytest-benchmark's JSON carries the memory figures too
+    assert recorder.benchmark.extra_info["memory"] == (dataclasses.asdict(result.memory) if result.memory else None)
+    return result
 
 
 def test_the_recorder_keeps_each_repeats_cuda_peak_and_the_result_its_most(tmp_path, monkeypatch):

@@ -95,6 +95,7 @@ class PerfRecorder:
                 "parameters": dataclasses.asdict(self.result.parameters),
                 **self.result.summary.vllm_keys(),
                 "counters": dataclasses.asdict(self.result.counters),
+                "memory": dataclasses.asdict(memory) if (memory := self.result.memory) else None,
                 "baseline": self.result.baseline_status,
             }
         )
