@@ -21,6 +21,7 @@ from perfsuite.adapters.http_options import (
 )
 from perfsuite.engine import RunResult
 from perfsuite.measure.metrics import RunMetrics, run_metrics
+from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
 from perfsuite.report.table import format_table, memory_table
 from perfsuite.workload import mixed_workload
@@ -326,19 +327,29 @@ HEADERS = (
 
 
 def _row(result: RunResult, metrics: RunMetrics) -> list[object]:
+    # A percentile the run's requests cannot support is shown as such, not as a figure.
+    ttft = [m.ttft for m in metrics.requests if m.ttft is not None]
+    tpot = [m.tpot for m in metrics.requests if m.tpot is not None]
+    e2el = [m.e2e for m in metrics.requests if m.e2e is not None]
     return [
         result.engine_name,
         metrics.output_throughput,
         metrics.request_throughput,
-        metrics.ttft.median * 1e3,
-        metrics.ttft.p99 * 1e3,
-        metrics.tpot.median * 1e3,
-        metrics.tpot.p99 * 1e3,
-        metrics.e2el.median,
-        metrics.e2el.p99,
+        shown_percentile(metrics.ttft.median * 1e3, ttft, 50, 1e3),
+        shown_percentile(metrics.ttft.p99 * 1e3, ttft, 99, 1e3),
+        shown_percentile(metrics.tpot.median * 1e3, tpot, 50, 1e3),
+        shown_percentile(metrics.tpot.p99 * 1e3, tpot, 99, 1e3),
+        shown_percentile(metrics.e2el.median, e2el, 50),
+        shown_percentile(metrics.e2el.p99, e2el, 99),
         result.counters.num_forward_passes,
         result.counters.num_padding_tokens,
     ]
+
+
+def shown_percentile(value: float, values: Sequence[float], q: float, scale: float = 1.0) -> float | str:
+    """``value`` (the q-th percentile of ``values``, times ``scale``), or what ``values`` say when they cannot support it."""
+    interval = percentile_interval(values, q) if values else PercentileInterval(q, None, None, DEFAULT_CONFIDENCE, 0)
+    return interval.unsupported_text(scale) or value
 
 
 class Progress:

@@ -47,6 +47,7 @@ request has a timeout and so does the whole run. A failed request raises
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -62,6 +63,7 @@ from perfsuite.adapters.openai_stream import (
     OpenAIHttpError,
     Piece,
     Received,
+    SendTimes,
     ServerRejectedError,
     StreamState,
     error_message,
@@ -392,21 +394,34 @@ async def _send_all(
 
     Open loop: a request's arrival is its scheduled time, so waiting for a free
     client counts as queueing. Closed loop: its arrival is when it is sent.
+    An open-loop request also records when it was scheduled, when it could
+    first have gone (its schedule, or the moment a busy client freed) and when
+    it went: the gap between the last two is this loop's own lateness
+    (``perfsuite.measure.send_lag``), e.g. while it parses other streams.
     """
     free_clients = asyncio.Semaphore(num_clients)
+    releases: list[float] = []  # when each request's client was freed, in order
     tasks: list[asyncio.Task] = []
     try:
         for request in requests:
-            delay = start + request.arrival_time - time.perf_counter()
+            scheduled = start + request.arrival_time
+            delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            num_released = len(releases) if free_clients.locked() else None
             await free_clients.acquire()
+            sent = time.perf_counter()
             if any(task.done() and not task.cancelled() and task.exception() for task in tasks):
                 free_clients.release()
                 break  # a request failed; gather below raises its error
-            arrival = time.perf_counter() if closed_loop else start + request.arrival_time
+            arrival = sent if closed_loop else scheduled
+            # Only this loop acquires: the first release after it found none free is the one that let it go.
+            freed = releases[num_released] if num_released is not None and len(releases) > num_released else None
+            ready = scheduled if freed is None else max(scheduled, freed)
+            times = None if closed_loop else SendTimes(scheduled, ready, sent)
             payload = payloads[request.request_id]
-            tasks.append(asyncio.create_task(_send_one(client, request, payload, arrival, free_clients)))
+            sending = _send_one(client, request, payload, arrival, free_clients, releases, times)
+            tasks.append(asyncio.create_task(sending))
         return list(await asyncio.gather(*tasks))
     finally:
         for task in tasks:
@@ -415,12 +430,20 @@ async def _send_all(
 
 
 async def _send_one(
-    client: _Client, request: Request, payload: dict, arrival: float, free_clients: asyncio.Semaphore
+    client: _Client,
+    request: Request,
+    payload: dict,
+    arrival: float,
+    free_clients: asyncio.Semaphore,
+    releases: list[float],
+    times: SendTimes | None,
 ) -> Received:
     try:
-        return await client.complete(request, payload, arrival)
+        received = await client.complete(request, payload, arrival)
     finally:
+        releases.append(time.perf_counter())
         free_clients.release()
+    return dataclasses.replace(received, send_times=times)
 
 
 class _Client:

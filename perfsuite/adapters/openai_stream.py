@@ -108,6 +108,15 @@ def _piece(choice: dict, arrival: float) -> Piece | None:
 
 
 @dataclass(frozen=True, slots=True)
+class SendTimes:
+    """An open-loop request's send: scheduled, could first have gone (a client was free), went."""
+
+    scheduled: float
+    ready: float
+    sent: float
+
+
+@dataclass(frozen=True, slots=True)
 class Received:
     """A completed stream: everything needed to build its record after the timed region."""
 
@@ -117,6 +126,7 @@ class Received:
     pieces: tuple[Piece, ...]
     finish_reason: FinishReason
     num_usage_tokens: int | None
+    send_times: SendTimes | None = None  # open loop only
 
     @property
     def has_exact_ids(self) -> bool:
@@ -170,6 +180,9 @@ def _record(
         finished_time=received.finished_time,
         finish_reason=received.finish_reason,
         num_reported_output_tokens=num_reported,
+        scheduled_time=received.send_times.scheduled if received.send_times else None,
+        send_ready_time=received.send_times.ready if received.send_times else None,
+        sent_time=received.send_times.sent if received.send_times else None,
     )
 
 

@@ -8,7 +8,10 @@ hf-cb, vllm) serve a run with these, so their latencies are comparable:
 - with ``max_concurrency`` the run is a closed loop: a request gets in only
   while fewer than that many are unfinished, and its arrival is that moment;
 - every request gets a record; duplicate ids raise ``ValueError`` before
-  anything runs.
+  anything runs;
+- an open-loop admission carries when it was scheduled, when it could first
+  have got in (not before the engine's last step ended: ``engine_free_since``)
+  and when it did, for the load generator's self-check (``perfsuite.measure.send_lag``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ class Admission:
 
     request: Request
     arrival_time: float
+    scheduled_time: float | None = None  # open loop only: the run start plus the request's offset
+    send_ready_time: float | None = None  # the later of that and the end of the engine's last step
+    sent_time: float | None = None  # when it got in
 
 
 class ArrivalQueue:
@@ -55,16 +61,25 @@ class ArrivalQueue:
         self.start_time = self._clock()
         return self.start_time
 
-    def admit(self, num_unfinished: int) -> list[Admission]:
-        """Every request whose arrival has passed, as far as the concurrency limit lets them in."""
+    def admit(self, num_unfinished: int, engine_free_since: float | None = None) -> list[Admission]:
+        """Every request whose arrival has passed, as far as the concurrency limit lets them in.
+
+        ``engine_free_since``: when the engine's last step ended. A request due
+        during that step could not get in before it ended; that wait is the
+        engine's, not the load generator's.
+        """
         now = self._clock()
         admitted: list[Admission] = []
         while self._pending and self._pending[0].arrival_time <= now - self.start_time:
             if not self.has_room(num_unfinished + len(admitted)):
                 break
             request = self._pending.popleft()
-            arrival = now if self.max_concurrency is not None else self.start_time + request.arrival_time
-            admitted.append(Admission(request, arrival))
+            if self.max_concurrency is not None:
+                admitted.append(Admission(request, now))
+                continue
+            scheduled = self.start_time + request.arrival_time
+            ready = scheduled if engine_free_since is None else max(scheduled, engine_free_since)
+            admitted.append(Admission(request, scheduled, scheduled, ready, now))
         return admitted
 
     def has_room(self, num_unfinished: int) -> bool:
@@ -88,6 +103,15 @@ class RecordBuilder:
     token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
     finish_reason: FinishReason | None = None
+    scheduled_time: float | None = None
+    send_ready_time: float | None = None
+    sent_time: float | None = None
+
+    @classmethod
+    def admitted(cls, admission: Admission) -> RecordBuilder:
+        """The record of a request the ``ArrivalQueue`` let in, with its send times."""
+        return cls(admission.request, admission.arrival_time, scheduled_time=admission.scheduled_time,
+                   send_ready_time=admission.send_ready_time, sent_time=admission.sent_time)  # fmt: skip
 
     @property
     def is_finished(self) -> bool:
@@ -138,4 +162,7 @@ class RecordBuilder:
             token_times=tuple(self.token_times),
             finished_time=self.finished_time,
             finish_reason=self.finish_reason,
+            scheduled_time=self.scheduled_time,
+            send_ready_time=self.send_ready_time,
+            sent_time=self.sent_time,
         )

@@ -176,8 +176,11 @@ class Engine:
         self._reset_accounting()
         start = arrivals.start()
         while arrivals or self.has_unfinished_requests():
-            for admission in arrivals.admit(self.scheduler.num_waiting + self.scheduler.num_running):
+            engine_free_since = self._steps[-1].end_time if self._steps else None
+            num_unfinished = self.scheduler.num_waiting + self.scheduler.num_running
+            for admission in arrivals.admit(num_unfinished, engine_free_since):
                 self.add_request(admission.request, arrival_time=admission.arrival_time)
+                self._records[admission.request.request_id] = RecordBuilder.admitted(admission)  # with send times
             if self.has_unfinished_requests():
                 step_outputs = self.step()
                 if on_step is not None:

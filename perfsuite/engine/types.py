@@ -227,6 +227,13 @@ class RequestRecord:
     finished_time: float | None
     finish_reason: FinishReason | None
     num_reported_output_tokens: int | None = None  # None: the count is len(output_token_ids)
+    # Open loop only (None: a closed loop, a peer that does not say, or an older record): when the schedule
+    # said to send it; when it could first have gone (later than scheduled while the engine was mid-step or
+    # every client connection was busy: queueing, which its latencies count); when it actually went.
+    # sent - send_ready is the load generator's own lateness (perfsuite.measure.send_lag).
+    scheduled_time: float | None = None
+    send_ready_time: float | None = None
+    sent_time: float | None = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -35,6 +35,7 @@ from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     Measured,
     MemoryUse,
@@ -92,6 +93,7 @@ class TestResult:
     pair_order: tuple[str, ...] = ()
     unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
     baseline_unrecorded_counters: tuple[str, ...] = ()  # what it was compared with lacked these: not compared
+    send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
 
     @classmethod
     def measured(
@@ -118,6 +120,7 @@ class TestResult:
             request_samples=measured.request_samples,
             timeline=measured.timeline,
             environment=environment,
+            send_lag=measured.send_lag,
         )
 
     @property
@@ -153,6 +156,7 @@ class TestResult:
             "configuration": self.configuration.to_json() if self.configuration else None,
             "arrival_rate": self.arrival_rate,
             **self.summary.vllm_keys(),  # at the top of each test, as vLLM's benchmark writes them
+            **self.summary.interval_keys(),  # each percentile's interval beside it (older files: none)
             "samples": _lists(self.samples),
             "request_samples": _lists(self.request_samples),
             "baseline_request_samples": _lists(self.baseline_request_samples),
@@ -170,6 +174,7 @@ class TestResult:
             "reference_samples": _lists(self.reference_samples),
             "reference_timeline": dataclasses.asdict(self.reference_timeline) if self.reference_timeline else None,
             "pair_order": list(self.pair_order),
+            "send_lag": dataclasses.asdict(self.send_lag) if self.send_lag else None,
         }
 
     @classmethod
@@ -197,6 +202,7 @@ class TestResult:
             pair_order=tuple(data["pair_order"]),
             unrecorded_counters=unrecorded,
             baseline_unrecorded_counters=tuple(data["baseline_unrecorded_counters"]),
+            send_lag=SendLag(**data["send_lag"]) if data.get("send_lag") else None,  # older files: not recorded
         )
 
 

@@ -52,6 +52,27 @@ class PercentileInterval:
     def as_list(self) -> list[float | None]:
         return [self.low, self.high]
 
+    @property
+    def min_num_values(self) -> int:
+        """The fewest values that would support this percentile at this confidence."""
+        return min_sample_size(self.q, self.confidence)
+
+    def unsupported_text(self, scale: float = 1.0, what: str = "requests") -> str | None:
+        """What to show instead of the figure when the sample cannot support it (ends times ``scale``); else None.
+
+        p99 of 100 requests is (nearly) their maximum: what the sample does
+        say is the interval's lower end, e.g. ``≥ 812 (p99 needs 368 requests, has 100)``.
+        """
+        if self.supported:
+            return None
+        label = "p50" if self.q == 50 else f"p{self.q:g}"
+        needs = f"{label} needs {self.min_num_values} {what}, has {self.num_values}"
+        if self.low is not None:
+            return f"≥ {self.low * scale:.4g} ({needs})"
+        if self.high is not None:
+            return f"≤ {self.high * scale:.4g} ({needs})"
+        return f"unsupported ({needs})"
+
 
 def binomial_cdfs(n: int, p: float) -> list[float]:
     """[P(B <= k) for k in 0..n], B ~ Binomial(n, p): the pmf in log space, so large n stays accurate."""

@@ -12,8 +12,10 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from perfsuite.engine.types import EngineCounters, Request, RunResult
+from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult
 from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
+from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
+from perfsuite.measure.send_lag import SendLag, client_bound_reason, worst_send_lag
 
 GOODPUT = "request_goodput"
 
@@ -31,6 +33,9 @@ BUSY_SHARE = "cpu_busy_share"
 DEVICE_MEMORY = "max_memory_allocated_bytes"
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+
+# The percentiles a LatencySummary reports, with each one's q; each gets a distribution-free interval.
+PERCENTILES = {"median": 50.0, "p90": 90.0, "p99": 99.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +63,22 @@ class Repeats:
 
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
-    """One latency over every request of every repeat, in milliseconds."""
+    """One latency over every request of every repeat, in milliseconds.
+
+    Each percentile has its distribution-free interval (``measure.quantiles``,
+    95%, in ms); one the sample cannot bound on both sides (p99 of fewer than
+    368 values) is *unsupported* and is shown as such, never as a precise
+    figure. ``None``: not recorded (a file older than the intervals).
+    """
 
     mean_ms: float
     median_ms: float
     std_ms: float
     p90_ms: float
     p99_ms: float
+    median_ci: PercentileInterval | None = None
+    p90_ci: PercentileInterval | None = None
+    p99_ci: PercentileInterval | None = None
 
     @classmethod
     def of(cls, seconds: Sequence[float]) -> LatencySummary:
@@ -75,7 +89,20 @@ class LatencySummary:
             std_ms=1e3 * distribution.std,
             p90_ms=1e3 * distribution.p90,
             p99_ms=1e3 * distribution.p99,
+            **{f"{name}_ci": _interval_ms(seconds, q) for name, q in PERCENTILES.items()},
         )
+
+    def interval(self, statistic: str) -> PercentileInterval | None:
+        """``median``, ``p90`` or ``p99``'s interval; None when not recorded."""
+        return getattr(self, f"{statistic}_ci")
+
+
+def _interval_ms(seconds: Sequence[float], q: float) -> PercentileInterval:
+    if not seconds:
+        return PercentileInterval(q, None, None, DEFAULT_CONFIDENCE, 0)
+    interval = percentile_interval(seconds, q)
+    low, high = (None if end is None else 1e3 * end for end in (interval.low, interval.high))
+    return PercentileInterval(q, low, high, interval.confidence, interval.num_values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +135,34 @@ class RunSummary:
                 keys[f"{statistic}_{name}_ms"] = getattr(latency, f"{statistic}_ms")
         return keys
 
+    def interval_keys(self) -> dict[str, object]:
+        """Beside each percentile key, its interval and whether the sample supports it.
+
+        ``p99_ttft_ms_ci``: [low, high] in ms, null for an open end;
+        ``p99_ttft_ms_supported``: false when an end is open; ``ttft_num_values``:
+        the values the percentiles were taken over. Kept out of ``vllm_keys``,
+        whose values are all numbers, as vLLM's benchmark writes them.
+        """
+        keys: dict[str, object] = {}
+        for name in LATENCIES:
+            latency: LatencySummary = getattr(self, name)
+            for statistic in PERCENTILES:
+                interval = latency.interval(statistic)
+                if interval is None:
+                    continue
+                keys[f"{statistic}_{name}_ms_ci"] = interval.as_list()
+                keys[f"{statistic}_{name}_ms_supported"] = interval.supported
+                keys[f"{name}_num_values"] = interval.num_values
+        return keys
+
     @classmethod
     def from_vllm_keys(cls, keys: Mapping[str, float]) -> RunSummary:
+        """The summary from ``vllm_keys`` and, where present, ``interval_keys`` (an older file has none)."""
         latencies = {
-            name: LatencySummary(*(keys[f"{s}_{name}_ms"] for s in ("mean", "median", "std", "p90", "p99")))
+            name: LatencySummary(
+                *(keys[f"{s}_{name}_ms"] for s in ("mean", "median", "std", "p90", "p99")),
+                **{f"{s}_ci": _interval_from_keys(keys, s, name) for s in PERCENTILES},
+            )
             for name in LATENCIES
         }
         return cls(
@@ -122,6 +173,14 @@ class RunSummary:
             request_goodput=keys.get(GOODPUT),
             **latencies,
         )
+
+
+def _interval_from_keys(keys: Mapping[str, object], statistic: str, name: str) -> PercentileInterval | None:
+    ends = keys.get(f"{statistic}_{name}_ms_ci")
+    if ends is None:
+        return None  # not recorded
+    low, high = ends
+    return PercentileInterval(PERCENTILES[statistic], low, high, DEFAULT_CONFIDENCE, int(keys[f"{name}_num_values"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +211,7 @@ class TimelineRequest:
     arrival: float  # seconds since the run started
     first_token: float | None
     finished: float | None
+    send_lag: float | None = None  # open loop: seconds the load generator sent it late (measure.send_lag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +280,7 @@ class Measured:
     request_samples: dict[str, tuple[float, ...]]  # per request, all repeats
     timeline: RunTimeline  # of the last repeat
     noisy: str | None
+    send_lag: SendLag | None = None  # open loop: the repeat whose sends kept the schedule worst
 
 
 def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) -> Measured:
@@ -244,7 +305,9 @@ def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) 
         summary=vllm_summary(per_run, slo),
         request_samples={k: v for k, v in per_request_samples(per_run).items() if v},
         timeline=timeline_of(last),
-        noisy=repeats.noisy,
+        # A client-bound run's latencies are judged like a noisy one's: not at all.
+        noisy="; ".join(filter(None, (repeats.noisy, client_bound_reason(repeats.runs)))) or None,
+        send_lag=worst_send_lag(repeats.runs),
     )
 
 
@@ -314,12 +377,19 @@ def timeline_of(run: RunResult) -> RunTimeline:
                 arrival=r.arrival_time - t0,
                 first_token=r.token_times[0] - t0 if r.token_times else None,
                 finished=r.finished_time - t0 if r.finished_time is not None else None,
+                send_lag=_send_lag_of(r),
             )
             for r in run.records
         ),
         num_kv_blocks=run.num_kv_blocks,
         kv_block_size=run.kv_block_size,
     )
+
+
+def _send_lag_of(record: RequestRecord) -> float | None:
+    if record.sent_time is None or record.send_ready_time is None:
+        return None
+    return max(0.0, record.sent_time - record.send_ready_time)
 
 
 def sizing_parameters(

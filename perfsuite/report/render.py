@@ -26,6 +26,7 @@ from perfsuite.judge.baselines import write_text_atomic
 from perfsuite.judge.results import (
     AgainstDescription,
     Results,
+    RunSummary,
     RunTimeline,
     TestResult,
     TimelineStep,
@@ -506,12 +507,19 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
     summary = test.summary
     shown = (
         ("output tok/s", summary.output_throughput), ("req/s", summary.request_throughput),
-        ("TTFT p50 ms", summary.ttft.median_ms), ("TTFT p99 ms", summary.ttft.p99_ms),
-        ("TPOT p50 ms", summary.tpot.median_ms), ("TPOT p99 ms", summary.tpot.p99_ms),
-        ("E2E p50 ms", summary.e2el.median_ms), ("E2E p99 ms", summary.e2el.p99_ms),
+        ("TTFT p50 ms", _tail(summary, "ttft", "median")), ("TTFT p99 ms", _tail(summary, "ttft", "p99")),
+        ("TPOT p50 ms", _tail(summary, "tpot", "median")), ("TPOT p99 ms", _tail(summary, "tpot", "p99")),
+        ("E2E p50 ms", _tail(summary, "e2el", "median")), ("E2E p99 ms", _tail(summary, "e2el", "p99")),
         ("requests completed", summary.completed),
     )  # fmt: skip
     return facts + [(label, _format_value(value)) for label, value in shown] + _memory_facts(test)
+
+
+def _tail(summary: RunSummary, latency: str, statistic: str) -> float | str:
+    """A percentile's figure, or what its sample does say when it cannot support it; an older file: the figure."""
+    interval = getattr(summary, latency).interval(statistic)
+    text = interval.unsupported_text() if interval is not None else None
+    return text or getattr(getattr(summary, latency), f"{statistic}_ms")
 
 
 def _memory_facts(test: TestResult) -> list[tuple[str, str]]:
