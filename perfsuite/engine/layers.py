@@ -104,7 +104,8 @@ def grouped_query_attention(
 ) -> torch.Tensor:
     """Masked attention of queries [rows, q_len, heads, head_dim] over keys and values [rows, kv_heads, keys, head_dim].
 
-    ``mask`` [rows, 1, q_len, keys] is True where a query may attend; the
+    ``mask`` [rows, 1, q_len, keys] is True where a query may attend (or
+    that mask as ``tile_mask`` gives it, made once for all layers); the
     result is [rows, q_len, heads, head_dim].
 
     Why not ``scaled_dot_product_attention(..., attn_mask=mask, enable_gqa=True)``:
@@ -116,9 +117,10 @@ def grouped_query_attention(
     KV head j serves query heads j * group ... j * group + group - 1) are
     folded into the query length: [rows, kv_heads, group * q_len, head_dim]
     against that KV head's own keys, with the mask tiled over the group. K/V
-    are never copied, only the small queries, and SDPA with a mask and equal
-    head counts keeps the fused memory-efficient kernel on CUDA (flash
-    attention takes no mask). On CPU it is measured by bench/step_formulation.py.
+    are never copied, only the small queries (for a decode, q_len 1, not even
+    those: the fold is a view), and SDPA with a mask and equal head counts
+    keeps the fused memory-efficient kernel on CUDA (flash attention takes no
+    mask). On CPU it is measured by bench/step_formulation.py.
     """
     rows, q_len, num_heads, head_dim = queries.shape
     num_kv_heads = keys.shape[1]
@@ -128,11 +130,20 @@ def grouped_query_attention(
         .permute(0, 2, 3, 1, 4)
         .reshape(rows, num_kv_heads, group * q_len, head_dim)
     )
-    tiled_mask = mask.repeat(1, 1, group, 1) if group > 1 else mask  # [rows, 1, group * q_len, keys]
-    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=tiled_mask)  # [rows, kv_heads, group*q, d]
+    if mask.shape[2] != group * q_len:
+        mask = tile_mask(mask, group)
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)  # [rows, kv_heads, group * q_len, d]
     return out.view(rows, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4).reshape(
         rows, q_len, num_heads, head_dim
     )
+
+
+def tile_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """``mask`` [rows, 1, q_len, keys] for ``grouped_query_attention``'s folded queries, [rows, 1, group * q_len, keys].
+
+    A decode's single query row broadcasts over the group as it is.
+    """
+    return mask.repeat(1, 1, group, 1) if group > 1 and mask.shape[2] > 1 else mask
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

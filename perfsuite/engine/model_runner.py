@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention
+from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
 
@@ -86,7 +86,7 @@ class _HostIndices:
     def upload(self, device: torch.device) -> list[torch.Tensor]:
         """One tensor per ``add``, views of a single device copy (pinned and non-blocking on CUDA)."""
         flat = self.host_tensor(device).to(device, non_blocking=True)
-        return [flat[offset : offset + length] for offset, length in self._spans]
+        return list(flat.split([length for _, length in self._spans]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +171,8 @@ class ModelRunner:
     def _packed_step(self, chunks: tuple[ScheduledChunk, ...], kv_cache: KVCache | PagedKVCache) -> list[int]:
         batch = self._prepare(chunks, kv_cache)
         is_paged = isinstance(kv_cache, PagedKVCache)
+        heads = self.decoder.heads
+        masks = [tile_mask(group.mask, heads.num_heads // heads.num_kv_heads) for group in batch.groups]  # all layers
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if is_paged:
@@ -182,8 +184,8 @@ class ModelRunner:
                 k_cache[batch.token_slots, :, batch.positions] = k
                 v_cache[batch.token_slots, :, batch.positions] = v
             attended = torch.empty_like(q)  # [T, heads, head_dim]
-            for group in batch.groups:
-                attended[group.token_index] = self._attend(group, q, k_cache, v_cache)
+            for group, mask in zip(batch.groups, masks):
+                attended[group.token_index] = self._attend(group, mask, q, k_cache, v_cache)
             return attended
 
         hidden = self.decoder.forward(batch.input_ids, batch.positions, attend)  # [T, hidden]
@@ -191,7 +193,7 @@ class ModelRunner:
             return []
         return self.decoder.greedy_tokens(hidden[batch.sample_index]).tolist()
 
-    def _attend(self, group: _AttentionGroup, q, k_cache, v_cache) -> torch.Tensor:
+    def _attend(self, group: _AttentionGroup, mask: torch.Tensor, q, k_cache, v_cache) -> torch.Tensor:
         if group.key_cells is None:
             keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
             values = v_cache[group.slots, :, : group.max_key_len]
@@ -205,7 +207,7 @@ class ModelRunner:
             heads = self.decoder.heads
             queries = group_q.new_zeros(group.num_rows, group.max_query_len, heads.num_heads, heads.head_dim)
             queries[group.query_rows, group.query_cols] = group_q
-        out = grouped_query_attention(queries, keys, values, group.mask)  # [rows, queries, heads, head_dim]
+        out = grouped_query_attention(queries, keys, values, mask)  # [rows, queries, heads, head_dim]
         if group.query_rows is None:
             return out.squeeze(1)
         return out[group.query_rows, group.query_cols]
