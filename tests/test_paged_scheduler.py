@@ -126,3 +126,17 @@ def test_an_aborted_preempted_request_leaves_nothing_behind():
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.scheduler.kv_cache.num_used_blocks == 0 and engine.scheduler.kv_cache.owners() == {}
+
+
+def test_the_fake_runner_catches_a_block_two_requests_share():
+    from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
+
+    runner = FakeRunner(VOCAB)
+    cache = runner.new_paged_kv_cache(num_blocks=4, block_size=4)
+    first = ScheduledChunk("a", 0, (1, 2, 3), 0, samples=True, is_prefill=True, block_table=(1,))
+    second = ScheduledChunk("b", 1, (4, 5), 0, samples=True, is_prefill=True, block_table=(1,))
+    with pytest.raises(AssertionError, match="'a' reads position 0 from block 1, which holds .'b', 4.: a block shared"):
+        runner.execute(SchedulerOutput((first, second), num_waiting=0), cache)
+    past = ScheduledChunk("c", 0, (1,) * 5, 0, samples=True, is_prefill=True, block_table=(2,))
+    with pytest.raises(AssertionError, match="'c' position 4 is past its 1 blocks"):
+        runner.execute(SchedulerOutput((past,), num_waiting=0), cache)
