@@ -23,6 +23,7 @@ PURE_MODULES = [
     "perfsuite.serve",
     "perfsuite.workload.sweep",
     "perfsuite.measure.metrics",
+    "perfsuite.measure.capacity",
     "perfsuite.correctness",
     "perfsuite.models",
     "perfsuite.workload",

@@ -15,8 +15,8 @@ from perfsuite.judge.stats import CounterChange, Direction, compare_counters
 from perfsuite.measure.summaries import BUSY_SHARE, GOODPUT, PROBE
 
 __all__ = [  # PROBE, BUSY_SHARE and GOODPUT are the sample keys measure.summaries writes
-    "ALL_METRICS", "BUSY_SHARE", "GOODPUT", "METRICS", "NORMALISED", "PROBE", "RAW_SERVER_FIGURES",
-    "exact_counter_changes", "normalize_to_machine_speed",
+    "ALL_METRICS", "BUSY_SHARE", "CAPACITY", "CAPACITY_METRICS", "GOODPUT", "METRICS", "NORMALISED", "PROBE",
+    "RAW_SERVER_FIGURES", "exact_counter_changes", "normalize_to_machine_speed",
 ]  # fmt: skip
 
 # Per-repeat samples compared against the baseline. Repeats, not requests,
@@ -34,6 +34,11 @@ METRICS: dict[str, Direction] = {
 # Goodput is compared too when the session has an SLO (--perf-slo) and the
 # baseline was measured against the same SLO.
 ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
+
+# A capacity test (tests/perf/test_capacity.py) makes one sample per search: the highest Poisson rate, in
+# requests/s, at which the SLO held (perfsuite.measure.capacity). Its only compared metric.
+CAPACITY = "capacity_under_slo"
+CAPACITY_METRICS: dict[str, Direction] = {CAPACITY: Direction.HIGHER_IS_BETTER}
 
 NORMALISED = "each repeat rescaled by its machine probe over the baseline's median probe"
 
@@ -66,7 +71,7 @@ def normalize_to_machine_speed(
     reference = statistics.median(base[PROBE])
     for side in (base, cur):
         slowdowns = [probe / reference for probe in side[PROBE]]
-        for name, direction in ALL_METRICS.items():
+        for name, direction in {**ALL_METRICS, **CAPACITY_METRICS}.items():
             if name in side and len(side[name]) == len(slowdowns):
                 side[name] = [
                     value * k if direction is Direction.HIGHER_IS_BETTER else value / k

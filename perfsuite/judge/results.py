@@ -34,6 +34,7 @@ from perfsuite.judge.baselines import counters_from_json, recorded_counters, wri
 from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
+from perfsuite.measure.capacity import CapacityRecord
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
@@ -49,7 +50,7 @@ from perfsuite.measure.summaries import (
 )
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
-    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "MemoryUse", "PolicyDescription", "ProbeDescription", "Results",
+    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "MemoryUse", "PolicyDescription", "ProbeDescription", "Results",
     "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
     "TimelineRequest", "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
 ]  # fmt: skip
@@ -94,6 +95,7 @@ class TestResult:
     unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
     baseline_unrecorded_counters: tuple[str, ...] = ()  # what it was compared with lacked these: not compared
     send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
+    capacity: CapacityRecord | None = None  # a capacity test's searches (tests/perf/test_capacity.py)
 
     @classmethod
     def measured(
@@ -175,6 +177,7 @@ class TestResult:
             "reference_timeline": dataclasses.asdict(self.reference_timeline) if self.reference_timeline else None,
             "pair_order": list(self.pair_order),
             "send_lag": dataclasses.asdict(self.send_lag) if self.send_lag else None,
+            "capacity": self.capacity.to_json() if self.capacity else None,
         }
 
     @classmethod
@@ -203,6 +206,7 @@ class TestResult:
             unrecorded_counters=unrecorded,
             baseline_unrecorded_counters=tuple(data["baseline_unrecorded_counters"]),
             send_lag=SendLag(**data["send_lag"]) if data.get("send_lag") else None,  # older files: not recorded
+            capacity=CapacityRecord.from_json(data["capacity"]) if data.get("capacity") else None,  # optional key
         )
 
 

@@ -101,6 +101,19 @@ class PerfRecorder:
         )
         return self.result
 
+    def measure_capacity(self, engine: BatchingEngine, requests_at: Callable[[float], Sequence[Request]],
+                         **search) -> TestResult:  # fmt: skip
+        """R searches for the highest rate at which ``--perf-slo`` holds (``perfsuite.plugin.capacity``).
+
+        ``requests_at(rate)``: the probe's requests, Poisson arrivals at ``rate``
+        req/s; ``search``: ``target_share``, ``tolerance``, ``steady_state``, ``repeats``.
+        """
+        from perfsuite.plugin.capacity import measure_capacity
+
+        in_process = runs_in_process(engine)  # a server's machine is not this one: not probed
+        probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
+        return measure_capacity(self, engine, requests_at, probes, in_process, **search)
+
     def _measure_paired(
         self,
         engine: BatchingEngine,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
-from perfsuite.judge.catalogue import ALL_METRICS, METRICS
+from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
 from perfsuite.judge.judge import (
     Reference,
     adjust_family,
@@ -38,7 +38,7 @@ from perfsuite.judge.judge import (
 )
 from perfsuite.judge.paired import pairs_for_regression_with_one_disagreeing_pair, plan_paired_power
 from perfsuite.judge.power import PowerPlan, plan_power
-from perfsuite.judge.results import Results, TestResult, write_results
+from perfsuite.judge.results import CapacityRecord, Results, TestResult, write_results
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
@@ -135,6 +135,35 @@ class PerfSession:
         self.results.append(result)
         return result
 
+    def record_capacity(
+        self,
+        test_id: str,
+        measured: Measured,
+        capacity: CapacityRecord,
+        parameters: SizingParameters,
+        configuration: RunConfiguration,
+    ) -> TestResult:
+        """A capacity test (``plugin.capacity``): its one sample per search judged like throughput, higher better.
+
+        ``measured`` summarises the runs at each search's capacity; its samples
+        carry the capacities under ``CAPACITY`` and the machine probe around
+        each search. The SLO is part of ``configuration``: a baseline searched
+        against another SLO is another configuration, not compared.
+        """
+        assert self.environment is not None, "capture the environment before recording"
+        result = dataclasses.replace(
+            TestResult.measured(test_id, measured, parameters, configuration, capacity.requests_per_second,
+                                self.environment),  # fmt: skip
+            capacity=capacity,
+        )
+        if result.noisy:
+            self.warnings.append(f"{test_id}: noisy, judges nothing: {result.noisy}")
+        result = self._judge(result, CAPACITY_METRICS)
+        if self.options.save_baseline:
+            result = self._save(result)
+        self.results.append(result)
+        return result
+
     def record_paired(
         self,
         test_id: str,
@@ -175,7 +204,7 @@ class PerfSession:
         if warning not in self.warnings:
             self.warnings.append(warning)
 
-    def _judge(self, result: TestResult) -> TestResult:
+    def _judge(self, result: TestResult, metrics: dict[str, Direction] | None = None) -> TestResult:
         """Against its baseline, with the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
         baseline = self._load_baseline(result.test_id, result.environment)
         if baseline is None:
@@ -190,7 +219,7 @@ class PerfSession:
         policy = self.options.policy
         judgement = judge(
             result, Reference.of_baseline(baseline), status="compared", slo=self.slo_label, policy=policy,
-            num_comparisons=self.num_planned_comparisons, metrics=self.compared_metrics,
+            num_comparisons=self.num_planned_comparisons, metrics=metrics or self.compared_metrics,
         )  # fmt: skip
         if judgement.goodput_skipped:
             self.warnings.append(

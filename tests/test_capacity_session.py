@@ -1,0 +1,87 @@
+"""The shipped capacity test end to end through pytester, on a fake engine in virtual time (tests/capacity_fakes.py):
+skipped without an SLO, a capacity per engine in results.json, and a slower engine failing against its baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capacity_fakes import known_capacity
+from perfsuite.workload import Arrivals, OutputLengths, Workload
+
+pytest_plugins = ["pytester"]
+
+TESTS = Path(__file__).parent
+
+CONFTEST_ADDITION = """
+import os
+from perfsuite.adapters import Backend, register_engine
+from perfsuite.engine.fake_runner import FakeRunner
+from capacity_fakes import LoadLatencyEngine
+
+register_engine("load-latency", lambda backend, config: LoadLatencyEngine(
+    float(os.environ["FAKE_SERVICE_RATE"]), base_ttft=0.010, batch_size=config.batch_size))
+
+@pytest.fixture(scope="session")
+def perf_backend():
+    tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
+    return Backend(runner=FakeRunner(vocab_size=97), tokenize=tokenize, eos_token_id=None, max_context=512,
+                   device="cpu", probe=None)
+"""
+
+ARGS = ["--perf", "--perf-profile", "smoke", "--perf-engines", "load-latency", "--perf-repeats", "5",
+        "-p", "no:randomly", "--perf-busy-threshold", "0.99"]  # fmt: skip
+SLO = ["--perf-slo", "ttft=50ms"]
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    conftest = (TESTS / "perf" / "conftest.py").read_text() + CONFTEST_ADDITION
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_capacity=(TESTS / "perf" / "test_capacity.py").read_text(),
+                        capacity_fakes=(TESTS / "capacity_fakes.py").read_text())  # fmt: skip
+    monkeypatch.setenv("FAKE_SERVICE_RATE", "40")
+    return pytester
+
+
+def tokenize(text: str) -> list[int]:
+    return [3 + b % 90 for b in text.encode()][:12]
+
+
+def results(project) -> dict:
+    return json.loads((project.path / "reports" / "results.json").read_text())
+
+
+def test_without_an_slo_the_capacity_test_says_how_to_run_it(project):
+    result = project.runpytest_subprocess(*ARGS, "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*capacity is the highest rate at which an SLO holds: give one, e.g. --perf-slo*"])
+
+
+def test_a_capacity_is_recorded_then_a_slower_engine_fails_against_it(project, monkeypatch):
+    saved = project.runpytest_subprocess(*ARGS, *SLO, "--perf-save-baseline")
+    saved.assert_outcomes(passed=1)
+    test = results(project)["tests"][0]
+    capacity = test["capacity"]
+    # the fake at mu = 40/s, TTFT 10 ms / (1 - load) under a 50 ms SLO: 32/s offered, within the 10% tolerance
+    known = known_capacity(40.0, 0.010, 0.050, Workload(16, OutputLengths(), Arrivals(1.0)).requests(tokenize))
+    assert known / 1.1 <= capacity["requests_per_second"] <= known
+    assert len(test["samples"]["capacity_under_slo"]) == 5 and len(capacity["searches"]) == 5
+    assert capacity["slo_ttft_ms"] == 50 and capacity["searches"][0]["probes"]
+    assert test["parameters"]["concurrency"] == 2 and test["parameters"]["model"] == "smollm2-135m"  # --perf-model
+    assert "capacity_slo" in test["configuration"]["engine_knobs"]
+
+    same = project.runpytest_subprocess(*ARGS, *SLO)
+    same.assert_outcomes(passed=1)
+
+    monkeypatch.setenv("FAKE_SERVICE_RATE", "32")  # 20% slower
+    slower = project.runpytest_subprocess(*ARGS, *SLO)
+    slower.assert_outcomes(failed=1)
+    slower.stdout.fnmatch_lines(["*performance regression in test_capacity.py::test_capacity*", "*capacity_under_slo*"])
+
+    # a baseline searched against another SLO is another configuration: not compared
+    other = project.runpytest_subprocess(*ARGS, "--perf-slo", "ttft=80ms")
+    other.assert_outcomes(passed=1)
+    other.stdout.fnmatch_lines(["*baseline measured another configuration*capacity_slo=ttft=50ms*"])
