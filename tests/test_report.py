@@ -101,7 +101,11 @@ def test_overall_verdict_without_baselines_says_so(measured):
 
 
 def test_figures_cover_throughput_distributions_timeline_and_history(html, judged):
-    assert html.count("<svg") == 1 + len(judged.tests) + 1 + 1, "throughput, one per test, timeline, history"
+    num_open_loop = sum(1 for t in judged.tests if t.send_lag is not None and t.send_lag.target_rate is not None)
+    assert num_open_loop == 2, "the Poisson tests' send lag figures"
+    assert html.count("<svg") == 1 + len(judged.tests) + 1 + 1 + num_open_loop, (
+        "throughput, one per test, timeline, history, one send lag per Poisson test"
+    )
     timeline = html.split('id="timeline-figure"')[1].split("</figure>")[0]
     for text in (
         "static: test_throughput[static-B4-uniform]",

@@ -35,6 +35,7 @@ from perfsuite.judge.results import (
     read_results,
 )
 from perfsuite.report import plots
+from perfsuite.report import send_lag as send_lag_view
 
 VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")
 PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
@@ -92,6 +93,7 @@ class TestSection:
     distributions_svg: str
     pair_ratios: Figure | None = None  # an A/B test: each pair's ratio B/A
     timelines: Figure | None = None  # an A/B test: A's and B's timed runs, stacked
+    send_lag: Figure | None = None  # an open-loop test: each request's send lag in the last repeat
 
     @property
     def anchor(self) -> str:
@@ -463,6 +465,7 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
         ),
         pair_ratios=_pair_ratio_figure(test, results.policy.min_effect) if paired else None,
         timelines=_paired_timelines(test, results.against) if paired else None,
+        send_lag=_send_lag_figure(test),
     )
 
 
@@ -512,7 +515,20 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         ("E2E p50 ms", _tail(summary, "e2el", "median")), ("E2E p99 ms", _tail(summary, "e2el", "p99")),
         ("requests completed", summary.completed),
     )  # fmt: skip
-    return facts + [(label, _format_value(value)) for label, value in shown] + _memory_facts(test)
+    shown_facts = [(label, _format_value(value)) for label, value in shown]
+    return facts + shown_facts + _memory_facts(test) + send_lag_view.send_lag_facts(test)
+
+
+def _send_lag_figure(test: TestResult) -> Figure | None:
+    svg = send_lag_view.send_lag_svg(test)
+    if svg is None:
+        return None
+    caption = (
+        "The load generator's lateness: each request of the last repeat, how long after it could have gone "
+        "(its schedule, or when the engine or a connection freed) it was sent. Above the dashed bound at p90, "
+        "the run is client-bound and its latencies judge nothing."
+    )
+    return Figure(caption, svg)
 
 
 def _tail(summary: RunSummary, latency: str, statistic: str) -> float | str:
