@@ -80,6 +80,8 @@ def test_perf_run_writes_results_with_vllm_keys(project):
     for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms",
                 "median_e2el_ms", "request_throughput", "output_throughput"):
         assert key in test and test[key] > 0, key
+    low, high = test["p99_ttft_ms_ci"]  # the smoke profile's few requests cannot bound p99 from above
+    assert low > 0 and high is None and test["p99_ttft_ms_supported"] is False
     assert set(test["parameters"]) == {
         "model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism"
     }
@@ -157,6 +159,7 @@ def test_benchmark_json_carries_the_metrics(project):
     assert bench["stats"]["rounds"] == 3
     assert bench["extra_info"]["output_throughput"] > 0
     assert bench["extra_info"]["parameters"]["concurrency"] == 2
+    assert bench["extra_info"]["p99_ttft_ms_supported"] is False and "median_ttft_ms_ci" in bench["extra_info"]
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,7 @@ class PerfRecorder:
                 "engine": self.result.engine_name,
                 "parameters": dataclasses.asdict(self.result.parameters),
                 **self.result.summary.vllm_keys(),
+                **self.result.summary.interval_keys(),  # each percentile's interval and support, as in results.json
                 "counters": dataclasses.asdict(self.result.counters),
                 "memory": dataclasses.asdict(memory) if (memory := self.result.memory) else None,
                 "baseline": self.result.baseline_status,
