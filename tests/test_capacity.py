@@ -227,3 +227,10 @@ def test_a_capacity_record_round_trips_through_json_with_nan_latencies():
     back = CapacityRecord.from_json(data)
     assert back.requests_per_second == found.requests_per_second and back.slo_tpot_ms == pytest.approx(50)
     assert math.isnan(back.searches[0].probes[0].p50_tpot_ms) and back.notes == ("a note",)
+
+
+def test_a_probe_whose_client_fell_behind_fails_and_says_how_far():
+    run = run_with_queueing([0.0] * 20)
+    late = probe_outcome(run, 10.0, SLO(ttft=1.0), client_kept_up=False, client_note="p90 send lag 80.0 ms")
+    assert late.steady and late.good_share == 1.0 and not late.passes(0.9)
+    assert late.note == "the client fell behind its schedule: latencies not trusted; p90 send lag 80.0 ms"

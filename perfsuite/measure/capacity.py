@@ -246,6 +246,7 @@ def probe_outcome(
     slo: SLO,
     steady_state: SteadyState = SteadyState(),
     client_kept_up: bool = True,
+    client_note: str = "",
 ) -> ProbeOutcome:
     """What a probe run at ``rate`` says: the share of good requests after the ramp, latencies, steady or not."""
     arrivals = {r.request_id: r.arrival_time for r in run.records}
@@ -266,7 +267,7 @@ def probe_outcome(
         p90_tpot_ms=percentile(tpots, 90) if tpots else math.nan,
         steady=steady,
         client_kept_up=client_kept_up,
-        note=note if client_kept_up else "the client fell behind its schedule: latencies not trusted",
+        note=note if client_kept_up else f"the client fell behind its schedule: latencies not trusted; {client_note}",
     )
 
 

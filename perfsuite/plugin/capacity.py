@@ -20,10 +20,11 @@ one grid (``measure.capacity``). Offline is the most a batching engine can
 serve, so the start is near the answer and mostly above it: a probe at rate r
 takes n / r seconds, so shrinking costs about the last probe's time and
 climbing from far below would cost about the first's (16 requests at 1 req/s:
-16 s). Around
-each search the machine probe is taken (before and after), and the CPU meter
-runs: a search during which other work used the machine makes the test
-noisy (not re-run: a search is long).
+16 s). Around each search the machine probe is taken (before and after),
+and the CPU meter runs: a search during which other work used the machine
+makes the test noisy (not re-run: a search is long). A probe whose load
+generator fell behind its schedule (``perfsuite.measure.send_lag``) fails:
+its latencies are not the engine's.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from perfsuite.measure.capacity import (
 )
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.measure.metrics import run_metrics
+from perfsuite.measure.send_lag import send_lag
 from perfsuite.measure.summaries import Repeats, summarise
 
 if TYPE_CHECKING:
@@ -140,7 +142,9 @@ def measure_capacity(
 
         def probe(rate: float):
             runs[rate] = timed_run(engine, requests_at(rate), device)
-            return probe_outcome(runs[rate], rate, slo, steady_state)
+            sends = send_lag(runs[rate])  # None: the engine does not record its sends
+            bound = sends is not None and sends.is_client_bound
+            return probe_outcome(runs[rate], rate, slo, steady_state, not bound, sends.describe() if bound else "")
 
         probes.starting_run()
         with CpuMeter() as meter:

@@ -35,6 +35,7 @@ from perfsuite.judge.results import (
     read_results,
 )
 from perfsuite.report import plots
+from perfsuite.report import capacity as capacity_view
 from perfsuite.report import send_lag as send_lag_view
 
 VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")
@@ -94,6 +95,7 @@ class TestSection:
     pair_ratios: Figure | None = None  # an A/B test: each pair's ratio B/A
     timelines: Figure | None = None  # an A/B test: A's and B's timed runs, stacked
     send_lag: Figure | None = None  # an open-loop test: each request's send lag in the last repeat
+    capacity: Figure | None = None  # a capacity test: its probes against the rate, the SLO, the capacity
 
     @property
     def anchor(self) -> str:
@@ -466,6 +468,7 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
         pair_ratios=_pair_ratio_figure(test, results.policy.min_effect) if paired else None,
         timelines=_paired_timelines(test, results.against) if paired else None,
         send_lag=_send_lag_figure(test),
+        capacity=_capacity_figure(test),
     )
 
 
@@ -516,7 +519,13 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         ("requests completed", summary.completed),
     )  # fmt: skip
     shown_facts = [(label, _format_value(value)) for label, value in shown]
-    return facts + shown_facts + _memory_facts(test) + send_lag_view.send_lag_facts(test)
+    return (facts + shown_facts + _memory_facts(test) + send_lag_view.send_lag_facts(test)
+            + capacity_view.capacity_facts(test))  # fmt: skip
+
+
+def _capacity_figure(test: TestResult) -> Figure | None:
+    svg = capacity_view.capacity_svg(test)
+    return None if svg is None else Figure(capacity_view.CAPTION, svg)
 
 
 def _send_lag_figure(test: TestResult) -> Figure | None:

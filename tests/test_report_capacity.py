@@ -1,0 +1,61 @@
+"""The report's capacity figure and facts (perfsuite.report.capacity), from a search over the virtual-time fake."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from capacity_fakes import LoadLatencyEngine
+from perfsuite.judge.results import CapacityRecord, TestResult
+from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.measure.capacity import CapacitySearch, probe_outcome, search_capacity
+from perfsuite.measure.metrics import SLO
+from perfsuite.measure.summaries import Repeats, sizing_parameters, summarise
+from perfsuite.report.capacity import capacity_facts, capacity_svg
+from perfsuite.workload import Arrivals, OutputLengths, Workload
+
+SLO_ = SLO(ttft=0.050, tpot=0.005)
+
+
+def requests_at(rate: float):
+    return Workload(40, OutputLengths("fixed", 4, 4), Arrivals(rate), seed=3).requests(lambda t: [5, 6, 7])
+
+
+def capacity_test(capacity: CapacityRecord | None) -> TestResult:
+    engine = LoadLatencyEngine(40.0)
+    run = engine.run(requests_at(8.0))
+    configuration = RunConfiguration("smoke", "d", 40, "load-latency", (), "packed", 64, 2)
+    result = TestResult.measured("test_capacity[load-latency]", summarise(Repeats((run,)), (), SLO_),
+                                 sizing_parameters(requests_at(1.0), "fake", "float32", 4), configuration, 8.0,
+                                 None)  # fmt: skip
+    return dataclasses.replace(result, capacity=capacity)
+
+
+def search(service_rate: float):
+    engine = LoadLatencyEngine(service_rate)
+    return search_capacity(lambda r: probe_outcome(engine.run(requests_at(r)), r, SLO_), CapacitySearch(start_rate=8.0))
+
+
+def test_a_capacity_test_gets_its_figure_and_facts():
+    record = CapacityRecord.of([search(40.0), search(36.0)], SLO_, ["search 2: a note"])
+    test = capacity_test(record)
+    svg = capacity_svg(test)
+    assert svg.startswith("<svg") and "arrival rate (req/s)" in svg and "TTFT ms" in svg and "goodput share" in svg
+    facts = dict(capacity_facts(test))
+    assert facts["capacity under SLO"].endswith("per device") and facts["searches"].startswith("2: ")
+    assert facts["not converged"] == "search 2: a note"
+
+
+def test_other_tests_get_neither():
+    test = capacity_test(None)
+    assert capacity_svg(test) is None and capacity_facts(test) == []
+
+
+def test_the_html_report_shows_a_capacity_tests_figure(tmp_path):
+    from report_fixtures import fake_results
+    from perfsuite.report.render import render_report
+
+    results = fake_results(tmp_path)
+    record = CapacityRecord.of([search(40.0)], SLO_)
+    tests = (*results.tests, dataclasses.replace(capacity_test(record), environment=results.tests[0].environment))
+    html = render_report(dataclasses.replace(results, tests=tests))
+    assert html.count('class="plot capacity"') == 1 and "capacity under SLO" in html
