@@ -63,6 +63,7 @@ def test_without_an_slo_the_capacity_test_says_how_to_run_it(project):
 def test_a_capacity_is_recorded_then_a_slower_engine_fails_against_it(project, monkeypatch):
     saved = project.runpytest_subprocess(*ARGS, *SLO, "--perf-save-baseline")
     saved.assert_outcomes(passed=1)
+    saved.stdout.fnmatch_lines(["*test_capacity[[]load-latency[]]*capacity_under_slo*saved to baselines*"])
     test = results(project)["tests"][0]
     capacity = test["capacity"]
     # the fake at mu = 40/s, TTFT 10 ms / (1 - load) under a 50 ms SLO: 32/s offered, within the 10% tolerance

@@ -57,7 +57,10 @@ def verdict_rows(results: Sequence[TestResult]) -> list[list]:
     rows = []
     for result in results:
         name = result.test_id.rpartition("::")[2]
-        if not result.comparisons:
+        if not result.comparisons and result.capacity is not None:  # a capacity test: its one metric, req/s
+            rows.append([name, "capacity_under_slo", "-", f"{result.capacity.requests_per_second:.4g}",
+                         "-", "-", "-", "-", result.baseline_status])
+        elif not result.comparisons:
             rows.append([name, "output_throughput", "-", f"{result.summary.output_throughput:.4g}",
                          "-", "-", "-", "-", result.baseline_status])
         for c in result.comparisons:
