@@ -59,3 +59,23 @@ def test_the_html_report_shows_a_capacity_tests_figure(tmp_path):
     tests = (*results.tests, dataclasses.replace(capacity_test(record), environment=results.tests[0].environment))
     html = render_report(dataclasses.replace(results, tests=tests))
     assert html.count('class="plot capacity"') == 1 and "capacity under SLO" in html
+
+
+def test_perfsuite_compare_judges_capacities_higher_is_better(tmp_path):
+    from report_fixtures import fake_results
+    from perfsuite.judge.catalogue import CAPACITY
+    from perfsuite.judge.compare import rejudge
+    from perfsuite.judge.stats import Policy, Verdict
+
+    results = fake_results(tmp_path)
+    environment = results.tests[0].environment
+    record = CapacityRecord.of([search(40.0)], SLO_)
+
+    def run_with(capacities):
+        test = dataclasses.replace(capacity_test(record), environment=environment, samples={CAPACITY: capacities})
+        return dataclasses.replace(results, tests=(test,), slo=SLO_.label)
+
+    old, new = run_with((30.0, 31.0, 29.5, 30.5, 30.2)), run_with((25.0, 25.5, 24.8, 25.2, 25.1))
+    (judged,) = rejudge(old, new, Policy()).tests
+    (comparison,) = judged.comparisons
+    assert comparison.metric == CAPACITY and comparison.verdict is Verdict.REGRESSED

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfsuite.judge.catalogue import ALL_METRICS, METRICS
+from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
 from perfsuite.judge.judge import Reference, adjust_family, judge, not_compared, sequential_policy
 from perfsuite.judge.results import Results, TestResult
 from perfsuite.judge.stats import STORED_MIN_EFFECT, Policy
@@ -30,7 +30,8 @@ def policy_of(results: Results, alpha: float | None = None, min_effect: float | 
 
 def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old run") -> Results:
     """``new`` with its comparisons, counter changes and baseline samples taken against ``old``."""
-    metrics = ALL_METRICS if new.slo is not None else METRICS
+    # a capacity test's capacities too; its configuration names its SLO, so another SLO is another configuration
+    metrics = {**(ALL_METRICS if new.slo is not None else METRICS), **CAPACITY_METRICS}
     comparable = {t.test_id for t in new.tests if _comparable(old.test(t.test_id), t)}
     judged, skipped_goodput = [], False
     for test in new.tests:
