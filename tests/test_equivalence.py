@@ -88,8 +88,9 @@ def test_tiny_random_float64_engines_equal_reference(tiny):
 
 def test_the_paged_engine_preempts_and_recomputes_yet_equals_the_reference(tiny):
     loaded, runner, reference = tiny
-    # Three requests of 9-11 prompt tokens and 12-20 new ones in 8 blocks of 4 (32 tokens): they outgrow it.
-    scenario = _scenario(12, 20, 16, batch_size=3, max_num_batched_tokens=64, num_kv_blocks=8, kv_block_size=4)
+    # Four requests of 9-12 prompt tokens and 12-20 new ones in 8 blocks of 4 (32 tokens): they outgrow it
+    # twice (three requests preempt once since admission keeps a watermark of free blocks).
+    scenario = _scenario(12, 20, 16, 18, batch_size=3, max_num_batched_tokens=64, num_kv_blocks=8, kv_block_size=4)
     expected, margins = reference.outputs(scenario.requests)
     engine = scenario.paged_engine(runner, loaded.eos_token_id, TINY_MAX_SEQ_LEN)
     assert_outputs_equal("paged", expected, drive(engine, scenario), margins)

@@ -27,9 +27,10 @@ def _check_outputs(result, requests):
 
 
 def test_the_newest_request_is_preempted_and_recomputed_with_its_tokens_kept():
-    # Two requests of 4 prompt tokens in 3 blocks of 4: both prefill (2 blocks); at the first decode
-    # "old" needs a second block (takes the last one), then "new" needs one and none is left.
-    engine = _engine(num_kv_blocks=3)
+    # Two requests of 4 prompt tokens in 4 blocks of 4: both prefill (2 blocks, leaving the watermark of
+    # 2 free), each takes its second block at its first decode, and at position 8 "old" needs a third
+    # and none is left.
+    engine = _engine(num_kv_blocks=4)
     requests = [_request("old", 4, 6), _request("new", 4, 6)]
     result = engine.run(requests)
     _check_outputs(result, requests)
@@ -40,18 +41,17 @@ def test_the_newest_request_is_preempted_and_recomputed_with_its_tokens_kept():
     assert counters.num_preemptions == len(preempting) >= 1
     # "new" had its prompt and one sampled token cached: 4 tokens + nothing else; it recomputes all.
     assert counters.num_recomputed_tokens >= 4
-    assert counters.peak_kv_blocks_used == 3
-    assert (result.num_kv_blocks, result.kv_block_size) == (3, 4)
-    assert all(step.num_kv_blocks_used <= 3 for step in result.steps)
+    assert counters.peak_kv_blocks_used == 4
+    assert (result.num_kv_blocks, result.kv_block_size) == (4, 4)
+    assert all(step.num_kv_blocks_used <= 4 for step in result.steps)
 
 
 def test_a_preempted_request_goes_back_to_the_front_of_the_queue():
-    engine = _engine(num_kv_blocks=3, batch_size=2)
+    engine = _engine(num_kv_blocks=4, batch_size=2)
     for request in (_request("old", 4, 6), _request("new", 4, 6), _request("later", 2, 1)):
         engine.add_request(request)
     scheduler = engine.scheduler
-    while not any(step.preempted_request_ids for step in engine._steps):
-        engine.step()
+    _steps_until_preempted(engine)
     assert [s.request_id for s in scheduler.waiting] == ["new", "later"]
     assert scheduler.waiting[0].num_computed_tokens == 0
     assert scheduler.waiting[0].num_output_tokens >= 1, "its generated tokens are kept"
@@ -61,7 +61,7 @@ def test_a_preempted_request_goes_back_to_the_front_of_the_queue():
 
 
 def test_recomputation_is_one_prefill_of_prompt_and_output_counted_as_recomputed():
-    engine = _engine(num_kv_blocks=3, budget=64)
+    engine = _engine(num_kv_blocks=4, budget=64)
     result = engine.run([_request("old", 4, 6), _request("new", 4, 6)])
     recompute = next(
         chunk for step in result.steps for chunk in step.chunks
@@ -103,6 +103,69 @@ def test_a_request_larger_than_the_whole_pool_is_refused_when_added():
     _check_outputs(engine.run([fits]), [fits])
 
 
+def _steps_until_preempted(engine, limit=100):
+    for _ in range(limit):
+        if any(step.preempted_request_ids for step in engine._steps):
+            return
+        engine.step()
+    raise AssertionError(f"no preemption in {limit} steps")
+
+
+def test_admission_keeps_a_watermark_of_free_blocks_for_the_running_requests_growth():
+    # 3 blocks of 4: "old" (4 tokens, 1 block) runs; admitting "new" (1 block) would leave 1 free, under
+    # the watermark of 2 (one block of growth for each of the two), so it waits and nobody is preempted.
+    engine = _engine(num_kv_blocks=3)
+    requests = [_request("old", 4, 6), _request("new", 4, 6)]
+    for request in requests:
+        engine.add_request(request)
+    engine.step()
+    scheduler = engine.scheduler
+    assert [s.request_id for s in scheduler.running] == ["old"] and scheduler.num_watermark_blocks == 2
+    assert [s.request_id for s in scheduler.waiting] == ["new"]
+    result = _engine(num_kv_blocks=3).run(requests)
+    _check_outputs(result, requests)
+    assert result.counters.num_preemptions == 0 and result.counters.peak_num_running == 1
+    steps_of = {rid: [i for i, step in enumerate(result.steps) if rid in {c.request_id for c in step.chunks}]
+                for rid in ("old", "new")}  # fmt: skip
+    assert steps_of["old"][-1] < steps_of["new"][0], "old grew into the blocks new would have taken"
+
+
+def test_with_nothing_running_the_watermark_is_waived_so_a_request_of_the_whole_pool_runs():
+    engine = _engine(num_kv_blocks=3)
+    whole = _request("whole", 11, 1)  # its prompt takes every block: under any watermark it would wait forever
+    result = engine.run([whole])
+    _check_outputs(result, [whole])
+    assert result.counters.peak_kv_blocks_used == 3
+
+
+def test_the_watermark_is_at_least_vllms_share_of_a_large_pool():
+    engine = _engine(num_kv_blocks=1000, block_size=1)
+    assert engine.scheduler.num_watermark_blocks == 10  # 1% of 1000 blocks, more than one running + 1
+    engine.add_request(_request("a", 4, 2))
+    engine.step()
+    assert engine.scheduler.num_watermark_blocks == 10
+    assert _engine(num_kv_blocks=50).scheduler.num_watermark_blocks == 1  # int(0.5): the growth term rules
+
+
+@pytest.mark.parametrize("value", [-0.1, 1, 1.5, "1%"])
+def test_a_bad_watermark_is_refused(value):
+    from perfsuite.engine import BlockManager, PagedScheduler
+
+    with pytest.raises(ValueError, match=r"watermark must be a share of the pool in \[0, 1\), got"):
+        PagedScheduler(BlockManager(4, 4), None, max_seq_len=16, decode_batch_size=2, watermark=value)
+
+
+def test_a_run_with_a_request_larger_than_the_pool_refuses_before_serving_any():
+    # Refused at its arrival mid-run, it would leave the requests before it half served.
+    engine = _engine(num_kv_blocks=3, block_size=4)
+    fits, big = _request("fits", 4, 2), _request("big", 9, 4)
+    with pytest.raises(ValueError, match=r"'big': prompt \+ max_new_tokens = 13 tokens need 4 KV blocks"):
+        engine.run([fits, big])
+    assert not engine.has_unfinished_requests() and engine.scheduler.kv_cache.num_used_blocks == 0
+    assert engine._steps == type(engine._steps)(), "nothing ran"
+    _check_outputs(engine.run([fits]), [fits])
+
+
 def test_a_request_past_max_seq_len_is_refused_as_by_the_slot_engine():
     with pytest.raises(ValueError, match="exceeds the engine's context of 64 tokens"):
         _engine(num_kv_blocks=100).add_request(_request("long", 60, 5))
@@ -117,11 +180,10 @@ def test_bad_knobs_are_refused(knob, value):
 
 
 def test_an_aborted_preempted_request_leaves_nothing_behind():
-    engine = _engine(num_kv_blocks=3)
+    engine = _engine(num_kv_blocks=4)
     for request in (_request("old", 4, 6), _request("new", 4, 6)):
         engine.add_request(request)
-    while not any(step.preempted_request_ids for step in engine._steps):
-        engine.step()
+    _steps_until_preempted(engine)
     assert engine.abort_request("new")
     while engine.has_unfinished_requests():
         engine.step()

@@ -23,7 +23,8 @@ def test_paged_is_a_registered_engine_built_with_its_pool():
     engine = build_engine("paged", fake_backend(), EngineConfig(batch_size=3, max_seq_len=64, num_kv_blocks=5))
     assert engine.name == "paged" and engine.batch_size == 3
     assert (engine.scheduler.kv_cache.num_blocks, engine.scheduler.kv_cache.block_size) == (5, 16)
-    requests = [Request(f"r{i}", (1, 2, 3) * (i + 1), SamplingParams(20, ignore_eos=True)) for i in range(4)]
+    # 33-42 tokens each (3 blocks) in 5 blocks: two run at once past the admission watermark, then outgrow it
+    requests = [Request(f"r{i}", (1, 2, 3) * (i + 1), SamplingParams(30, ignore_eos=True)) for i in range(4)]
     result = engine.run(requests)
     for request in requests:
         assert result.outputs()[request.request_id] == fake_reference(

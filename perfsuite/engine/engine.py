@@ -172,6 +172,9 @@ class Engine:
         """
         if self.has_unfinished_requests():
             raise RuntimeError(f"engine {self.name!r} still has unfinished requests; finish or abort them first")
+        requests = tuple(requests)
+        for request in requests:  # refused before any runs: a refusal mid-run would leave the others half served
+            self.scheduler.check_request(request)
         arrivals = ArrivalQueue(requests, max_concurrency, clock=self._clock)
         self._reset_accounting()
         start = arrivals.start()

@@ -36,11 +36,31 @@ class PagedScheduler(Scheduler):
     block table for the tokens it computes; when a table cannot grow, the
     newest running request is preempted until it can (the request itself,
     when it is the newest). Then, unless the step preempted, waiting requests
-    are admitted while their first chunk's blocks are free. As for the slot
+    are admitted while their first chunk's blocks fit with a watermark of
+    free blocks left over (``num_watermark_blocks``, below). As for the slot
     engine: at most ``prefill_batch_size`` admissions per step,
     ``decode_batch_size`` running requests and ``max_num_batched_tokens``
     tokens per step. A request that could not fit the whole pool on its own
     is refused when it is added.
+
+    **Admission watermark** (vLLM's ``BlockSpaceManager`` watermark, against
+    thrashing). Admitting whenever a prompt's blocks fit runs the pool full:
+    the next decode step needs a block for every running request whose last
+    block just filled, none is free, and the newest is preempted, only to be
+    readmitted into the blocks it freed and preempted again (on
+    bench/batching.py's tiny-random run: 106 preemptions recomputing 55%
+    extra tokens). So while others run, a request is admitted only if, after
+    its blocks, at least ``num_watermark_blocks`` stay free:
+    ``max(floor(watermark x num_blocks), num_running + 1)``. The second term
+    is the running requests' next growth, the candidate included: a decode
+    step adds one token per request, so at most one block each, and keeping
+    that many free means the step after an admission cannot preempt for
+    decode growth. The first is vLLM's default (``watermark=0.01``, 1% of the
+    pool); it only binds for pools over a hundred blocks per running
+    request. Preemption stays possible (requests keep growing past that one
+    step) and is still how a full pool makes room. With nothing running the
+    watermark is waived: the request fits the pool on its own (checked when
+    it was added), and holding blocks back from it would only starve it.
     """
 
     def __init__(
@@ -52,7 +72,10 @@ class PagedScheduler(Scheduler):
         decode_batch_size: int,
         prefill_batch_size: int | None = None,
         max_num_batched_tokens: int | None = None,
+        watermark: float = 0.01,
     ) -> None:
+        if not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be a share of the pool in [0, 1), got {watermark!r}")
         prefill_batch_size = decode_batch_size if prefill_batch_size is None else prefill_batch_size
         if max_num_batched_tokens is None:
             max_num_batched_tokens = decode_batch_size * max_seq_len
@@ -69,6 +92,7 @@ class PagedScheduler(Scheduler):
         self.decode_batch_size = decode_batch_size
         self.prefill_batch_size = prefill_batch_size
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.watermark = watermark
         self._free_rows = list(range(decode_batch_size))  # a heap: timeline lanes for running requests
 
     @property
@@ -78,6 +102,11 @@ class PagedScheduler(Scheduler):
     @property
     def max_num_running(self) -> int:
         return self.decode_batch_size
+
+    @property
+    def num_watermark_blocks(self) -> int:
+        """Blocks admission leaves free while requests run: the pool's share, or the next step's growth."""
+        return max(int(self.watermark * self.kv_cache.num_blocks), len(self.running) + 1)
 
     def _validate(self, request: Request) -> None:
         super()._validate(request)
@@ -122,7 +151,7 @@ class PagedScheduler(Scheduler):
         ):
             sequence = self.waiting[0]
             num_tokens = min(sequence.num_uncomputed_tokens, budget)
-            if not self.kv_cache.can_allocate(num_tokens):
+            if not self._can_admit(num_tokens):
                 break
             self.waiting.popleft()
             self._admit_with(sequence, num_tokens)
@@ -130,6 +159,12 @@ class PagedScheduler(Scheduler):
             budget -= num_tokens
             num_admitted += 1
         return budget
+
+    def _can_admit(self, num_tokens: int) -> bool:
+        if not self.running:
+            return self.kv_cache.can_allocate(num_tokens)
+        num_left = self.kv_cache.num_free_blocks - self.kv_cache.num_blocks_for(num_tokens)
+        return num_left >= self.num_watermark_blocks
 
     def _grow_or_preempt(self, sequence: Sequence, num_tokens: int, preempted: list[str]) -> bool:
         """Grow ``sequence``'s table to ``num_tokens`` tokens, preempting the newest until it fits.

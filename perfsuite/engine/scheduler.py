@@ -107,6 +107,10 @@ class Scheduler(abc.ABC):
             step_outputs.append(StepOutput(chunk.request_id, int(token_id), reason))
         return step_outputs
 
+    def check_request(self, request: Request) -> None:
+        """Raise the ``ValueError`` that ``add_request`` would raise for ``request``, queueing nothing."""
+        self._validate(request)
+
     # -- shared helpers -----------------------------------------------------
 
     def _validate(self, request: Request) -> None:
