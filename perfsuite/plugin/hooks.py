@@ -301,7 +301,9 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     ``requests``, the requests the engine will serve, size its cache (``max_seq_len``)
     for the longest of them, so a static decode step attends over what this
     test needs; without them it is ``perf_max_seq_len``. ``num_kv_blocks=...``
-    sizes the paged engine's KV pool.
+    sizes the paged engine's KV pool; unset, a ``paged`` engine gets
+    ``--perf-kv-blocks`` (the others ignore both). A pool too small for the
+    largest of ``requests`` fails the test here, before anything runs.
     Override this fixture to hand the shipped tests an engine of your own.
     """
     from perfsuite.adapters import EngineConfig, build_engine
@@ -320,6 +322,10 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
         from perfsuite.plugin.recorder import BuiltEngine
 
         max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
+        if name == PAGED:
+            if num_kv_blocks is None:
+                num_kv_blocks = perf_session.options.kv_blocks
+            _check_pool_fits(num_kv_blocks, requests)
         config = EngineConfig(batch_size, max_seq_len, prefill_batch_size, token_budget, num_kv_blocks)
         if perf_session.against is not None:  # both workers build it from its name and knobs
             from perfsuite.plugin.against import WorkerEngine
@@ -331,6 +337,28 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
         return engine
 
     return make
+
+
+PAGED = "paged"
+
+
+def _check_pool_fits(num_kv_blocks: int | None, requests) -> None:
+    """Fail the test when the paged pool cannot hold its largest request (it would be refused mid-run)."""
+    from perfsuite.engine.engine import DEFAULT_KV_BLOCK_SIZE
+
+    if num_kv_blocks is None or not requests:
+        return
+    largest = max(requests, key=lambda request: request.max_total_tokens)
+    num_needed = -(-largest.max_total_tokens // DEFAULT_KV_BLOCK_SIZE)
+    if num_needed > num_kv_blocks:
+        pytest.fail(
+            f"the paged engine's KV pool of {num_kv_blocks} blocks of {DEFAULT_KV_BLOCK_SIZE} tokens "
+            f"({num_kv_blocks * DEFAULT_KV_BLOCK_SIZE} tokens) cannot hold this test's largest request, "
+            f"{largest.request_id!r}: prompt + max_new_tokens = {largest.max_total_tokens} tokens need "
+            f"{num_needed} blocks, so it could never run. Give --perf-kv-blocks {num_needed} or more "
+            "(or leave it unset for the default pool)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
+kv_blocks = integer_at_least(1, "a number of KV blocks")
 worker_count = integer_at_least(1, "at least 1 worker per side")
 
 
@@ -106,6 +107,9 @@ _OPTIONS = (
      "how openai-http asks an ignore_eos request to run to max_tokens: ignore_eos, min_tokens or both"),
     ("perf_api", one_of(APIS), "completions", "openai-http endpoint: completions or chat (never greedy-equal)"),
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
+    ("perf_kv_blocks", kv_blocks, None,
+     "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (engine paged only; "
+     "the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None,
      "timed repeats per test (default: the profile's; with --perf-against at least enough pairs that a regression "
@@ -184,6 +188,7 @@ class PerfOptions:
     worker_timeout: float = 600.0
     against_workers: int = 2  # worker processes per side under --perf-against
     repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
+    kv_blocks: int | None = None  # --perf-kv-blocks: the paged engine's pool; None: its default
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -238,6 +243,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         worker_timeout=values["perf_worker_timeout"],
         against_workers=values["perf_against_workers"],
         repeats_given=values["perf_repeats"] is not None,
+        kv_blocks=values["perf_kv_blocks"],
     )
 
 
