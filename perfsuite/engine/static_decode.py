@@ -25,10 +25,9 @@ import weakref
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from perfsuite.engine.graph_cache import DEFAULT_MAX_GRAPHS, DecodeShape, GraphCache
-from perfsuite.engine.layers import Decoder, KVCache
+from perfsuite.engine.layers import Decoder, KVCache, grouped_query_attention
 from perfsuite.engine.types import ScheduledChunk
 
 # Runs on a side stream before capture, as PyTorch's CUDA graph notes ask, so
@@ -216,10 +215,9 @@ class StaticDecodeStep:
             k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
             self._store(k_cache, rows, positions, is_scheduled, k)
             self._store(v_cache, rows, positions, is_scheduled, v)
-            attended = F.scaled_dot_product_attention(
-                q.unsqueeze(2), k_cache, v_cache, attn_mask=mask, enable_gqa=True
-            )  # [num_slots, heads, 1, head_dim]
-            return attended.squeeze(2)
+            # Query heads folded per KV head, not enable_gqa with a mask (the math kernel on CUDA, K/V repeated)
+            attended = grouped_query_attention(q.unsqueeze(1), k_cache, v_cache, mask)  # [num_slots, 1, heads, head_dim]
+            return attended.squeeze(1)
 
         hidden = self.decoder.forward(token_ids, positions, attend)  # [num_slots, hidden]
         return self.decoder.greedy_tokens(hidden)
