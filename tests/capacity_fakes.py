@@ -80,3 +80,49 @@ class LoadLatencyEngine:
             )
             end = max(end, times[-1])
         return RunResult(self.name, tuple(records), T0, end, EngineCounters())
+
+
+class ConcurrencyLatencyEngine(LoadLatencyEngine):
+    """``LoadLatencyEngine`` in an open loop; in a closed loop of c, latency grows with c in a known way.
+
+    With c requests in flight (at most the run's), each request's TTFT is
+    ``base_ttft + ttft_per_request * (c - 1)`` (every other request in flight
+    delays its first token by a fixed amount), every ``OUTLIER_EVERY``-th
+    again ``OUTLIER_FACTOR`` times as long; a request is sent when one of the
+    c slots frees, and that is its arrival. So under a TTFT SLO the highest
+    passing concurrency is known (``known_concurrency``), and at c = 1 it is
+    ``LoadLatencyEngine``'s one request at a time.
+    """
+
+    name = "concurrency-latency"
+
+    def __init__(self, service_rate: float, base_ttft: float = 0.010, tpot: float = 0.002, batch_size: int = 4,
+                 ttft_per_request: float = 0.005) -> None:  # fmt: skip
+        super().__init__(service_rate, base_ttft, tpot, batch_size)
+        self.ttft_per_request = ttft_per_request
+
+    def ttft_at(self, concurrency: int) -> float:
+        return self.base_ttft + self.ttft_per_request * (concurrency - 1)
+
+    def known_concurrency(self, slo_ttft: float, ceiling: int) -> int:
+        """The highest concurrency (at most ``ceiling``) whose TTFT meets the SLO; 0 when even 1 misses it."""
+        return max((c for c in range(1, ceiling + 1) if self.ttft_at(c) <= slo_ttft), default=0)
+
+    def run(self, requests, on_step=None, max_concurrency=None) -> RunResult:
+        if max_concurrency is None:
+            return super().run(requests, on_step)
+        ordered = sorted(requests, key=lambda r: r.arrival_time)
+        concurrency = min(max_concurrency, len(ordered))
+        slots_free_at = [T0] * concurrency
+        records = []
+        for index, request in enumerate(ordered):
+            slot = min(range(concurrency), key=slots_free_at.__getitem__)
+            arrival = slots_free_at[slot]
+            stretch = OUTLIER_FACTOR if index % OUTLIER_EVERY == OUTLIER_EVERY - 1 else 1.0
+            first = arrival + self.ttft_at(concurrency) * stretch
+            n = request.sampling_params.max_new_tokens
+            times = tuple(first + k * self.tpot for k in range(n))
+            records.append(RequestRecord(request.request_id, request.num_prompt_tokens, tuple(7 for _ in range(n)),
+                                         arrival, arrival, times, times[-1], FinishReason.LENGTH))  # fmt: skip
+            slots_free_at[slot] = times[-1]
+        return RunResult(self.name, tuple(records), T0, max(slots_free_at), EngineCounters())

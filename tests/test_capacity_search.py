@@ -10,14 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capacity_fakes import LoadLatencyEngine, known_capacity
+from capacity_fakes import ConcurrencyLatencyEngine, LoadLatencyEngine, known_capacity
 from perfsuite.engine.types import EngineCounters, FinishReason, RequestRecord, RunResult
 from perfsuite.judge.results import CapacityRecord
 from perfsuite.measure.capacity import (
+    Capacity,
     CapacityError,
     CapacitySearch,
     ProbeOutcome,
     SteadyState,
+    closed_loop_outcome,
     probe_outcome,
     search_capacity,
 )
@@ -234,3 +236,115 @@ def test_a_probe_whose_client_fell_behind_fails_and_says_how_far():
     late = probe_outcome(run, 10.0, SLO(ttft=1.0), client_kept_up=False, client_note="p90 send lag 80.0 ms")
     assert late.steady and late.good_share == 1.0 and not late.passes(0.9)
     assert late.note == "the client fell behind its schedule: latencies not trusted; p90 send lag 80.0 ms"
+
+
+# -- a search by concurrency (closed loop) ------------------------------------------------------------------------
+
+
+PROBE_SIZE = 40
+
+
+def offline_requests():
+    return [dataclasses.replace(r, arrival_time=0.0) for r in requests_at(1.0, PROBE_SIZE)]
+
+
+def search_by_concurrency(engine: ConcurrencyLatencyEngine, slo: SLO, **settings_) -> Capacity:
+    search = CapacitySearch(by="concurrency", max_concurrency=PROBE_SIZE, max_probes=20, **settings_)
+    requests = offline_requests()
+    return search_capacity(lambda c: closed_loop_outcome(engine.run(requests, max_concurrency=c), c, slo), search)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    base_ttft=st.floats(0.001, 0.5),
+    ttft_per_request=st.floats(0.0005, 0.2),
+    known=st.integers(1, PROBE_SIZE - 1),
+    start=st.sampled_from([1, 2, 4, 8, 16, 32]),
+    tolerance=st.sampled_from([0.01, 0.10, 0.25]),
+)
+def test_the_concurrency_search_finds_a_fake_engines_known_highest_passing_concurrency(
+    base_ttft, ttft_per_request, known, start, tolerance
+):
+    engine = ConcurrencyLatencyEngine(50.0, base_ttft, ttft_per_request=ttft_per_request)
+    slo_ttft = engine.ttft_at(known) + ttft_per_request / 2  # halfway to the next concurrency's TTFT
+    assert engine.known_concurrency(slo_ttft, PROBE_SIZE) == known
+    found = search_by_concurrency(engine, SLO(ttft=slo_ttft), start_concurrency=start, tolerance=tolerance)
+    low, high = found.bracket
+    assert low <= known < high and found.within_tolerance and found.concurrency == low
+    assert high - low == 1 or high / low <= 1 + tolerance
+    if tolerance == 0.01:  # narrower than any step between two concurrencies below 100: exact
+        assert found.concurrency == known
+    at_capacity = next(p for p in found.probes if p.concurrency == low)
+    assert found.requests_per_second == at_capacity.rate > 0 and found.by == "concurrency"
+    assert all(p.steady and p.note.startswith("closed loop") for p in found.probes)
+    probed = [p.concurrency for p in found.probes]
+    assert len(set(probed)) == len(probed) and found.stopped.startswith("bracket within")  # no probe wasted
+
+
+def test_searches_by_concurrency_from_two_powers_of_two_agree():
+    engine = ConcurrencyLatencyEngine(50.0, 0.010, ttft_per_request=0.004)
+    slo = SLO(ttft=engine.ttft_at(11) + 0.001)
+    a, b = (search_by_concurrency(engine, slo, start_concurrency=s) for s in (1, 16))
+    assert a.concurrency == b.concurrency == 11 and a.bracket == b.bracket == (11, 12)
+    assert "bracket within" in a.stopped and "concurrency 11..12" in a.stopped
+
+
+def test_no_concurrency_passing_even_at_one_is_an_error_that_says_to_loosen_the_slo():
+    engine = ConcurrencyLatencyEngine(50.0, base_ttft=0.2)
+    with pytest.raises(CapacityError, match=r"no concurrency passes: even one request at a time.*loosen the SLO"):
+        search_by_concurrency(engine, SLO(ttft=0.1), start_concurrency=4)
+
+
+def test_the_slo_holding_with_every_request_in_flight_is_an_error_that_says_to_use_more_requests():
+    engine = ConcurrencyLatencyEngine(50.0, 0.010, ttft_per_request=0.001)
+    with pytest.raises(CapacityError, match=r"even at the search's ceiling of 40 requests in flight.*more requests"):
+        search_by_concurrency(engine, SLO(ttft=10.0), start_concurrency=8)
+
+
+def test_a_concurrency_search_out_of_probes_before_a_bracket_names_its_probes_and_the_fix():
+    engine = ConcurrencyLatencyEngine(50.0, 0.010, ttft_per_request=0.001)
+    search = CapacitySearch(by="concurrency", max_concurrency=PROBE_SIZE, max_probes=2)
+    requests, slo = offline_requests(), SLO(ttft=10.0)
+    with pytest.raises(CapacityError, match=r"no bracket after 2 probes \(concurrency 1 \(.* req/s\): 100% good.*"
+                                            r"start_concurrency"):  # fmt: skip
+        search_capacity(lambda c: closed_loop_outcome(engine.run(requests, max_concurrency=c), c, slo), search)
+
+
+def test_the_search_kind_is_in_the_label_but_a_rate_searchs_label_is_unchanged():
+    assert CapacitySearch().label == "share>=0.9,tolerance=0.1"  # what shipped baselines carry
+    assert CapacitySearch(by="concurrency").label == "by=concurrency,share>=0.9,tolerance=0.1"
+    with pytest.raises(ValueError, match="a capacity search is by rate or concurrency, got 'load'"):
+        CapacitySearch(by="load")
+    with pytest.raises(ValueError, match="start_concurrency <= max_concurrency"):
+        CapacitySearch(by="concurrency", start_concurrency=8, max_concurrency=4)
+
+
+def test_a_closed_loop_probe_leaves_out_its_ramp_and_does_not_judge_a_queue():
+    delays = [5.0] * 4 + [0.05 * i for i in range(16)]  # a growing "queue" that an open loop would fail
+    run = run_with_queueing(delays)
+    outcome_ = closed_loop_outcome(run, 4, SLO(ttft=10.0))
+    assert outcome_.steady and outcome_.passes(0.9) and outcome_.num_requests == 16 and outcome_.concurrency == 4
+    assert outcome_.note.startswith("closed loop: at most 4 requests in flight")
+    assert outcome_.rate == pytest.approx(20 / run.duration)  # the throughput it achieved
+    assert not probe_outcome(run, outcome_.rate, SLO(ttft=10.0)).steady  # as an open loop it would fail
+
+
+def test_a_concurrency_record_round_trips_through_json_with_its_concurrency():
+    engine = ConcurrencyLatencyEngine(50.0, 0.010, ttft_per_request=0.004)
+    found = search_by_concurrency(engine, SLO(ttft=engine.ttft_at(6) + 0.001))
+    data = CapacityRecord.of([found, found], SLO(ttft=0.5)).to_json()
+    assert data["by"] == "concurrency" and data["concurrency"] == 6 and data["searches"][0]["concurrency"] == 6
+    assert data["searches"][0]["probes"][0]["concurrency"] == found.probes[0].concurrency
+    back = CapacityRecord.from_json(data)
+    assert back.concurrency == 6 and back.by == "concurrency" and back.searches[0].probes == found.probes
+    assert back.requests_per_second == found.requests_per_second and back.searches[0].bracket == (6, 7)
+
+
+def test_a_rate_records_json_has_no_concurrency_and_older_json_without_it_still_reads():
+    found = search_capacity(threshold(3.3), CapacitySearch(start_rate=1.0))
+    data = CapacityRecord.of([found], SLO(ttft=0.5)).to_json()
+    assert "by" not in data and "concurrency" not in data
+    assert "concurrency" not in data["searches"][0] and "concurrency" not in data["searches"][0]["probes"][0]
+    back = CapacityRecord.from_json(data)  # as a results.json written before concurrency searches
+    assert back.concurrency is None and back.by == "rate" and back.searches[0].concurrency is None
+    assert back.searches[0].probes[0].concurrency is None and back.requests_per_second == found.requests_per_second

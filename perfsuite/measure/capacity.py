@@ -1,25 +1,36 @@
-"""Capacity under an SLO: the highest arrival rate at which enough requests meet it. Pure Python, no torch.
+"""Capacity under an SLO: the highest load at which enough requests meet it. Pure Python, no torch.
 
 The question a person sizing a deployment asks: how many requests per second
 can one instance serve while TTFT and TPOT stay within their targets? The
-answer here is DistServe's goodput rule: the highest Poisson arrival rate at
-which at least ``target_share`` (default 90%) of the requests meet every SLO
-and the engine keeps up (steady state, below).
+answer here is DistServe's goodput rule: the highest load at which at least
+``target_share`` (default 90%) of the requests meet every SLO and the engine
+keeps up (steady state, below). The load is searched one of two ways
+(``CapacitySearch.by``):
 
-``search_capacity`` finds it from a probe function (rate -> ``ProbeOutcome``):
+- **rate** (open loop): Poisson arrivals at a rate in req/s; the capacity is
+  the highest rate that passed;
+- **concurrency** (closed loop): a fixed number of requests in flight, the
+  next sent as one finishes; the capacity is still req/s: the request
+  throughput achieved at the highest concurrency that passed, which is kept
+  with it (``Capacity.concurrency``).
 
-- **bracket**: probe ``start_rate``; if it passes, multiply the rate by
-  ``growth`` until a probe fails (at most ``max_rate``); if it fails, divide
-  until one passes (at least ``min_rate``);
-- **bisect** geometrically between the highest rate that passed and the lowest
-  that failed above it, until the failing end is within ``tolerance`` of the
-  passing end (``high / low <= 1 + tolerance``).
+``search_capacity`` finds it from a probe function (a rate or a concurrency ->
+``ProbeOutcome``), on the search's grid (``RateGrid``, ``ConcurrencyGrid``):
 
-The capacity is the highest rate that passed (the lower end of the final
-bracket): a rate at which the SLO was seen to hold, never an interpolation.
-Every search that starts at a power of two visits rates on one grid
-(powers of 2 and their geometric midpoints), whatever the start, so two
-searches (a baseline's and a current run's) report comparable values.
+- **bracket**: probe the start; if it passes, grow it (rates by ``growth``,
+  concurrencies by 2) until a probe fails (at most the ceiling); if it fails,
+  shrink until one passes (at least the floor: ``min_rate``, or concurrency 1);
+- **bisect** between the highest point that passed and the lowest that failed
+  above it, rates geometrically, concurrencies on integers, until the failing
+  end is within ``tolerance`` of the passing end (``high / low <= 1 +
+  tolerance``) or, for concurrencies, the next integer (``high - low == 1``).
+
+The capacity is the highest point that passed (the lower end of the final
+bracket): a load at which the SLO was seen to hold, never an interpolation.
+Every search that starts at a power of two visits points on one grid
+(powers of 2 and their geometric midpoints for rates, integers between powers
+of 2 for concurrencies), whatever the start, so two searches (a baseline's
+and a current run's) report comparable values.
 
 **Steady state** (``probe_outcome``): an open-loop probe whose queue keeps
 growing measures the length of the probe, not the engine: with a few
@@ -32,7 +43,10 @@ half's plus ``queue_slack_gaps`` mean gaps between arrivals (the absolute
 slack keeps a near-empty queue's jitter from reading as growth). A probe that
 is not steady, or whose client did not keep up with the schedule, fails
 whatever its share of good requests. The share of good requests is counted
-over the requests after the ramp.
+over the requests after the ramp. A closed-loop probe cannot build an
+unbounded queue (at most its concurrency are ever in flight, and a request's
+arrival is when it was sent), so the queue-growth check does not apply to
+it; its ramp is still left out.
 """
 
 from __future__ import annotations
@@ -48,6 +62,8 @@ from perfsuite.engine.types import RunResult
 from perfsuite.measure.metrics import SLO, RequestMetrics, percentile, run_metrics
 
 DEFAULT_TARGET_SHARE = 0.90  # DistServe's goodput: 90% of requests within the SLO
+BY_RATE, BY_CONCURRENCY = "rate", "concurrency"
+SEARCH_KINDS = (BY_RATE, BY_CONCURRENCY)
 
 
 class CapacityError(RuntimeError):
@@ -56,7 +72,10 @@ class CapacityError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ProbeOutcome:
-    """One probe: requests at ``rate`` (req/s), what share met the SLO, their latencies, and whether it held."""
+    """One probe: requests at ``rate`` (req/s), what share met the SLO, their latencies, and whether it held.
+
+    A closed-loop probe also has its ``concurrency``; its ``rate`` is the request throughput it achieved.
+    """
 
     rate: float
     good_share: float  # of the requests after the ramp, the share that met every SLO
@@ -67,15 +86,98 @@ class ProbeOutcome:
     p90_tpot_ms: float
     steady: bool
     client_kept_up: bool = True
-    note: str = ""  # why it was not steady, or not trusted
+    note: str = ""  # why it was not steady, or not trusted; for a closed loop, why steadiness was not judged
+    concurrency: int | None = None  # a closed-loop probe's requests in flight; None: open loop at ``rate``
 
     def passes(self, target_share: float) -> bool:
         return self.steady and self.client_kept_up and self.good_share >= target_share
 
 
 @dataclass(frozen=True, slots=True)
+class RateGrid:
+    """Arrival rates (req/s): geometric steps and midpoints, so searches from powers of two share their points."""
+
+    floor: float
+    ceiling: float
+    growth: float
+    tolerance: float
+
+    def up(self, rate: float) -> float:
+        return min(rate * self.growth, self.ceiling)
+
+    def down(self, rate: float) -> float:
+        return max(rate / self.growth, self.floor)
+
+    def between(self, low: float, high: float) -> float:
+        return math.sqrt(low * high)
+
+    def is_narrow(self, low: float, high: float) -> bool:
+        return high / low <= 1 + self.tolerance
+
+    def width(self, low: float, high: float, digits: int = 1) -> str:
+        return f"{high / low - 1:.{digits}%} wide"
+
+    def above_ceiling(self, target_share: float, shown: str) -> str:
+        return (
+            f"the SLO holds for {target_share:.0%} of requests even at the search's ceiling of {self.ceiling:g} "
+            f"req/s ({shown}): the capacity is above it; raise max_rate, or use more requests per probe so that a "
+            "growing queue shows"
+        )
+
+    def below_floor(self, target_share: float, shown: str) -> str:
+        return (
+            f"capacity below the search floor of {self.floor:g} req/s: fewer than {target_share:.0%} of requests "
+            f"met the SLO, or the queue grew, at every rate probed ({shown}); loosen the SLO, or lower min_rate"
+        )
+
+    no_bracket_fix = "start nearer the capacity (start_rate), grow faster (growth), or allow more probes (max_probes)"
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyGrid:
+    """Requests in flight (1, 2, 3, ...): doubling, then integer midpoints, down to 1 and up to ``ceiling``."""
+
+    ceiling: int
+    tolerance: float
+    floor: int = 1
+
+    def up(self, concurrency: int) -> int:
+        return min(2 * concurrency, self.ceiling)
+
+    def down(self, concurrency: int) -> int:
+        return max(concurrency // 2, self.floor)
+
+    def between(self, low: int, high: int) -> int:
+        return (low + high) // 2
+
+    def is_narrow(self, low: int, high: int) -> bool:
+        return high - low <= 1 or high / low <= 1 + self.tolerance
+
+    def width(self, low: int, high: int, digits: int = 1) -> str:
+        return f"concurrency {low}..{high}"
+
+    def above_ceiling(self, target_share: float, shown: str) -> str:
+        return (
+            f"the SLO holds for {target_share:.0%} of requests even at the search's ceiling of {self.ceiling} "
+            f"requests in flight ({shown}): the capacity is above it; use more requests per probe (a probe of n "
+            "requests cannot have more than n in flight), or raise max_concurrency"
+        )
+
+    def below_floor(self, target_share: float, shown: str) -> str:
+        return (
+            f"no concurrency passes: even one request at a time, fewer than {target_share:.0%} of requests met "
+            f"the SLO ({shown}); loosen the SLO"
+        )
+
+    no_bracket_fix = "start nearer the capacity (start_concurrency), or allow more probes (max_probes)"
+
+
+Grid = RateGrid | ConcurrencyGrid
+
+
+@dataclass(frozen=True, slots=True)
 class CapacitySearch:
-    """How to search: where to start, how far to go, how precise to be, what share of good requests is enough."""
+    """How to search: by rate or concurrency, where to start, how far to go, how precise, what share is enough."""
 
     target_share: float = DEFAULT_TARGET_SHARE
     start_rate: float = 1.0
@@ -84,8 +186,13 @@ class CapacitySearch:
     min_rate: float = 0.01
     max_rate: float = 10_000.0
     max_probes: int = 16
+    by: str = BY_RATE  # or BY_CONCURRENCY: a closed loop over requests in flight
+    start_concurrency: int = 1
+    max_concurrency: int = 1024
 
     def __post_init__(self) -> None:
+        if self.by not in SEARCH_KINDS:
+            raise ValueError(f"a capacity search is by {' or '.join(SEARCH_KINDS)}, got {self.by!r}")
         if not 0 < self.target_share <= 1:
             raise ValueError(f"target_share must be in (0, 1], got {self.target_share}")
         if not self.growth > 1:
@@ -96,26 +203,59 @@ class CapacitySearch:
             raise ValueError(
                 f"need 0 < min_rate <= start_rate <= max_rate, got {self.min_rate}, {self.start_rate}, {self.max_rate}"
             )
+        if not 1 <= self.start_concurrency <= self.max_concurrency:
+            raise ValueError(
+                f"need 1 <= start_concurrency <= max_concurrency, got {self.start_concurrency}, {self.max_concurrency}"
+            )
         if self.max_probes < 2:
             raise ValueError(f"max_probes must be at least 2 (one passing, one failing), got {self.max_probes}")
 
     @property
     def label(self) -> str:
-        """What a baseline identity records of the search (its start is a power of two and not part of it)."""
-        return f"share>={self.target_share:g},tolerance={self.tolerance:g}"
+        """What a baseline identity records of the search (its start is a power of two and not part of it).
+
+        A rate search's label is the one stored baselines carry; only another kind of search adds its own.
+        """
+        label = f"share>={self.target_share:g},tolerance={self.tolerance:g}"
+        return label if self.by == BY_RATE else f"by={self.by},{label}"
+
+    @property
+    def grid(self) -> Grid:
+        if self.by == BY_CONCURRENCY:
+            return ConcurrencyGrid(self.max_concurrency, self.tolerance)
+        return RateGrid(self.min_rate, self.max_rate, self.growth, self.tolerance)
+
+    @property
+    def start(self) -> float:
+        return self.start_concurrency if self.by == BY_CONCURRENCY else self.start_rate
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """A search's answer: the highest rate that passed, per instance and per device, and how it was found."""
+    """A search's answer: requests/s per instance and per device, and how it was found.
 
-    requests_per_second: float  # per instance: the highest rate that passed
-    bracket: tuple[float, float]  # (highest passing, lowest failing above it)
+    By rate, the highest rate that passed, and ``bracket`` holds rates; by
+    concurrency, the throughput achieved at the highest concurrency that
+    passed (``concurrency``), and ``bracket`` holds concurrencies.
+    """
+
+    requests_per_second: float  # per instance
+    bracket: tuple[float, float]  # (highest passing, lowest failing above it), in the search's points
     probes: tuple[ProbeOutcome, ...]  # in the order made
     stopped: str  # why the search stopped
     target_share: float
     tolerance: float
     num_devices: int = 1  # tensor parallelism: the devices one instance spans
+    concurrency: int | None = None  # a concurrency search's highest passing concurrency; None: a rate search
+
+    @property
+    def by(self) -> str:
+        return BY_RATE if self.concurrency is None else BY_CONCURRENCY
+
+    @property
+    def found_at(self) -> float:
+        """The point the answer was probed at: its rate, or its concurrency."""
+        return self.requests_per_second if self.concurrency is None else self.concurrency
 
     @property
     def requests_per_second_per_device(self) -> float:
@@ -124,93 +264,101 @@ class Capacity:
     @property
     def within_tolerance(self) -> bool:
         low, high = self.bracket
-        return high / low <= 1 + self.tolerance * (1 + 1e-9)
+        adjacent = self.concurrency is not None and high - low <= 1
+        return adjacent or high / low <= 1 + self.tolerance * (1 + 1e-9)
 
 
 def search_capacity(
-    probe: Callable[[float], ProbeOutcome],
+    probe: Callable[[Any], ProbeOutcome],
     search: CapacitySearch = CapacitySearch(),
     num_devices: int = 1,
     unloaded: Callable[[], ProbeOutcome] | None = None,
 ) -> Capacity:
-    """The highest rate whose probe passes, bracketed then bisected (module docstring).
+    """The highest point whose probe passes, bracketed then bisected (module docstring).
 
-    Raises ``CapacityError`` when even ``min_rate`` fails (the capacity is
-    below the search's floor: never 0), when ``max_rate`` still passes, or
-    when ``max_probes`` run out before a bracket is found. Probes running out
-    during the bisection return the bracket reached, ``within_tolerance`` False.
+    ``probe`` takes a rate (req/s) or, for a search by concurrency, a number
+    of requests in flight. Raises ``CapacityError`` when even the floor fails
+    (``min_rate``, or concurrency 1: never a capacity of 0), when the ceiling
+    still passes, or when ``max_probes`` run out before a bracket is found.
+    Probes running out during the bisection return the bracket reached,
+    ``within_tolerance`` False.
 
-    ``unloaded``: the requests served one at a time, asked for only when the
-    start rate fails. Fewer good requests than the target there means no rate
-    can pass (no load is lighter), so the search stops at once instead of
-    probing ever lower rates, each slower than the last.
+    ``unloaded`` (rate searches only: a concurrency search's floor is one
+    request at a time): the requests served one at a time, asked for only
+    when the start rate fails. Fewer good requests than the target there
+    means no rate can pass (no load is lighter), so the search stops at once
+    instead of probing ever lower rates, each slower than the last.
     """
+    grid = search.grid
     outcomes: list[ProbeOutcome] = []
+    passed: dict[float, ProbeOutcome] = {}
 
-    def passes(rate: float) -> bool:
+    def passes(point: float) -> bool:
         if len(outcomes) >= search.max_probes:
-            raise CapacityError(
-                f"no bracket after {search.max_probes} probes ({_shown(outcomes, search)}): start nearer the "
-                "capacity (start_rate), grow faster (growth), or allow more probes (max_probes)"
-            )
-        outcomes.append(probe(rate))
-        return outcomes[-1].passes(search.target_share)
+            shown = _shown(outcomes)
+            raise CapacityError(f"no bracket after {search.max_probes} probes ({shown}): {grid.no_bracket_fix}")
+        outcomes.append(probe(point))
+        if outcomes[-1].passes(search.target_share):
+            passed[point] = outcomes[-1]
+        return point in passed
 
-    low, high = _bracket(passes, search, outcomes, unloaded)
-    while high / low > 1 + search.tolerance:
+    def answer(low: float, high: float, stopped: str) -> Capacity:
+        by_concurrency = search.by == BY_CONCURRENCY
+        rate = passed[low].rate if by_concurrency else low
+        return Capacity(rate, (low, high), tuple(outcomes), stopped, search.target_share, search.tolerance,
+                        num_devices, int(low) if by_concurrency else None)  # fmt: skip
+
+    low, high = _bracket(passes, grid, search, outcomes, unloaded if search.by == BY_RATE else None)
+    while not grid.is_narrow(low, high):
         if len(outcomes) >= search.max_probes:
-            stopped = f"probe limit ({search.max_probes}) reached with the bracket {high / low - 1:.0%} wide"
-            return Capacity(low, (low, high), tuple(outcomes), stopped, search.target_share, search.tolerance,
-                            num_devices)  # fmt: skip
-        middle = math.sqrt(low * high)
+            bracket = grid.width(low, high, digits=0)
+            return answer(low, high, f"probe limit ({search.max_probes}) reached with the bracket {bracket}")
+        middle = grid.between(low, high)
         low, high = (middle, high) if passes(middle) else (low, middle)
-    stopped = f"bracket within {search.tolerance:.0%} ({high / low - 1:.1%} wide) after {len(outcomes)} probes"
-    return Capacity(low, (low, high), tuple(outcomes), stopped, search.target_share, search.tolerance, num_devices)
+    bracket = grid.width(low, high)
+    return answer(low, high, f"bracket within {search.tolerance:.0%} ({bracket}) after {len(outcomes)} probes")
 
 
 def _bracket(
     passes: Callable[[float], bool],
+    grid: Grid,
     search: CapacitySearch,
     outcomes: list[ProbeOutcome],
     unloaded: Callable[[], ProbeOutcome] | None,
 ) -> tuple[float, float]:
-    """(a passing rate, a failing rate above it), growing or shrinking geometrically from ``start_rate``."""
-    rate = search.start_rate
-    if passes(rate):
+    """(a passing point, a failing point above it), growing or shrinking on the grid from the search's start."""
+    point = search.start
+    if passes(point):
         while True:
-            if rate >= search.max_rate:
-                raise CapacityError(
-                    f"the SLO holds for {search.target_share:.0%} of requests even at the search's ceiling of "
-                    f"{search.max_rate:g} req/s ({_shown(outcomes, search)}): the capacity is above it; raise "
-                    "max_rate, or use more requests per probe so that a growing queue shows"
-                )
-            low, rate = rate, min(rate * search.growth, search.max_rate)
-            if not passes(rate):
-                return low, rate
+            if point >= grid.ceiling:
+                raise CapacityError(grid.above_ceiling(search.target_share, _shown(outcomes)))
+            low, point = point, grid.up(point)
+            if not passes(point):
+                return low, point
     alone = unloaded() if unloaded is not None else None
     if alone is not None and alone.good_share < search.target_share:
         raise CapacityError(
             f"capacity below any rate: served one request at a time, only {alone.good_share:.0%} of requests met "
             f"the SLO (p90 TTFT {alone.p90_ttft_ms:.0f} ms, p90 TPOT {alone.p90_tpot_ms:.0f} ms), fewer than the "
-            f"{search.target_share:.0%} needed ({_shown(outcomes, search)}); loosen the SLO"
+            f"{search.target_share:.0%} needed ({_shown(outcomes)}); loosen the SLO"
         )
     while True:
-        if rate <= search.min_rate:
-            raise CapacityError(
-                f"capacity below the search floor of {search.min_rate:g} req/s: fewer than "
-                f"{search.target_share:.0%} of requests met the SLO, or the queue grew, at every rate probed "
-                f"({_shown(outcomes, search)}); loosen the SLO, or lower min_rate"
-            )
-        high, rate = rate, max(rate / search.growth, search.min_rate)
-        if passes(rate):
-            return rate, high
+        if point <= grid.floor:
+            raise CapacityError(grid.below_floor(search.target_share, _shown(outcomes)))
+        high, point = point, grid.down(point)
+        if passes(point):
+            return point, high
 
 
-def _shown(outcomes: Sequence[ProbeOutcome], search: CapacitySearch) -> str:
-    return ", ".join(
-        f"{o.rate:.3g} req/s: {o.good_share:.0%} good" + ("" if o.steady else ", queue growing")
-        + ("" if o.client_kept_up else ", client behind") for o in outcomes
-    )  # fmt: skip
+def _shown(outcomes: Sequence[ProbeOutcome]) -> str:
+    return ", ".join(_point(o) + f": {o.good_share:.0%} good" + ("" if o.steady else ", queue growing")
+                     + ("" if o.client_kept_up else ", client behind") for o in outcomes)  # fmt: skip
+
+
+def _point(outcome: ProbeOutcome) -> str:
+    if outcome.concurrency is None:
+        return f"{outcome.rate:.3g} req/s"
+    return f"concurrency {outcome.concurrency} ({outcome.rate:.3g} req/s)"
 
 
 # -- one probe from one run ---------------------------------------------------------------------------------------
@@ -271,6 +419,20 @@ def probe_outcome(
     )
 
 
+def closed_loop_outcome(
+    run: RunResult, concurrency: int, slo: SLO, steady_state: SteadyState = SteadyState()
+) -> ProbeOutcome:
+    """A closed-loop probe at ``concurrency``: its rate is the request throughput it achieved.
+
+    Its ramp is left out as an open-loop probe's is, but its steadiness is not
+    judged: with at most ``concurrency`` requests in flight, each arriving
+    when it is sent, no queue can grow (module docstring).
+    """
+    outcome = probe_outcome(run, run_metrics(run).request_throughput, slo, steady_state)
+    note = f"closed loop: at most {concurrency} requests in flight, so no queue can grow; steadiness not judged"
+    return dataclasses.replace(outcome, steady=True, concurrency=concurrency, note=note)
+
+
 def _queueing(metrics: RequestMetrics) -> float:
     """Arrival to first scheduled; TTFT where the engine does not say when it scheduled (a server)."""
     if metrics.queue_time is not None:
@@ -300,13 +462,26 @@ class CapacityRecord:
     def requests_per_second_per_device(self) -> float:
         return statistics.median(s.requests_per_second_per_device for s in self.searches)
 
+    @property
+    def by(self) -> str:
+        return self.searches[0].by if self.searches else BY_RATE
+
+    @property
+    def concurrency(self) -> int | None:
+        """A concurrency search's median highest passing concurrency (the lower middle one); None by rate."""
+        found = [s.concurrency for s in self.searches if s.concurrency is not None]
+        return statistics.median_low(found) if found else None
+
     @classmethod
     def of(cls, searches: Sequence[Capacity], slo: SLO, notes: Sequence[str] = ()) -> CapacityRecord:
         ms = {name: None if getattr(slo, name) is None else 1e3 * getattr(slo, name) for name in ("ttft", "tpot", "e2el")}
         return cls(tuple(searches), ms["ttft"], ms["tpot"], ms["e2el"], tuple(notes))
 
     def to_json(self) -> dict[str, Any]:
+        """A rate search's JSON is as it was before concurrency searches; theirs adds ``by`` and ``concurrency``."""
+        by_concurrency = {"by": BY_CONCURRENCY, "concurrency": self.concurrency} if self.concurrency else {}
         return {
+            **by_concurrency,
             "requests_per_second": self.requests_per_second,
             "requests_per_second_per_device": self.requests_per_second_per_device,
             "slo_ttft_ms": self.slo_ttft_ms,
@@ -322,6 +497,7 @@ class CapacityRecord:
                     "target_share": s.target_share,
                     "tolerance": s.tolerance,
                     "num_devices": s.num_devices,
+                    **({} if s.concurrency is None else {"concurrency": s.concurrency}),
                     "probes": [_probe_json(p) for p in s.probes],
                 }
                 for s in self.searches
@@ -339,6 +515,7 @@ class CapacityRecord:
                 target_share=s["target_share"],
                 tolerance=s["tolerance"],
                 num_devices=s["num_devices"],
+                concurrency=s.get("concurrency"),  # absent before concurrency searches, and for a rate search
             )
             for s in data["searches"]
         )
@@ -347,8 +524,13 @@ class CapacityRecord:
 
 
 def _probe_json(probe: ProbeOutcome) -> dict[str, Any]:
-    """NaN (no TPOT when every request made one token) is written as null: JSON has no NaN."""
+    """NaN (no TPOT when every request made one token) is written as null: JSON has no NaN.
+
+    An open-loop probe has no concurrency, and its JSON no key for it, as before concurrency searches.
+    """
     values = dataclasses.asdict(probe)
+    if probe.concurrency is None:
+        del values["concurrency"]
     return {name: None if isinstance(v, float) and math.isnan(v) else v for name, v in values.items()}
 
 
