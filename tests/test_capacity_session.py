@@ -1,5 +1,6 @@
 """The shipped capacity test end to end through pytester, on a fake engine in virtual time (tests/capacity_fakes.py):
-skipped without an SLO, a capacity per engine in results.json, and a slower engine failing against its baseline."""
+skipped without an SLO, a capacity per engine in results.json, a slower engine failing against its baseline, and
+a search by concurrency alongside a sweep config's [capacity] case."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from capacity_fakes import known_capacity
+from capacity_fakes import ConcurrencyLatencyEngine, known_capacity
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
 pytest_plugins = ["pytester"]
@@ -19,10 +20,12 @@ CONFTEST_ADDITION = """
 import os
 from perfsuite.adapters import Backend, register_engine
 from perfsuite.engine.fake_runner import FakeRunner
-from capacity_fakes import LoadLatencyEngine
+from capacity_fakes import ConcurrencyLatencyEngine, LoadLatencyEngine
 
 register_engine("load-latency", lambda backend, config: LoadLatencyEngine(
     float(os.environ["FAKE_SERVICE_RATE"]), base_ttft=0.010, batch_size=config.batch_size))
+register_engine("concurrency-latency", lambda backend, config: ConcurrencyLatencyEngine(
+    float(os.environ["FAKE_SERVICE_RATE"]), base_ttft=0.010, batch_size=config.batch_size, ttft_per_request=0.004))
 
 @pytest.fixture(scope="session")
 def perf_backend():
@@ -86,3 +89,43 @@ def test_a_capacity_is_recorded_then_a_slower_engine_fails_against_it(project, m
     other = project.runpytest_subprocess(*ARGS, "--perf-slo", "ttft=80ms")
     other.assert_outcomes(passed=1)
     other.stdout.fnmatch_lines(["*baseline measured another configuration*capacity_slo=ttft=50ms*"])
+
+
+SWEEP_WITH_CAPACITY = """
+[sweep]
+engines = ["concurrency-latency"]
+batch_sizes = [2]
+output_lengths = [4]
+num_requests = 8
+
+[capacity]
+by = "rate"
+"""
+
+
+def test_a_search_by_concurrency_and_a_sweep_configs_capacity_case_run_in_one_session(project):
+    """test_capacity by --perf-capacity-by concurrency finds the fake's known concurrency; the sweep's [capacity]
+    case searches by rate (its own ``by`` over the option) and its arrivals-free id is one case."""
+    project.makepyfile(test_sweep=(TESTS / "perf" / "test_sweep.py").read_text())
+    project.makefile(".toml", sweep=SWEEP_WITH_CAPACITY)
+    args = [arg if arg != "load-latency" else "concurrency-latency" for arg in ARGS]
+    result = project.runpytest_subprocess(*args, *SLO, "--perf-repeats", "2", "--perf-capacity-by", "concurrency",
+                                          "--perf-config", "sweep.toml", "-v")  # fmt: skip
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_sweep_capacity[[]concurrency-latency-B2-*-out4[]] PASSED*"])
+    tests = {test["test_id"].split("::")[-1].split("[")[0]: test for test in results(project)["tests"]}
+
+    by_concurrency = tests["test_capacity"]["capacity"]
+    # 10 ms + 4 ms per other request in flight under a 50 ms TTFT SLO: 11 in flight, within a probe of 16
+    known = ConcurrencyLatencyEngine(40.0, 0.010, ttft_per_request=0.004).known_concurrency(0.050, 16)
+    assert by_concurrency["by"] == "concurrency" and by_concurrency["concurrency"] == known == 11
+    assert [s["concurrency"] for s in by_concurrency["searches"]] == [11, 11]
+    at_known = [p for p in by_concurrency["searches"][0]["probes"] if p["concurrency"] == known]
+    assert by_concurrency["requests_per_second"] == at_known[0]["rate"] > 0
+    knobs = dict(tests["test_capacity"]["configuration"]["engine_knobs"])
+    assert knobs["capacity_search"] == "by=concurrency,share>=0.9,tolerance=0.1"
+
+    by_rate = tests["test_sweep_capacity"]["capacity"]
+    assert "by" not in by_rate and "concurrency" not in by_rate["searches"][0] and by_rate["requests_per_second"] > 0
+    assert dict(tests["test_sweep_capacity"]["configuration"]["engine_knobs"])["capacity_search"] == (
+        "share>=0.9,tolerance=0.1")  # the rate label stored baselines carry

@@ -1,8 +1,16 @@
-"""The capacity test's measurement: R capacity searches over open-loop Poisson probes, judged like throughput.
+"""The capacity test's measurement: R capacity searches over rate or concurrency probes, judged like throughput.
 
 ``perf.measure_capacity(engine, requests_at)`` runs the searches of
-``perfsuite.measure.capacity``: each probe serves ``requests_at(rate)`` (the
-same seeded requests, their Poisson arrival offsets scaled to the rate) once.
+``perfsuite.measure.capacity``, by ``--perf-capacity-by`` (or ``by=``):
+
+- by rate, each probe serves ``requests_at(rate)`` (the same seeded
+  requests, their Poisson arrival offsets scaled to the rate) once, open loop;
+- by concurrency, each probe serves the same requests all due at once, at
+  most c in flight (a closed loop, as ``timed_run(..., max_concurrency=c)``);
+  the search starts at the power of two at or below half the probe's
+  requests (a probe at high concurrency is quick, at low concurrency slow,
+  so shrinking from above is the cheaper side) and its ceiling is the
+  probe's requests (all of them in flight: the offline run).
 
 Samples for the significance test: a search gives one number, so a test
 makes R independent searches (R: the session's repeats), each its own
@@ -41,10 +49,12 @@ from perfsuite.judge.catalogue import CAPACITY
 from perfsuite.judge.results import TestResult
 from perfsuite.judge.run_config import RunConfiguration, knobs
 from perfsuite.measure.capacity import (
+    BY_CONCURRENCY,
     CapacityError,
     CapacityRecord,
     CapacitySearch,
     SteadyState,
+    closed_loop_outcome,
     probe_outcome,
     search_capacity,
 )
@@ -72,6 +82,11 @@ def start_rate(offline_request_throughput: float) -> float:
     return 2.0 ** math.floor(math.log2(offline_request_throughput))
 
 
+def start_concurrency(num_requests: int) -> int:
+    """The power of two at or below half the probe's requests, at least 1 (module docstring)."""
+    return 2 ** max(0, math.floor(math.log2(max(1, num_requests // 2))))
+
+
 class MachineProbe(Protocol):
     """The recorder's machine probe around each search (``plugin.recorder._BracketingProbe``)."""
 
@@ -96,12 +111,16 @@ def measure_capacity(
     probes: MachineProbe,
     in_process: bool,
     *,
+    by: str | None = None,
     target_share: float | None = None,
     tolerance: float | None = None,
     steady_state: SteadyState = SteadyState(),
     repeats: int | None = None,
 ) -> TestResult:
-    """R capacity searches of ``engine`` (module docstring), recorded and judged against the baseline."""
+    """R capacity searches of ``engine`` (module docstring), recorded and judged against the baseline.
+
+    ``by``: "rate" or "concurrency"; None: the session's ``--perf-capacity-by``.
+    """
     from perfsuite.measure.timing import timed_run
 
     session, options = recorder.session, recorder.session.options
@@ -124,6 +143,9 @@ def measure_capacity(
         start_rate=start,
         min_rate=min(start, max(start / 16, len(offline) / MAX_PROBE_SECONDS)),
         max_rate=max(defaults.max_rate, start),
+        by=by or options.capacity_by,
+        start_concurrency=start_concurrency(len(offline)),
+        max_concurrency=len(offline),
     )
     unloaded_outcomes: list = []
 
@@ -138,23 +160,29 @@ def measure_capacity(
     searches, at_capacity, uses = [], [], []
 
     def one_search() -> None:
-        runs: dict[float, RunResult] = {}
+        runs: dict[float, RunResult] = {}  # by the point probed: a rate, or a concurrency
 
-        def probe(rate: float):
+        def probe_rate(rate: float):
             runs[rate] = timed_run(engine, requests_at(rate), device)
             sends = send_lag(runs[rate])  # None: the engine does not record its sends
             bound = sends is not None and sends.is_client_bound
             return probe_outcome(runs[rate], rate, slo, steady_state, not bound, sends.describe() if bound else "")
 
+        def probe_concurrency(concurrency: int):
+            runs[concurrency] = timed_run(engine, offline, device, max_concurrency=concurrency)
+            return closed_loop_outcome(runs[concurrency], concurrency, slo, steady_state)
+
+        by_concurrency = search.by == BY_CONCURRENCY
+        probe = probe_concurrency if by_concurrency else probe_rate
         probes.starting_run()
         with CpuMeter() as meter:
             try:
-                capacity = search_capacity(probe, search, unloaded=unloaded)
+                capacity = search_capacity(probe, search, unloaded=None if by_concurrency else unloaded)
             except CapacityError as error:
                 pytest.fail(f"{recorder.test_id}: no capacity under SLO {slo.label}: {error}", pytrace=False)
         uses.append(meter.use if in_process and recorder.backend.probe is not None else None)
         searches.append(capacity)
-        at_capacity.append(runs[capacity.requests_per_second])
+        at_capacity.append(runs[capacity.found_at])
 
     benchmark = recorder.benchmark
     benchmark.pedantic(one_search, setup=probes.take, rounds=repeats, iterations=1, warmup_rounds=0)
@@ -181,6 +209,7 @@ def measure_capacity(
             "parameters": dataclasses.asdict(result.parameters),
             "capacity_under_slo": record.requests_per_second,
             "capacity_under_slo_per_device": record.requests_per_second_per_device,
+            **({} if record.concurrency is None else {"capacity_concurrency": record.concurrency}),
             "slo": slo.label,
             "baseline": result.baseline_status,
         }

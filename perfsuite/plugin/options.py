@@ -22,6 +22,7 @@ from perfsuite.adapters.http_options import (
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import engine_names, fraction, integer_at_least, number, one_of, probability
 from perfsuite.engine.types import DECODE_MODES
+from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
 from perfsuite.workload.profiles import PROFILES, Profile
@@ -117,6 +118,9 @@ _OPTIONS = (
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
     ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),
+    ("perf_capacity_by", one_of(SEARCH_KINDS), BY_RATE,
+     "what the capacity tests search: rate (open-loop Poisson arrivals, req/s) or concurrency (closed loop, "
+     "requests in flight); either way the capacity is requests/s"),
     ("perf_alpha", probability, "0.05", "significance level, after the Benjamini-Hochberg correction"),
     ("perf_min_effect", fraction, None,
      f"smallest change of a median that can fail a test (default: {STORED_MIN_EFFECT:g} against stored baselines, "
@@ -181,6 +185,7 @@ class PerfOptions:
     server_label: str | None = None
     sweep: Sweep | None = None
     slo: SLO | None = None
+    capacity_by: str = BY_RATE  # --perf-capacity-by: the capacity search's load, rate or concurrency
     decode_mode: str = "packed"
     strict: bool = False
     busy_threshold: float = DEFAULT_THRESHOLD
@@ -231,6 +236,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         server_label=values["perf_server_label"],
         sweep=sweep,
         slo=values["perf_slo"],
+        capacity_by=values["perf_capacity_by"],
         decode_mode=values["perf_decode_mode"],
         profile=profile,
         repeats=values["perf_repeats"] or profile.repeats,

@@ -10,14 +10,26 @@
     seed = 0                                  # optional
     repeats = 3                               # optional; default: the profile's
 
+    [capacity]                                # optional: capacity cases too (test_sweep_capacity)
+    by = "concurrency"                        # optional: "rate" or "concurrency"; default --perf-capacity-by
+    target_share = 0.9                        # optional: share of requests within --perf-slo; default 0.9
+    tolerance = 0.1                           # optional: how narrow the final bracket; default 0.1
+
 The list entries of ``prompts``, ``output_lengths`` and ``arrivals`` take the
 values those keys take in ``Workload.from_dict``; rates and concurrencies share
 the ``arrivals`` axis because a case has one or the other. Every case uses the
 same seed, so engines and batch sizes see identical requests. Pure Python.
+
+A ``[capacity]`` section adds one capacity case per engine x batch size x
+prompts x output lengths (``capacity_cases()``): the ``arrivals`` axis is
+ignored for them, as the capacity search sets the load itself (a rate or a
+concurrency). Its settings are checked here; the search itself
+(``perfsuite.measure.capacity``) runs only with ``--perf-slo``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +37,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from perfsuite.workload.arrivals import Arrivals, parse_arrivals
-from perfsuite.workload.checks import is_int, reject_unknown_keys
+from perfsuite.workload.checks import is_int, is_number, reject_unknown_keys
 from perfsuite.workload.lengths import OutputLengths, parse_output_lengths
 from perfsuite.workload.prompts import JsonlPrompts, PromptSource, ShippedPrompts, parse_prompts
 from perfsuite.workload.workload import Workload
@@ -33,6 +45,8 @@ from perfsuite.workload.workload import Workload
 AXIS_KEYS = ("engines", "batch_sizes", "prompts", "output_lengths", "arrivals")
 SWEEP_KEYS = (*AXIS_KEYS, "num_requests", "seed", "repeats")
 REQUIRED_KEYS = ("engines", "batch_sizes", "output_lengths", "num_requests")
+CAPACITY_KEYS = ("by", "target_share", "tolerance")
+CAPACITY_KINDS = ("rate", "concurrency")  # measure.capacity.SEARCH_KINDS, which a workload may not import
 
 Entry = TypeVar("Entry")
 
@@ -53,6 +67,38 @@ class SweepCase:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacitySettings:
+    """A sweep's ``[capacity]`` section; None: the session's option (``by``) or the search's default."""
+
+    by: str | None = None
+    target_share: float | None = None
+    tolerance: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityCase:
+    """One capacity test of the grid: an engine at a batch size searched on a workload's prompts and lengths.
+
+    The workload's arrivals are not used: the search sets the load (rate or concurrency).
+    """
+
+    engine: str
+    batch_size: int
+    workload: Workload
+    settings: CapacitySettings
+    repeats: int | None = None
+
+    @property
+    def id(self) -> str:
+        """A stable pytest id such as ``inflight-B8-in32-out_uniform4_24``: no arrivals, the search sets them."""
+        return f"{self.engine}-B{self.batch_size}-{self.workload.prompts.label}-{self.workload.lengths.label}"
+
+    def workload_at(self, rate: float, num_requests: int) -> Workload:
+        """The case's workload with ``num_requests`` Poisson arrivals at ``rate`` req/s (a probe's requests)."""
+        return dataclasses.replace(self.workload, num_requests=num_requests, arrivals=Arrivals(rate=rate))
+
+
+@dataclass(frozen=True, slots=True)
 class Sweep:
     """The grid's axes; ``cases()`` is their product, engines outermost."""
 
@@ -64,6 +110,7 @@ class Sweep:
     arrivals: tuple[Arrivals, ...] = (Arrivals(),)
     seed: int = 0
     repeats: int | None = None
+    capacity: CapacitySettings | None = None  # a [capacity] section: capacity cases too
 
     @property
     def num_cases(self) -> int:
@@ -80,6 +127,16 @@ class Sweep:
         return [
             SweepCase(engine, batch_size, self._workload(prompts, lengths, arrivals), self.repeats)
             for engine, batch_size, prompts, lengths, arrivals in grid
+        ]
+
+    def capacity_cases(self) -> list[CapacityCase]:
+        """One per engine x batch size x prompts x output lengths, engines outermost; none without [capacity]."""
+        if self.capacity is None:
+            return []
+        grid = itertools.product(self.engines, self.batch_sizes, self.prompts, self.output_lengths)
+        return [
+            CapacityCase(engine, batch_size, self._workload(prompts, lengths, Arrivals()), self.capacity, self.repeats)
+            for engine, batch_size, prompts, lengths in grid
         ]
 
     def _workload(self, prompts: PromptSource, lengths: OutputLengths, arrivals: Arrivals) -> Workload:
@@ -99,7 +156,7 @@ def load_sweep(path: str | Path) -> Sweep:
 
 
 def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: Path | None = None) -> Sweep:
-    """A ``Sweep`` from a parsed TOML document (``{"sweep": {...}}``); no file is read."""
+    """A ``Sweep`` from a parsed TOML document (``{"sweep": {...}}``, ``"capacity"`` optional); no file is read."""
     table = _sweep_table(data, source)
     try:
         reject_unknown_keys(table, SWEEP_KEYS, "sweep key")
@@ -117,6 +174,7 @@ def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: P
         arrivals=_axis(table, "arrivals", parse_arrivals, source, default=("offline",)),
         seed=_setting(table, "seed", source, minimum=None, default=0),
         repeats=_setting(table, "repeats", source, minimum=1, default=None),
+        capacity=_capacity(data["capacity"], source) if "capacity" in data else None,
     )
     _check_cases(sweep, source)
     return sweep
@@ -139,8 +197,10 @@ def _read_toml(path: Path) -> dict[str, object]:
 
 def _sweep_table(data: Mapping[str, object], source: str) -> Mapping[str, object]:
     for key in data:
-        if key != "sweep":
-            raise ValueError(f"{source}: unknown top-level key {key!r}; put every setting under [sweep]")
+        if key not in ("sweep", "capacity"):
+            raise ValueError(
+                f"{source}: unknown top-level key {key!r}; put every setting under [sweep] (or [capacity])"
+            )
     table = data.get("sweep")
     if not isinstance(table, Mapping):
         raise ValueError(f"{source}: no [sweep] table; start the file with [sweep]")
@@ -193,6 +253,32 @@ def _setting(
         at_least = f" >= {minimum}" if minimum is not None else ""
         raise ValueError(f"{source}: sweep.{key} must be an integer{at_least}, got {value!r}")
     return value
+
+
+def _capacity(table: object, source: str) -> CapacitySettings:
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{source}: capacity must be a table: a [capacity] section, got {table!r}")
+    try:
+        reject_unknown_keys(table, CAPACITY_KEYS, "capacity key")
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+    by = table.get("by")
+    if by is not None and by not in CAPACITY_KINDS:
+        raise ValueError(f"{source}: capacity.by must be {' or '.join(map(repr, CAPACITY_KINDS))}, got {by!r}")
+    target_share = table.get("target_share")
+    if target_share is not None and not (is_number(target_share) and 0 < target_share <= 1):
+        raise ValueError(
+            f"{source}: capacity.target_share is the share of requests that must meet the SLO, in (0, 1] "
+            f"(0.9 for 90%), got {target_share!r}"
+        )
+    tolerance = table.get("tolerance")
+    if tolerance is not None and not (is_number(tolerance) and tolerance > 0):
+        raise ValueError(f"{source}: capacity.tolerance must be a number > 0 (0.1 for 10%), got {tolerance!r}")
+    return CapacitySettings(
+        by,
+        None if target_share is None else float(target_share),
+        None if tolerance is None else float(tolerance),
+    )
 
 
 def _check_cases(sweep: Sweep, source: str) -> None:

@@ -23,3 +23,20 @@ def pytest_generate_tests(metafunc):
         else:
             cases = options.sweep.cases()
             metafunc.parametrize("sweep_case", cases, ids=[case.id for case in cases])
+    if "sweep_capacity_case" in metafunc.fixturenames:
+        cases = options.sweep.capacity_cases() if options.sweep is not None else []
+        metafunc.parametrize("sweep_capacity_case", cases or [None], ids=[case.id for case in cases] or ["none"])
+
+
+def pytest_collection_modifyitems(config, items):
+    """No [capacity] section, no capacity cases: deselected, not one more skip in every session (test_sweep's
+    skip already says how to give a sweep config)."""
+    without_cases = [item for item in items if _lacks_its_capacity_case(item)]
+    if without_cases:
+        config.hook.pytest_deselected(items=without_cases)
+        items[:] = [item for item in items if not _lacks_its_capacity_case(item)]
+
+
+def _lacks_its_capacity_case(item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "sweep_capacity_case" in params and params["sweep_capacity_case"] is None
