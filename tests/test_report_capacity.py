@@ -79,3 +79,20 @@ def test_perfsuite_compare_judges_capacities_higher_is_better(tmp_path):
     (judged,) = rejudge(old, new, Policy()).tests
     (comparison,) = judged.comparisons
     assert comparison.metric == CAPACITY and comparison.verdict is Verdict.REGRESSED
+
+
+def test_a_search_by_concurrency_is_drawn_against_concurrency_and_its_concurrency_shown():
+    from capacity_fakes import ConcurrencyLatencyEngine
+    from perfsuite.measure.capacity import closed_loop_outcome
+
+    engine = ConcurrencyLatencyEngine(40.0, 0.010, ttft_per_request=0.004)
+    offline = [dataclasses.replace(r, arrival_time=0.0) for r in requests_at(1.0)]
+    search = CapacitySearch(by="concurrency", max_concurrency=len(offline), start_concurrency=8)
+    found = search_capacity(lambda c: closed_loop_outcome(engine.run(offline, max_concurrency=c), c, SLO_), search)
+    test = capacity_test(CapacityRecord.of([found, found], SLO_))
+    svg = capacity_svg(test)
+    assert "concurrency (requests in flight)" in svg and "arrival rate (req/s)" not in svg
+    facts = dict(capacity_facts(test))
+    assert facts["capacity under SLO"].endswith(f"per device, at concurrency {found.concurrency}")
+    assert facts["searches"].endswith(f"req/s at concurrency {found.concurrency}, {found.concurrency}")
+    assert facts["search rule"].startswith("by concurrency (closed loop)")
