@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from perfsuite.cli import main
-from perfsuite.judge.catalogue import METRICS
+from perfsuite.judge.catalogue import METRICS, PROBE
 from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
@@ -195,10 +196,23 @@ def test_write_report_skips_a_corrupt_history_file_and_says_so(tmp_path, judged)
     assert "broken.json" in page and "delete it" in page
 
 
-def test_the_report_of_a_real_smoke_session(pytester):
-    """The shipped perf tests on tiny-random: the plugin writes report.html, and it renders again from results.json."""
+def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
+    """What CI exercises on every submission: the real fixtures, model runner and perf tests on tiny-random.
+
+    One session for two checks (each costs a whole session): what the plugin records, and that it writes
+    report.html, which renders again from results.json.
+    """
     result = run_shipped_smoke_session(pytester)
     result.assert_outcomes(passed=8, skipped=3)  # the sweep test waits for --perf-config, capacity for --perf-slo
+    tests = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
+    assert {t["engine"] for t in tests} == {"static", "inflight"}
+    assert all(t["output_throughput"] > 0 and t["parameters"]["model"] == "tiny-random" for t in tests)
+    assert all(len(t["samples"][PROBE]) == 3 for t in tests), "one machine probe per repeat"
+    poisson = [t for t in tests if t["arrival_rate"]]
+    assert poisson and all(t["arrival_rate"] == 50.0 for t in poisson)
+    static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
+    assert any(static_padding), "uneven lengths leave static slots idle"
+
     result.stdout.fnmatch_lines(["report: */reports/report.html"])
     reports = pytester.path / "reports"
     written = (reports / "report.html").read_text()
