@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.judge.paired import pairs_for_regression_with_one_disagreeing_pair
+from perfsuite.judge.paired import pairs_with_room_for_disagreement
 from perfsuite.workload.profiles import PROFILES
 
 pytest_plugins = ["pytester"]
@@ -155,12 +155,12 @@ def test_against_head_measures_both_trees_and_passes(pytester, repo):
     assert not worker_processes(repo) and not snapshots_of(head)
 
 
-def test_unless_given_the_pairs_leave_room_for_one_disagreeing_pair_and_rotate_over_the_workers(pytester, repo):
+def test_unless_given_the_pairs_leave_room_for_disagreement_and_rotate_over_the_workers(pytester, repo):
     result = run_ab(pytester, "HEAD", "-k", ONE_TEST, "--perf-against-workers", "3")
     document = results_json(repo)
     (test,) = document["tests"]
     policy = document["policy"]
-    pairs = pairs_for_regression_with_one_disagreeing_pair(policy["num_planned_comparisons"], policy["alpha"])
+    pairs = pairs_with_room_for_disagreement(policy["num_planned_comparisons"], policy["alpha"])
     assert pairs > PROFILES["smoke"].repeats, "more pairs than the profile's repeats: the floor is what sets them"
     assert len(test["pair_order"]) == pairs
     assert "rotate two at a time over 3 worker processes a side" in document["against"]["order"]

@@ -16,10 +16,11 @@ from perfsuite.judge.paired import (
     hodges_lehmann,
     max_comparisons_for_lone_paired_regression,
     paired_minimum_detectable_effect,
-    paired_p_value_with_one_disagreeing_pair,
+    paired_p_value_with_disagreement,
     pairs_for_lone_regression,
-    pairs_for_regression_with_one_disagreeing_pair,
+    pairs_with_room_for_disagreement,
     plan_paired_power,
+    room_for_disagreement,
     smallest_paired_p_value,
     walsh_averages,
     walsh_confidence_interval,
@@ -353,25 +354,37 @@ def test_the_suggested_pairs_are_the_fewest_that_suffice(num_comparisons, alpha)
 @given(st.integers(2, 20))
 def test_one_disagreeing_pair_doubles_the_smallest_p(num_pairs):
     worse_but_the_smallest = [-0.001] + [0.01 * (i + 1) for i in range(num_pairs - 1)]
-    assert paired_p_value_with_one_disagreeing_pair(num_pairs) == wilcoxon_signed_rank_upper_p(worse_but_the_smallest)
+    assert paired_p_value_with_disagreement(num_pairs, 1) == wilcoxon_signed_rank_upper_p(worse_but_the_smallest)
+    assert paired_p_value_with_disagreement(num_pairs, 0) == 2.0**-num_pairs
+
+
+@given(st.integers(1, 16), st.data())
+def test_the_p_with_disagreement_is_the_wilcoxon_p_of_those_pairs_going_the_other_way(num_pairs, data):
+    against = data.draw(st.sets(st.integers(1, num_pairs)), label="ranks against")
+    log_ratios = [(-1 if rank in against else 1) * 0.01 * rank for rank in range(1, num_pairs + 1)]
+    assert paired_p_value_with_disagreement(num_pairs, sum(against)) == pytest.approx(
+        wilcoxon_signed_rank_upper_p(log_ratios), rel=1e-12
+    )
 
 
 @given(st.integers(1, 5000), ALPHAS)
-def test_the_pairs_for_one_disagreeing_pair_are_the_fewest_and_one_more_than_unanimity_needs(num_comparisons, alpha):
-    pairs = pairs_for_regression_with_one_disagreeing_pair(num_comparisons, alpha)
-    p = paired_p_value_with_one_disagreeing_pair(pairs)
+def test_the_default_pairs_are_the_fewest_that_survive_half_the_pairs_rank_sum_against(num_comparisons, alpha):
+    pairs = pairs_with_room_for_disagreement(num_comparisons, alpha)
+    p = paired_p_value_with_disagreement(pairs, room_for_disagreement(pairs))
     assert benjamini_hochberg([p] + [1.0] * (num_comparisons - 1))[0] < alpha
-    if pairs > 2:
-        fewer = paired_p_value_with_one_disagreeing_pair(pairs - 1)
-        assert not benjamini_hochberg([fewer] + [1.0] * (num_comparisons - 1))[0] < alpha
-    assert pairs == max(2, pairs_for_lone_regression(num_comparisons, alpha) + 1)
+    for fewer in range(2, pairs):
+        p_fewer = paired_p_value_with_disagreement(fewer, room_for_disagreement(fewer))
+        assert not benjamini_hochberg([p_fewer] + [1.0] * (num_comparisons - 1))[0] < alpha
+    assert pairs > pairs_for_lone_regression(num_comparisons, alpha), "more than a unanimous regression needs"
 
 
-def test_twelve_comparisons_take_nine_pairs_and_seventy_two_take_twelve():
-    assert pairs_for_regression_with_one_disagreeing_pair(12, 0.05) == 9  # 12 * 2/512 = 0.047
-    assert pairs_for_regression_with_one_disagreeing_pair(72, 0.05) == 12  # 72 * 2/4096 = 0.035; 11 pairs: 0.070
+def test_twelve_comparisons_take_twelve_pairs_and_seventy_two_take_fifteen():
+    # 12 pairs, ranks summing to <= 6 against: 14 of 4096 sign patterns; 12 * 14/4096 = 0.041 (11 pairs: 0.059)
+    assert pairs_with_room_for_disagreement(12, 0.05) == 12
+    # 15 pairs, <= 7 against: 19 of 32768; 72 * 19/32768 = 0.042 (14 pairs: 0.083)
+    assert pairs_with_room_for_disagreement(72, 0.05) == 15
     with pytest.raises(ValueError):
-        paired_p_value_with_one_disagreeing_pair(1)
+        paired_p_value_with_disagreement(0, 0)
 
 
 def test_a_paired_plan_within_the_limit_needs_no_advice():

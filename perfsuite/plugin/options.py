@@ -114,7 +114,7 @@ _OPTIONS = (
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None,
      "timed repeats per test (default: the profile's; with --perf-against at least enough pairs that a regression "
-     "with one disagreeing pair can still be flagged in a session this size)"),
+     "can still be flagged in a session this size when pairs against it hold a rank sum of half the pairs)"),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
     ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),

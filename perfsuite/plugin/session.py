@@ -36,7 +36,7 @@ from perfsuite.judge.judge import (
     judge_paired,
     not_compared,
 )
-from perfsuite.judge.paired import pairs_for_regression_with_one_disagreeing_pair, plan_paired_power
+from perfsuite.judge.paired import pairs_with_room_for_disagreement, plan_paired_power
 from perfsuite.judge.power import PowerPlan, plan_power
 from perfsuite.judge.results import CapacityRecord, Results, TestResult, write_results
 from perfsuite.judge.run_config import RunConfiguration
@@ -93,11 +93,11 @@ class PerfSession:
 
     @property
     def repeats(self) -> int:
-        """Timed repeats per test; A/B pairs, unless given, enough that one disagreeing pair is survivable."""
+        """Timed repeats per test; A/B pairs, unless given, enough that a few pairs against a regression are survivable."""
         options = self.options
         if options.against is None or options.repeats_given:
             return options.repeats
-        needed = pairs_for_regression_with_one_disagreeing_pair(self.num_planned_comparisons, options.policy.alpha)
+        needed = pairs_with_room_for_disagreement(self.num_planned_comparisons, options.policy.alpha)
         return max(options.repeats, needed or options.repeats)
 
     def plan_power(self) -> PowerPlan:
