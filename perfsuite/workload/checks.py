@@ -33,11 +33,15 @@ def check_bounds(low: object, high: object, name: str, low_alias: str = "low", h
         raise ValueError(f"{name} needs low <= high, got {low_alias}={low}, {high_alias}={high}")
 
 
-def reject_unknown_keys(keys: Iterable[str], known: Iterable[str], what: str) -> None:
-    """Raise ``unknown <what> 'arival' (did you mean 'arrivals'?); known keys: ...`` for the first stranger."""
+def reject_unknown_keys(keys: Iterable[str], known: Iterable[str], what: str, where: str = "") -> None:
+    """Raise ``unknown <what> 'arival' (did you mean 'arrivals'?); known keys: ...`` for the first stranger.
+
+    ``where`` (a file, a line of it) leads the message as ``<where>: unknown ...``.
+    """
     known = sorted(known)
     for key in keys:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown {what} {key!r}{hint}; known keys: {', '.join(known)}")
+            prefix = f"{where}: " if where else ""
+            raise ValueError(f"{prefix}unknown {what} {key!r}{hint}; known keys: {', '.join(known)}")

@@ -174,10 +174,7 @@ def _parse_prompt_line(path: Path, number: int, line: str) -> PromptLine:
         raise ValueError(f"{where}: {message}") from None
     if not isinstance(obj, dict):
         raise ValueError(f'{where}: expected a JSON object like {{"prompt": "..."}}, got {json.dumps(obj)}')
-    try:
-        reject_unknown_keys(obj, JSONL_KEYS, "key")
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
+    reject_unknown_keys(obj, JSONL_KEYS, "key", where)
     prompt = obj.get("prompt")
     if "prompt" not in obj:
         raise ValueError(f'{where}: "prompt" is missing; each line needs {{"prompt": "<text>"}}')

@@ -158,10 +158,7 @@ def load_sweep(path: str | Path) -> Sweep:
 def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: Path | None = None) -> Sweep:
     """A ``Sweep`` from a parsed TOML document (``{"sweep": {...}}``, ``"capacity"`` optional); no file is read."""
     table = _sweep_table(data, source)
-    try:
-        reject_unknown_keys(table, SWEEP_KEYS, "sweep key")
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
+    reject_unknown_keys(table, SWEEP_KEYS, "sweep key", source)
     missing = [key for key in REQUIRED_KEYS if key not in table]
     if missing:
         raise ValueError(f"{source}: [sweep] needs {', '.join(missing)}; see examples/sweep.toml")
@@ -258,10 +255,7 @@ def _setting(
 def _capacity(table: object, source: str) -> CapacitySettings:
     if not isinstance(table, Mapping):
         raise ValueError(f"{source}: capacity must be a table: a [capacity] section, got {table!r}")
-    try:
-        reject_unknown_keys(table, CAPACITY_KEYS, "capacity key")
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
+    reject_unknown_keys(table, CAPACITY_KEYS, "capacity key", source)
     by = table.get("by")
     if by is not None and by not in CAPACITY_KINDS:
         raise ValueError(f"{source}: capacity.by must be {' or '.join(map(repr, CAPACITY_KINDS))}, got {by!r}")
