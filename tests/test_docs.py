@@ -91,3 +91,12 @@ def test_option_default_refuses_a_name_the_table_does_not_hold():
     with pytest.raises(KeyError, match="perf_nonsense"):
         option_default("perf_nonsense")
 
+
+
+def test_the_readme_links_lead_to_files_that_exist():
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [target for target in targets if "://" not in target]
+    assert local, "the README links into docs/"
+    missing = [target for target in local if not (ROOT / target).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
