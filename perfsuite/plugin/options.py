@@ -90,23 +90,43 @@ def device_name(text: str) -> str:
     return text
 
 
-# name, parse, default, help
+# The one source of every --perf-* option's name, default and help: pytest's --help, the ini keys,
+# PerfOptions' defaults and the docs' options page (docs/hooks/options_page.py) are all made from these.
+
+# name, help: on/off switches, command line only, off unless given
+_SWITCHES = (
+    ("perf", "run the tests marked perf"),
+    ("perf_save_baseline",
+     "store this run's samples as the baselines (a normal run never writes a baseline); "
+     "the comparison with the old ones is shown but fails nothing"),
+    ("perf_send_request_ids",
+     "openai-http sends perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)"),
+    ("perf_strict",
+     "a usage error, instead of a warning, when the session is too large for a lone regression to be flagged"),
+)
+
+# openai-http's defaults are its client's, --perf-alpha's the judge's Policy's (neither layer imports the plugin).
+_HTTP_DEFAULTS = HttpClientOptions()
+
+# name, parse, default, help: each also an ini key of the same name; default as it would be written there
 _OPTIONS = (
     ("perf_model", str, "smollm2-135m", "model name or local Hugging Face directory"),
     ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
-    ("perf_engines", engine_names, "static,inflight", "comma-separated engines to measure (see README)"),
+    ("perf_engines", engine_names, ",".join(DEFAULT_ENGINES),
+     "comma-separated engines to measure: static, inflight, paged, hf-static, hf-cb, openai-http, vllm (where vLLM "
+     "is installed) or one registered by a conftest.py or an entry point"),
     ("perf_endpoint", str, None, "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
     ("perf_server_label", server_label, None,
      "what the server is, e.g. vllm-0.32-cpu: part of the fingerprint its baselines are stored under"),
     ("perf_server_model", str, None, "the served model openai-http asks for (default: the only one served)"),
     ("perf_api_key", str, None,
      "API key openai-http sends as Authorization: Bearer; unset: $PERFSUITE_API_KEY, else $OPENAI_API_KEY"),
-    ("perf_prompt_format", one_of(PROMPT_FORMATS), "auto",
+    ("perf_prompt_format", one_of(PROMPT_FORMATS), _HTTP_DEFAULTS.prompt_format,
      "openai-http prompts as token_ids, text (detokenized; the server re-tokenizes) or auto (ids unless refused)"),
-    ("perf_eos_control", one_of(EOS_CONTROLS), "both",
+    ("perf_eos_control", one_of(EOS_CONTROLS), _HTTP_DEFAULTS.eos_control,
      "how openai-http asks an ignore_eos request to run to max_tokens: ignore_eos, min_tokens or both"),
-    ("perf_api", one_of(APIS), "completions", "openai-http endpoint: completions or chat (never greedy-equal)"),
+    ("perf_api", one_of(APIS), _HTTP_DEFAULTS.api, "openai-http endpoint: completions or chat (never greedy-equal)"),
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
     ("perf_kv_blocks", kv_blocks, None,
      "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (engine paged only; "
@@ -121,7 +141,7 @@ _OPTIONS = (
     ("perf_capacity_by", one_of(SEARCH_KINDS), BY_RATE,
      "what the capacity tests search: rate (open-loop Poisson arrivals, req/s) or concurrency (closed loop, "
      "requests in flight); either way the capacity is requests/s"),
-    ("perf_alpha", probability, "0.05", "significance level, after the Benjamini-Hochberg correction"),
+    ("perf_alpha", probability, str(Policy().alpha), "significance level, after the Benjamini-Hochberg correction"),
     ("perf_min_effect", fraction, None,
      f"smallest change of a median that can fail a test (default: {STORED_MIN_EFFECT:g} against stored baselines, "
      f"{PAIRED_MIN_EFFECT:g} with --perf-against)"),
@@ -141,30 +161,43 @@ _OPTIONS = (
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("perf", "perfsuite: LLM inference performance regression tests")
-    group.addoption("--perf", action="store_true", default=False, help="run the tests marked perf")
-    group.addoption(
-        "--perf-save-baseline",
-        action="store_true",
-        default=False,
-        help="store this run's samples as the baselines (a normal run never writes a baseline); "
-        "the comparison with the old ones is shown but fails nothing",
-    )
-    group.addoption(
-        "--perf-send-request-ids",
-        action="store_true",
-        default=False,
-        help="openai-http sends perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)",
-    )
-    group.addoption(
-        "--perf-strict",
-        action="store_true",
-        default=False,
-        help="a usage error, instead of a warning, when the session is too large for a lone regression to be flagged",
-    )
+    for name, help_text in _SWITCHES:
+        group.addoption(_flag(name), dest=name, action="store_true", default=False, help=help_text)
     for name, parse, default, help_text in _OPTIONS:
-        flag = "--" + name.replace("_", "-")
-        group.addoption(flag, dest=name, type=parse, default=None, help=f"{help_text} (default: {default})")
+        group.addoption(_flag(name), dest=name, type=parse, default=None, help=f"{help_text} (default: {default})")
         parser.addini(name, help=f"{help_text} (default: {default})", default=default)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One ``--perf-*`` option as ``pytest --help`` shows it; the docs' options page is made from these."""
+
+    name: str  # the argparse dest, and for an option that takes a value its ini key
+    help: str
+    default: str | None  # as written on the command line; None: unset (a switch: off)
+    takes_value: bool  # False: an on/off switch, command line only
+
+    @property
+    def flag(self) -> str:
+        return _flag(self.name)
+
+
+def option_specs() -> tuple[OptionSpec, ...]:
+    """Every ``--perf-*`` option, the switches first, in the order ``pytest --help`` lists them."""
+    switches = tuple(OptionSpec(name, help_text, None, False) for name, help_text in _SWITCHES)
+    return switches + tuple(OptionSpec(name, help_text, default, True) for name, _, default, help_text in _OPTIONS)
+
+
+def option_default(name: str):
+    """What an unset ``name`` reads as: its table default, parsed as the command line would parse it."""
+    for option, parse, default, _ in _OPTIONS:
+        if option == name:
+            return None if default is None else parse(default)
+    raise KeyError(f"no --perf-* option named {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,21 +212,22 @@ class PerfOptions:
     baseline_dir: Path
     report_dir: Path
     policy: Policy
-    engines: tuple[str, ...] = DEFAULT_ENGINES
-    endpoint: str | None = None
+    # Defaults of fields that an option sets are that option's, from _OPTIONS (tests/test_docs.py checks).
+    engines: tuple[str, ...] = option_default("perf_engines")
+    endpoint: str | None = option_default("perf_endpoint")
     http_client: HttpClientOptions = HttpClientOptions()
-    server_label: str | None = None
+    server_label: str | None = option_default("perf_server_label")
     sweep: Sweep | None = None
-    slo: SLO | None = None
-    capacity_by: str = BY_RATE  # --perf-capacity-by: the capacity search's load, rate or concurrency
-    decode_mode: str = "packed"
+    slo: SLO | None = option_default("perf_slo")
+    capacity_by: str = option_default("perf_capacity_by")  # the capacity search's load, rate or concurrency
+    decode_mode: str = option_default("perf_decode_mode")
     strict: bool = False
-    busy_threshold: float = DEFAULT_THRESHOLD
-    against: str | None = None  # --perf-against REF: A/B side by side, no baselines
-    worker_timeout: float = 600.0
-    against_workers: int = 2  # worker processes per side under --perf-against
+    busy_threshold: float = option_default("perf_busy_threshold")
+    against: str | None = option_default("perf_against")  # --perf-against REF: A/B side by side, no baselines
+    worker_timeout: float = option_default("perf_worker_timeout")
+    against_workers: int = option_default("perf_against_workers")  # worker processes per side
     repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
-    kv_blocks: int | None = None  # --perf-kv-blocks: the paged engine's pool; None: its default
+    kv_blocks: int | None = option_default("perf_kv_blocks")  # the paged engine's pool; None: its default
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
