@@ -28,7 +28,7 @@ install: $(STAMP)
 
 # Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with its docs extra unconstrained
 # (the newest releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
-# A new transformers or torch version is a new fingerprint: re-record baselines (see the README).
+# A new transformers or torch version is a new fingerprint: re-record baselines (see docs/development.md).
 lock:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	echo "make lock: resolving in $$tmp/venv (a few minutes)"; \
@@ -46,7 +46,7 @@ lock:
 	  echo "# Baselines are stored under an environment fingerprint that holds the transformers and torch"; \
 	  echo "# versions: changing this file changes the fingerprint, and the shipped baselines/<fingerprint>/"; \
 	  echo "# are then not compared. After \`make lock\`, re-record with \`make baselines\` on the CI machine"; \
-	  echo "# class and commit this file with the new baselines/<fingerprint>/ (see the README)."; \
+	  echo "# class and commit this file with the new baselines/<fingerprint>/ (see docs/development.md)."; \
 	  echo "#"; \
 	  echo "# Left out on purpose: torch and what only torch pulls in (triton, nvidia-*, cuda-*, sympy,"; \
 	  echo "# mpmath, networkx, setuptools). The Makefile installs \$$(TORCH), by default $(TORCH) (the CPU"; \
@@ -91,7 +91,7 @@ calibrate: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis site
 
-# The peers tier (README, "Peers tier"): vLLM's CPU build in a venv of its own, since vLLM pins its own
+# The peers tier (docs/serving-and-peers.md): vLLM's CPU build in a venv of its own, since vLLM pins its own
 # torch and transformers, with perfsuite installed beside it under vLLM's pins as constraints (nothing of
 # vLLM's moves); the benchmark clients aiperf and guidellm in a second venv inside it (their pins clash
 # with vLLM's: click, huggingface-hub). Each is built when missing and brought in step when its pins

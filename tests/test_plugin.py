@@ -187,7 +187,7 @@ def test_options_can_come_from_the_ini_file(project):
 
 
 def test_shipped_perf_tests_run_unchanged_against_an_engine_registered_in_conftest(pytester):
-    """README, 'Test your own engine': register_engine in conftest.py, then --perf-engines picks it."""
+    """docs/your-own-engine.md: register_engine in conftest.py, then --perf-engines picks it."""
     from smoke_session import run_shipped_smoke_session
 
     user_conftest = textwrap.dedent(

@@ -1,7 +1,7 @@
 """A regression that only the session-end Benjamini-Hochberg adjustment finds fails the session.
 
 While a test runs, it is judged with the session's not-yet-run comparisons
-counted as p = 1 (README, "How a verdict is reached"). That interim bound can
+counted as p = 1 (docs/verdicts.md, "How a verdict is reached"). That interim bound can
 let a moderate regression pass; once a later test has regressed strongly, the
 final adjustment over the whole session flags it, and the session must fail
 with the summary line "regression found by the session-wide correction at

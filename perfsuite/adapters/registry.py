@@ -97,7 +97,7 @@ def check_engine_names(names: tuple[str, ...]) -> tuple[str, ...]:
     if unknown:
         raise UnknownEngineError(
             f"unknown engine {', '.join(map(repr, unknown))}; choose from {', '.join(known)} "
-            f"or register one under the {ENTRY_POINT_GROUP!r} entry point group (README, 'Test your own engine')"
+            f"or register one under the {ENTRY_POINT_GROUP!r} entry point group (docs/your-own-engine.md)"
         )
     if len(set(names)) != len(names):
         raise UnknownEngineError(f"engine names repeat in {', '.join(names)}; give each once")

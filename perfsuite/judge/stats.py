@@ -19,7 +19,7 @@ where Holm divides alpha by the whole session for the first of them. The
 price is that among flagged rows a share (at most alpha on average) may be
 false; a session that found a real regression fails either way.
 bench/calibrate.py measured the difference on the 2-core CI machine: see the
-README's calibration table.
+calibration table in docs/benchmarks.md.
 
 The confidence interval is a seeded percentile bootstrap of the ratio of
 medians, current over baseline.
@@ -82,7 +82,7 @@ class Comparison:
 
 
 # Against a stored baseline, measured hours or weeks ago on a machine whose speed has moved since, only a
-# change past 10% stands out; side by side (--perf-against) both see one machine (README, "A/B").
+# change past 10% stands out; side by side (--perf-against) both see one machine (docs/baselines-and-ci.md).
 STORED_MIN_EFFECT = 0.10
 PAIRED_MIN_EFFECT = 0.03
 

@@ -23,7 +23,7 @@ from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_
 from perfsuite.plugin.terminal import write_summary
 
 WORKER_OUTPUT_KEY = "perfsuite"
-SKIP_REASON = "perf test: run it with `pytest --perf` (see README, 'pytest --perf')"
+SKIP_REASON = "perf test: run it with `pytest --perf` (see docs/writing-perf-tests.md)"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

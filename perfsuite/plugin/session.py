@@ -245,7 +245,7 @@ class PerfSession:
         self.warnings.append(
             f"{result.test_id}: baselines exist only for other environments ({', '.join(others)}); "
             f"not compared. This one is {result.environment.fingerprint()}{label}: "
-            "record its baseline with --perf-save-baseline (README, 'Baselines')"
+            "record its baseline with --perf-save-baseline (docs/baselines-and-ci.md)"
         )
         return not_compared(result, "other environment only")
 
