@@ -268,7 +268,11 @@ def test_a_bad_sweep_config_is_a_usage_error(project, sweep, message):
     result.stderr.fnmatch_lines([message])
 
 
-def test_a_bad_slo_is_a_usage_error(project):
-    result = project.runpytest_subprocess("--perf", "--perf-slo", "ttft=fast")
+@pytest.mark.parametrize(
+    ("slo", "message"),
+    [("ttft=fast", "*--perf-slo*ttft='fast'*500ms*"), ("e2el=1e400s", "*--perf-slo*e2el='1e400s'*finite*2s*")],
+)
+def test_a_bad_slo_is_a_usage_error(project, slo, message):
+    result = project.runpytest_subprocess("--perf", "--perf-slo", slo)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--perf-slo*ttft='fast'*500ms*"])
+    result.stderr.fnmatch_lines([message])
