@@ -250,3 +250,24 @@ def test_the_kv_counters_named_for_older_files_are_engine_counters():
     names = {f.name for f in dataclasses.fields(EngineCounters)}
     assert set(KV_COUNTERS) <= names and "num_preemptions" in KV_COUNTERS
     assert not {"num_forward_passes", "num_padding_tokens"} & set(KV_COUNTERS), "a version 3 file has these"
+
+
+def test_the_files_written_are_standard_json_with_undefined_figures_as_null(tmp_path):
+    """A run whose outputs are one token each has no TPOT or ITL; a baseline median of 0 makes a ratio unbounded."""
+    import math
+
+    from perfsuite.measure.summaries import LatencySummary
+
+    undefined = LatencySummary.of([])
+    unbounded = compare("request_goodput", [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], Direction.HIGHER_IS_BETTER, Policy())
+    test = make_result("t.py::t", comparisons=(unbounded,))
+    test = dataclasses.replace(test, summary=dataclasses.replace(test.summary, tpot=undefined, itl=undefined))
+    path = tmp_path / "results.json"
+    write_results(path, make_results(test))
+    stored = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert stored["tests"][0]["median_tpot_ms"] is None and stored["tests"][0]["p99_itl_ms"] is None
+    assert stored["tests"][0]["comparisons"][0]["change"] is None and stored["tests"][0]["comparisons"][0]["ci_high"] is None
+    [back] = read_results(path).tests
+    assert math.isnan(back.summary.tpot.median_ms) and math.isnan(back.summary.itl.p99_ms)
+    assert back.summary.ttft == test.summary.ttft
+    assert back.comparisons[0].change == math.inf == unbounded.change and back.comparisons[0] == unbounded

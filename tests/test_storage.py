@@ -431,3 +431,19 @@ def test_a_counter_this_perfsuite_does_not_know_is_a_baseline_error(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(BaselineError, match="num_teleports.*--perf-save-baseline"):
         read_baseline(path)
+
+
+# --- strict JSON: every file perfsuite writes is standard JSON ----------------------------------------
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_a_value_json_cannot_hold_is_refused_naming_the_file_and_where_it_lies(tmp_path, value):
+    path = tmp_path / "results.json"
+    path.write_text("the previous file\n")
+    with pytest.raises(OutputError) as error:
+        storage.write_json_atomic(path, {"tests": [{"test_id": "t", "summary": {"median_tpot_ms": value}}]})
+    message = str(error.value)
+    assert "\n" not in message
+    for part in (f"cannot write {path}", "['tests'][0]['summary']['median_tpot_ms']", repr(value), "JSON"):
+        assert part in message
+    assert path.read_text() == "the previous file\n" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -299,8 +299,43 @@ def _counters_problem(counters: Any) -> str | None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the new one, never a mix."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Write standard JSON so that readers see the old file or the new one, never a mix.
+
+    Every JSON file perfsuite writes comes through here. JSON has no NaN or
+    infinity (Python's ``json`` would write ``NaN``, which other readers
+    refuse), so such a value raises OutputError naming where it lies and
+    nothing is written: the code that made the document must leave the
+    value out or write null.
+    """
+    try:
+        text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
+    except ValueError:
+        found = _first_non_finite(data)
+        if found is None:
+            raise
+        where, value = found
+        raise OutputError(
+            f"cannot write {path}: {where} is {value!r}, which JSON cannot hold; perfsuite should have left it "
+            "out or written null: please report this with the test that made it"
+        ) from None
+    write_text_atomic(path, text + "\n")
+
+
+def _first_non_finite(data: Any, where: str = "") -> tuple[str, float] | None:
+    """Where in ``data`` the first NaN or infinity lies (``['tests'][0]['change']``), and the value."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where or "the document", data
+    if isinstance(data, Mapping):
+        children = data.items()
+    elif isinstance(data, (list, tuple)):
+        children = enumerate(data)
+    else:
+        return None
+    for key, child in children:
+        found = _first_non_finite(child, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
