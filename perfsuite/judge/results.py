@@ -38,9 +38,10 @@ from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.baselines import counters_from_json, recorded_counters, write_json_atomic
 from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
-from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
 from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     Measured,
@@ -347,11 +348,35 @@ def read_results(path: Path) -> Results:
             f"{path} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
         )
     try:
-        return Results.from_json(_converted(data, version))
+        data = _converted(data, version)
+        problem = _measurements_problem(data)
+        if problem is None:
+            return Results.from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ResultsFileError(
             f"{path} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
         ) from error
+    raise ResultsFileError(f"{path}: {problem}; {REWRITE_HINT}")
+
+
+# What a test holds that a comparison or the report reads as samples: each field checked by one rule.
+SAMPLE_FIELDS = ("samples", "request_samples", "baseline_request_samples", "reference_samples")
+
+
+def _measurements_problem(data: Mapping[str, Any]) -> str | None:
+    """The first environment, sample list or counter a reader cannot use (``perfsuite.judge.samples``), described."""
+    problem = _optional_environment_problem(data["environment"])
+    for index, test in enumerate(data["tests"]):
+        if problem is not None:
+            break
+        problem = measurement_problem(test, SAMPLE_FIELDS) or _optional_environment_problem(test["environment"])
+        if problem is not None:
+            problem = f"tests[{index}] ({test['test_id']!r}): {problem}"
+    return problem
+
+
+def _optional_environment_problem(environment: Any) -> str | None:
+    return None if environment is None else environment_problem(environment)
 
 
 def read_history(directory: Path, newest: int | None = None) -> tuple[list[Results], list[str]]:
