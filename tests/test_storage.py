@@ -218,7 +218,7 @@ def test_the_temporary_file_names_its_writer(tmp_path, monkeypatch):
         ("none", 60, False),
     ],
 )
-def test_leftover_temporary_files_of_dead_writers_are_removed_at_the_next_save(tmp_path, writer, age_seconds, removed):
+def test_leftover_temporary_files_of_dead_writers_are_removed_by_a_save_once_stale(tmp_path, writer, age_seconds, removed):
     store = BaselineStore(tmp_path)
     directory = store.path_for(TEST_ID, ENV).parent
     directory.mkdir(parents=True)

@@ -29,8 +29,11 @@ Writes are atomic (a temporary file ``.<name>.pid<pid>.<random>.tmp`` in the
 same directory, flushed, then ``os.replace`` and a flush of the directory), so
 a crash never leaves a half-written file. The file gets the mode a plain
 ``open(path, "w")`` would give, so a CI uploader running as another user can
-read it. A temporary file that a killed writer left is removed by the next
-write into the same directory. A directory that cannot be written raises
+read it. A temporary file that a killed writer left is removed by the first
+write into the same directory once it is a minute old (ten minutes for one
+that names no writer): a writer in another pid namespace (a container sharing
+the directory) looks dead from here, and removing its file mid-write would fail
+its rename. A directory that cannot be written raises
 OutputError with a one-line message naming the file and the fix.
 """
 
