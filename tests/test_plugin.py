@@ -132,6 +132,8 @@ def test_a_corrupt_baseline_is_a_clear_error(project):
     result = project.runpytest_subprocess(*COMPARE_ARGS)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([f"*baseline {baseline_file}* is corrupt*--perf-save-baseline*"])
+    failures = result.stdout.str().split(" FAILURES ")[1].split(" short test summary info ")[0]
+    assert failures.count("Expecting") == 1, "the JSON error once, inside the message naming the file and the fix"
 
 
 def test_another_schema_version_is_a_clear_error(project):
