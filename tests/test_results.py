@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -18,7 +19,14 @@ from perfsuite.judge.results import (
 )
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.stats import CounterChange, Direction, Policy, compare
-from perfsuite.measure.summaries import DEVICE_MEMORY, RunTimeline, TimelineChunk, TimelineRequest, TimelineStep
+from perfsuite.measure.summaries import (
+    DEVICE_MEMORY,
+    LatencySummary,
+    RunTimeline,
+    TimelineChunk,
+    TimelineRequest,
+    TimelineStep,
+)
 from results_builders import make_result, make_results
 
 TIMELINE = RunTimeline(
@@ -254,10 +262,6 @@ def test_the_kv_counters_named_for_older_files_are_engine_counters():
 
 def test_the_files_written_are_standard_json_with_undefined_figures_as_null(tmp_path):
     """A run whose outputs are one token each has no TPOT or ITL; a baseline median of 0 makes a ratio unbounded."""
-    import math
-
-    from perfsuite.measure.summaries import LatencySummary
-
     undefined = LatencySummary.of([])
     unbounded = compare("request_goodput", [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], Direction.HIGHER_IS_BETTER, Policy())
     test = make_result("t.py::t", comparisons=(unbounded,))
