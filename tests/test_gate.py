@@ -222,6 +222,11 @@ def test_save_baseline_replaces_a_corrupt_baseline_as_its_error_advises(project)
     shown = str(path).replace("[", "[[]")
     broken.stdout.fnmatch_lines([f"*{shown}*output_throughput*nan*--perf-save-baseline*"])
     assert "Traceback" not in broken.stdout.str()
+    failures = broken.stdout.str().split(" FAILURES ")[1].split(" short test summary info ")[0]
+    assert failures.count(f"baseline {path}") == 1, "once, not again after the exceptions it was raised from"
+    unrecorded = [w for w in results_json(project)["warnings"] if f"{path}" in w]
+    assert results_json(project)["tests"] == [], "not the previous session's results.json, with its one test"
+    assert unrecorded and unrecorded[0].startswith("test_speed.py::test_speed[2]: no result recorded: baseline ")
 
     fixed = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline")
     fixed.assert_outcomes(passed=1, deselected=3)

@@ -117,7 +117,8 @@ def test_goodput_counts_requests_that_meet_every_slo():
 @pytest.mark.parametrize(
     ("text", "message"),
     [("ttft=5", "unit"), ("speed=5ms", "one of ttft, tpot, e2el"), ("ttft=-1ms", "positive"),
-     ("", "at least one"), ("ttft=1ms,ttft=2ms", "twice")],
+     ("", "at least one"), ("ttft=1ms,ttft=2ms", "twice"), ("e2el=infs", "finite"), ("e2el=nanms", "unit"),
+     ("e2el=1e400s", "e2el='1e400s': expected a finite time"), ("ttft=1e307s", "finite")],  # 1e307 s is inf ms
 )
 def test_bad_slos_name_the_problem(text, message):
     from perfsuite.measure.metrics import SLO

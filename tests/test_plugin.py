@@ -132,6 +132,8 @@ def test_a_corrupt_baseline_is_a_clear_error(project):
     result = project.runpytest_subprocess(*COMPARE_ARGS)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([f"*baseline {baseline_file}* is corrupt*--perf-save-baseline*"])
+    failures = result.stdout.str().split(" FAILURES ")[1].split(" short test summary info ")[0]
+    assert failures.count("Expecting") == 1, "the JSON error once, inside the message naming the file and the fix"
 
 
 def test_another_schema_version_is_a_clear_error(project):
@@ -268,7 +270,11 @@ def test_a_bad_sweep_config_is_a_usage_error(project, sweep, message):
     result.stderr.fnmatch_lines([message])
 
 
-def test_a_bad_slo_is_a_usage_error(project):
-    result = project.runpytest_subprocess("--perf", "--perf-slo", "ttft=fast")
+@pytest.mark.parametrize(
+    ("slo", "message"),
+    [("ttft=fast", "*--perf-slo*ttft='fast'*500ms*"), ("e2el=1e400s", "*--perf-slo*e2el='1e400s'*finite*2s*")],
+)
+def test_a_bad_slo_is_a_usage_error(project, slo, message):
+    result = project.runpytest_subprocess("--perf", "--perf-slo", slo)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--perf-slo*ttft='fast'*500ms*"])
+    result.stderr.fnmatch_lines([message])

@@ -19,6 +19,7 @@ from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
 from report_fixtures import ENVIRONMENT, VERDICT_TESTS, earlier_run, fake_results, with_test_samples, with_verdicts
+from results_builders import make_result, make_results
 from smoke_session import run_shipped_smoke_session
 
 pytest_plugins = ["pytester"]
@@ -292,6 +293,30 @@ def test_cli_compare_prints_the_verdict_table_and_fails_on_a_regression(tmp_path
 def test_cli_compare_of_a_run_with_itself_is_unchanged(results_file, capsys):
     assert main(["compare", str(results_file), str(results_file)]) == 0
     assert "overall: unchanged" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("samples", "shown"),
+    [
+        ((-1.0, -2.0, -3.0), "holds -1.0, but output_throughput cannot be negative"),  # was judged: -583.5% unchanged
+        ((), "is an empty list"),  # was left out: overall unchanged, exit 0
+        ((100.0, "x", 99.0), "holds 'x', which is not a number"),  # was: could not convert string to float: 'x'
+    ],
+    ids=["negative", "empty", "not-a-number"],
+)
+@pytest.mark.parametrize("side", ["old", "new"])
+def test_cli_compare_refuses_unusable_samples_naming_the_file_the_test_and_the_field(tmp_path, capsys, samples, shown,
+                                                                                     side):
+    good = {name: (100.0, 101.0, 99.0) for name in METRICS}
+    files = {name: tmp_path / f"{name}.json" for name in ("old", "new")}
+    for name, path in files.items():
+        bad = {"output_throughput": samples} if name == side else {}
+        write_results(path, make_results(make_result("t.py::test_a", samples={**good, **bad})))
+    assert main(["compare", str(files["old"]), str(files["new"])]) == 2
+    out, err = capsys.readouterr()
+    assert "overall" not in out
+    assert f"{files[side]}: tests[0] ('t.py::test_a'): samples['output_throughput'] {shown}" in err
+    assert "re-create it with `pytest --perf`" in err
 
 
 # -- a real browser -------------------------------------------------------------------

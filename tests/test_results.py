@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -18,7 +19,14 @@ from perfsuite.judge.results import (
 )
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.stats import CounterChange, Direction, Policy, compare
-from perfsuite.measure.summaries import DEVICE_MEMORY, RunTimeline, TimelineChunk, TimelineRequest, TimelineStep
+from perfsuite.measure.summaries import (
+    DEVICE_MEMORY,
+    LatencySummary,
+    RunTimeline,
+    TimelineChunk,
+    TimelineRequest,
+    TimelineStep,
+)
 from results_builders import make_result, make_results
 
 TIMELINE = RunTimeline(
@@ -250,3 +258,62 @@ def test_the_kv_counters_named_for_older_files_are_engine_counters():
     names = {f.name for f in dataclasses.fields(EngineCounters)}
     assert set(KV_COUNTERS) <= names and "num_preemptions" in KV_COUNTERS
     assert not {"num_forward_passes", "num_padding_tokens"} & set(KV_COUNTERS), "a version 3 file has these"
+
+
+def test_the_files_written_are_standard_json_with_undefined_figures_as_null(tmp_path):
+    """A run whose outputs are one token each has no TPOT or ITL; a baseline median of 0 makes a ratio unbounded."""
+    undefined = LatencySummary.of([])
+    unbounded = compare("request_goodput", [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], Direction.HIGHER_IS_BETTER, Policy())
+    test = make_result("t.py::t", comparisons=(unbounded,))
+    test = dataclasses.replace(test, summary=dataclasses.replace(test.summary, tpot=undefined, itl=undefined))
+    path = tmp_path / "results.json"
+    write_results(path, make_results(test))
+    stored = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert stored["tests"][0]["median_tpot_ms"] is None and stored["tests"][0]["p99_itl_ms"] is None
+    stored_comparison = stored["tests"][0]["comparisons"][0]
+    assert stored_comparison["change"] is None and stored_comparison["ci_high"] is None
+    [back] = read_results(path).tests
+    assert math.isnan(back.summary.tpot.median_ms) and math.isnan(back.summary.itl.p99_ms)
+    assert back.summary.ttft == test.summary.ttft
+    assert back.comparisons[0].change == math.inf == unbounded.change and back.comparisons[0] == unbounded
+
+
+@pytest.mark.parametrize(
+    ("changes", "shown"),
+    [
+        ({"samples": {"output_throughput": (-1.0, -2.0, -3.0)}},
+         "samples['output_throughput'] holds -1.0, but output_throughput cannot be negative"),
+        ({"samples": {"output_throughput": ()}}, "samples['output_throughput'] is an empty list"),
+        ({"samples": {"output_throughput": (100.0, "x", 99.0)}},
+         "samples['output_throughput'] holds 'x', which is not a number"),
+        ({"request_samples": {"ttft_ms": (1.0, -1.0)}}, "request_samples['ttft_ms'] holds -1.0"),
+        ({"baseline_request_samples": {"ttft_ms": (None,)}}, "baseline_request_samples['ttft_ms'] holds None"),
+        ({"reference_samples": {"median_e2el_ms": (1.0, -2.0)}}, "reference_samples['median_e2el_ms'] holds -2.0"),
+        ({"counters": EngineCounters(num_forward_passes=-3)}, "counters['num_forward_passes'] is -3"),
+    ],
+    ids=["negative", "empty", "not-a-number", "request", "baseline-request", "reference", "counter"],
+)
+def test_unusable_measurements_name_the_file_the_test_the_field_and_the_value(tmp_path, changes, shown):
+    path = tmp_path / "results.json"
+    write_results(path, make_results(make_result("t.py::good"), make_result("t.py::bad", **changes)))
+    with pytest.raises(ResultsFileError) as error:
+        read_results(path)
+    assert f"{path}: tests[1] ('t.py::bad'): {shown}" in str(error.value)
+    assert str(error.value).endswith("re-create it with `pytest --perf` (it writes reports/results.json)")
+
+
+@pytest.mark.parametrize(
+    ("where", "shown"),
+    [((), "environment is 'cpu', not an object"),
+     (("tests", 1), "tests[1] ('t.py::b'): environment is 'cpu', not an object")],
+    ids=["session", "test"],
+)
+def test_an_environment_that_is_not_one_names_the_file_and_the_test(tmp_path, where, shown):
+    document = make_results(make_result("t.py::a"), make_result("t.py::b")).to_json()
+    holder = document["tests"][where[1]] if where else document
+    holder["environment"] = "cpu"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ResultsFileError) as error:
+        read_results(path)
+    assert str(error.value).startswith(f"{path}: {shown}") and "pytest --perf" in str(error.value)

@@ -201,14 +201,16 @@ def test_an_engine_in_another_process_that_names_no_model_is_known_by_its_name(t
     assert result.environment == ServerEnvironment("openai-http", None, "vllm-0.32-cpu")
 
 
-def test_xdist_workers_hand_each_results_environment_to_the_controller(tmp_path):
+def test_xdist_workers_hand_each_results_environment_and_the_unrecorded_tests_to_the_controller(tmp_path):
     worker = session(tmp_path)
     measure(worker, RemoteEngine(), "tests/perf/t.py::test_remote")
     measure(worker, in_process_engine(), "tests/perf/t.py::test_local")
+    worker.note_unrecorded("tests/perf/t.py::test_broken", "baseline b.json is corrupt")
     controller = session(tmp_path)
     controller.environment = None
     controller.add_worker_output(worker.worker_output())
     assert [r.environment for r in controller.results] == [r.environment for r in worker.results][::-1]
+    assert controller.unrecorded == ["tests/perf/t.py::test_broken: no result recorded: baseline b.json is corrupt"]
 
 
 # -- compatibility ------------------------------------------------------------------------

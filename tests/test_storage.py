@@ -218,7 +218,7 @@ def test_the_temporary_file_names_its_writer(tmp_path, monkeypatch):
         ("none", 60, False),
     ],
 )
-def test_leftover_temporary_files_of_dead_writers_are_removed_at_the_next_save(tmp_path, writer, age_seconds, removed):
+def test_leftover_temporary_files_of_dead_writers_are_removed_by_a_save_once_stale(tmp_path, writer, age_seconds, removed):
     store = BaselineStore(tmp_path)
     directory = store.path_for(TEST_ID, ENV).parent
     directory.mkdir(parents=True)
@@ -308,9 +308,16 @@ INF = float("inf")
         ("samples", "probe_seconds", [0.1, 0.0], "0.0"),
         ("samples", "probe_seconds", [-0.1], "-0.1"),
         ("samples", "probe_seconds", [INF], "inf"),
+        ("samples", "output_throughput", [-1, -2, -3], "-1, but output_throughput cannot be negative"),
+        ("samples", "output_throughput", [40.0, 0.0], "0.0, but output_throughput must be above 0"),
+        ("samples", "median_ttft_ms", [12.0, -0.5], "-0.5"),
+        ("samples", "request_goodput", [-1.0], "-1.0"),
+        ("samples", "capacity_under_slo", [0], "0, but capacity_under_slo must be above 0"),
         ("request_samples", "ttft_ms", [12.0, NAN], "nan"),
         ("request_samples", "ttft_ms", [], "empty list"),
         ("request_samples", "ttft_ms", ["12"], "'12'"),
+        ("request_samples", "ttft_ms", [12.0, -3.0], "-3.0"),
+        ("counters", "num_forward_passes", -1, "-1"),
         ("counters", "num_forward_passes", 3.5, "3.5"),
         ("counters", "num_forward_passes", True, "True"),
         ("counters", "num_forward_passes", "32", "'32'"),
@@ -331,6 +338,29 @@ def test_unusable_samples_and_counters_name_the_file_the_metric_and_the_value(
         assert word in message
 
 
+@pytest.mark.parametrize(
+    ("environment", "shown"),
+    [
+        (None, "environment is None, not an object"),
+        ("cpu", "environment is 'cpu', not an object"),
+        ([], "environment is [], not an object"),
+        ({**dataclasses.asdict(ENV), "num_threads": "2"}, "environment['num_threads'] is '2', not int"),
+        ({**dataclasses.asdict(ENV), "model": None}, "environment['model'] is None, not str"),
+        ({k: v for k, v in dataclasses.asdict(ENV).items() if k != "dtype"}, "environment lacks 'dtype'"),
+        ({**dataclasses.asdict(ENV), "colour": "red"}, "environment has 'colour', which this perfsuite does not know"),
+        ({"kind": "server", "served_model": 7}, "environment['served_model'] is 7, not str"),
+    ],
+)
+def test_an_unusable_environment_names_the_file_the_field_and_the_fix(tmp_path, environment, shown):
+    data = {**make_baseline().to_json(), "environment": environment}
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(BaselineError) as error:
+        read_baseline(path)
+    assert f"baseline {path}: {shown}" in str(error.value)
+    assert str(error.value).endswith("; re-create it with --perf-save-baseline")
+
+
 @pytest.mark.parametrize("field_name", ["samples", "request_samples", "counters"])
 def test_a_field_that_is_not_an_object_is_a_baseline_error(tmp_path, field_name):
     data = make_baseline().to_json()
@@ -343,7 +373,7 @@ def test_a_field_that_is_not_an_object_is_a_baseline_error(tmp_path, field_name)
 
 def test_finite_positive_probes_and_integer_counters_load(tmp_path):
     baseline = make_baseline(
-        samples={"output_throughput": (40.0, 0.0, -1.0), "probe_seconds": (0.01, 0.02, 0.015)},
+        samples={"output_throughput": (40.0, 41.0, 39.5), "probe_seconds": (0.01, 0.02, 0.015)},
         request_samples={"ttft_ms": (1.0, 2.0)},
         counters=EngineCounters(num_forward_passes=32, num_padding_tokens=0),
     )
@@ -431,3 +461,19 @@ def test_a_counter_this_perfsuite_does_not_know_is_a_baseline_error(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(BaselineError, match="num_teleports.*--perf-save-baseline"):
         read_baseline(path)
+
+
+# --- strict JSON: every file perfsuite writes is standard JSON ----------------------------------------
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_a_value_json_cannot_hold_is_refused_naming_the_file_and_where_it_lies(tmp_path, value):
+    path = tmp_path / "results.json"
+    path.write_text("the previous file\n")
+    with pytest.raises(OutputError) as error:
+        storage.write_json_atomic(path, {"tests": [{"test_id": "t", "summary": {"median_tpot_ms": value}}]})
+    message = str(error.value)
+    assert "\n" not in message
+    for part in (f"cannot write {path}", "['tests'][0]['summary']['median_tpot_ms']", repr(value), "JSON"):
+        assert part in message
+    assert path.read_text() == "the previous file\n" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]

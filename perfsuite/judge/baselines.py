@@ -19,17 +19,21 @@ torch and transformers versions, dtype, model, CPU model and thread count):
 numbers from another machine say nothing about this one. A test of a server
 in another process (``openai-http``) is stored under the server's fingerprint
 instead (``ServerEnvironment``: the served model, its maximum length, who
-serves it and the user's ``--perf-server-label``), whatever client drove it. Every number in a
-baseline must be finite (machine probes also positive) and every counter an
-integer: ``read_baseline`` raises BaselineError otherwise, and
-``BaselineStore.save`` refuses to write such a baseline.
+serves it and the user's ``--perf-server-label``), whatever client drove it. Every sample in a
+baseline must be a finite number that its metric can measure (``perfsuite.judge.samples``: never
+negative, and above 0 for throughput and the machine probe), every counter an integer >= 0, and the
+environment an object of the fields above: ``read_baseline`` raises BaselineError naming the file and
+the field otherwise, and ``BaselineStore.save`` refuses to write such a baseline.
 
 Writes are atomic (a temporary file ``.<name>.pid<pid>.<random>.tmp`` in the
 same directory, flushed, then ``os.replace`` and a flush of the directory), so
 a crash never leaves a half-written file. The file gets the mode a plain
 ``open(path, "w")`` would give, so a CI uploader running as another user can
-read it. A temporary file that a killed writer left is removed by the next
-write into the same directory. A directory that cannot be written raises
+read it. A temporary file that a killed writer left is removed by the first
+write into the same directory once it is a minute old (ten minutes for one
+that names no writer): a writer in another pid namespace (a container sharing
+the directory) looks dead from here, and removing its file mid-write would fail
+its rename. A directory that cannot be written raises
 OutputError with a one-line message naming the file and the fix.
 """
 
@@ -43,7 +47,6 @@ import json
 import math
 import os
 import re
-import reprlib
 import tempfile
 import time
 import urllib.parse
@@ -54,14 +57,14 @@ from typing import Any
 
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.run_config import RunConfiguration
-from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.judge.samples import measurement_problem
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
 from perfsuite.measure.summaries import SizingParameters
 
 SCHEMA_VERSION = 2  # 2: the run configuration is part of a baseline's identity
 MAX_NAME_LENGTH = 200  # below the 255 bytes most filesystems allow, with room for ".json"
 
 _SAFE_CHARACTERS = "[]=+,"  # quote() never encodes letters, digits and "_.-~" either
-_PROBE_PREFIX = "probe"  # catalogue.PROBE: seconds of the machine probe, a divisor when normalising
 _TEMPORARY_PATTERN = ".*.tmp"
 _WRITER_PID = re.compile(r"\.pid(\d{1,10})\.[^.]+\.tmp$")
 # A writer in another pid namespace (a container sharing the directory) looks dead
@@ -234,7 +237,7 @@ def read_baseline(path: Path) -> Baseline:
             f"baseline {path} has schema_version {version!r} but this perfsuite reads {SCHEMA_VERSION}; "
             "re-create it with --perf-save-baseline"
         )
-    problem = measurement_problem(data)
+    problem = measurement_problem(data) or (environment_problem(data["environment"]) if "environment" in data else None)
     if problem is not None:
         raise BaselineError(f"baseline {path}: {problem}; re-create it with --perf-save-baseline")
     try:
@@ -246,61 +249,44 @@ def read_baseline(path: Path) -> Baseline:
         ) from error
 
 
-def measurement_problem(data: dict[str, Any]) -> str | None:
-    """The first sample or counter in baseline JSON that a comparison cannot use, described; else None.
-
-    Missing fields are left to ``Baseline.from_json``, which reports them.
-    """
-    for field_name in ("samples", "request_samples"):
-        problem = _samples_problem(field_name, data.get(field_name, {}))
-        if problem is not None:
-            return problem
-    return _counters_problem(data.get("counters", {}))
-
-
-def _samples_problem(field_name: str, samples: Any) -> str | None:
-    if not isinstance(samples, dict):
-        return f"{field_name} is {reprlib.repr(samples)}, not an object of metric -> list of numbers"
-    for metric, values in samples.items():
-        where = f"{field_name}[{metric!r}]"
-        if not isinstance(values, (list, tuple)):
-            return f"{where} is {reprlib.repr(values)}, not a list of numbers"
-        if not values:
-            return f"{where} is an empty list"
-        for value in values:
-            problem = _sample_value_problem(metric, value)
-            if problem is not None:
-                return f"{where} holds {reprlib.repr(value)}, {problem}"
-    return None
-
-
-def _sample_value_problem(metric: str, value: Any) -> str | None:
-    # bool is an int to Python, but true/false in a sample list is a corrupt file, not a number
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "which is not a number"
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float's range
-        number = math.inf
-    if not math.isfinite(number):
-        return "which is not a finite number"
-    if metric.startswith(_PROBE_PREFIX) and number <= 0:
-        return "but a machine probe must take a positive number of seconds"
-    return None
-
-
-def _counters_problem(counters: Any) -> str | None:
-    if not isinstance(counters, dict):
-        return f"counters is {reprlib.repr(counters)}, not an object of counter -> integer"
-    for name, value in counters.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"counters[{name!r}] is {reprlib.repr(value)}, which is not an integer"
-    return None
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the new one, never a mix."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Write standard JSON so that readers see the old file or the new one, never a mix.
+
+    Every JSON file perfsuite writes comes through here. JSON has no NaN or
+    infinity (Python's ``json`` would write ``NaN``, which other readers
+    refuse), so such a value raises OutputError naming where it lies and
+    nothing is written: the code that made the document must leave the
+    value out or write null.
+    """
+    try:
+        text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
+    except ValueError:
+        found = _first_non_finite(data)
+        if found is None:
+            raise
+        where, value = found
+        raise OutputError(
+            f"cannot write {path}: {where} is {value!r}, which JSON cannot hold; perfsuite should have left it "
+            "out or written null: please report this with the test that made it"
+        ) from None
+    write_text_atomic(path, text + "\n")
+
+
+def _first_non_finite(data: Any, where: str = "") -> tuple[str, float] | None:
+    """Where in ``data`` the first NaN or infinity lies (``['tests'][0]['change']``), and the value."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where or "the document", data
+    if isinstance(data, Mapping):
+        children = data.items()
+    elif isinstance(data, (list, tuple)):
+        children = enumerate(data)
+    else:
+        return None
+    for key, child in children:
+        found = _first_non_finite(child, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -16,7 +16,7 @@ from perfsuite.measure.summaries import BUSY_SHARE, GOODPUT, PROBE
 
 __all__ = [  # PROBE, BUSY_SHARE and GOODPUT are the sample keys measure.summaries writes
     "ALL_METRICS", "BUSY_SHARE", "CAPACITY", "CAPACITY_METRICS", "GOODPUT", "METRICS", "NORMALISED", "PROBE",
-    "RAW_SERVER_FIGURES", "exact_counter_changes", "normalize_to_machine_speed",
+    "POSITIVE_SAMPLES", "RAW_SERVER_FIGURES", "exact_counter_changes", "normalize_to_machine_speed", "zero_is_measured",
 ]  # fmt: skip
 
 # Per-repeat samples compared against the baseline. Repeats, not requests,
@@ -39,6 +39,18 @@ ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BET
 # requests/s, at which the SLO held (perfsuite.measure.capacity). Its only compared metric.
 CAPACITY = "capacity_under_slo"
 CAPACITY_METRICS: dict[str, Direction] = {CAPACITY: Direction.HIGHER_IS_BETTER}
+
+# Samples that are never 0 (perfsuite.judge.samples says why 0 is a measurement for every other one),
+# besides the machine probe: PROBE, and "probe_seconds" in older baselines.
+POSITIVE_SAMPLES = frozenset({"output_throughput", "request_throughput", CAPACITY})
+_PROBE_PREFIX = "probe"
+
+
+def zero_is_measured(metric: str) -> bool:
+    """Whether 0 is a value a run can measure for ``metric``: goodput and latencies yes; throughput, capacity
+    and the machine probe no (``perfsuite.judge.samples``)."""
+    return metric not in POSITIVE_SAMPLES and not metric.startswith(_PROBE_PREFIX)
+
 
 NORMALISED = "each repeat rescaled by its machine probe over the baseline's median probe"
 

@@ -5,6 +5,10 @@ report`` and ``perfsuite compare`` read back: every field below is a frozen
 dataclass or a mapping of metric name to samples, from the session to the
 HTML report. ``write_results`` and ``read_results`` are the only code that
 turns them into JSON and back; the on-disk keys are documented by ``to_json``.
+The file is standard JSON (``baselines.write_json_atomic`` refuses NaN and
+infinity): a summary figure the run did not define (no TPOT when every output
+is one token) is null, and so is a comparison's change or ratio bound that is
+unbounded because the baseline's median was 0; both read back as before.
 
 Schema versions: 4 adds the KV cache and device memory: KV counters among
 each test's ``counters``, each timeline step's KV use and preemptions, the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +38,10 @@ from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.baselines import counters_from_json, recorded_counters, write_json_atomic
 from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
+from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
-from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
 from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     Measured,
@@ -157,7 +163,7 @@ class TestResult:
             "parameters": dataclasses.asdict(self.parameters),
             "configuration": self.configuration.to_json() if self.configuration else None,
             "arrival_rate": self.arrival_rate,
-            **self.summary.vllm_keys(),  # at the top of each test, as vLLM's benchmark writes them
+            **_nan_as_null(self.summary.vllm_keys()),  # at the top of each test, as vLLM's benchmark writes them
             **self.summary.interval_keys(),  # each percentile's interval beside it (older files: none)
             "samples": _lists(self.samples),
             "request_samples": _lists(self.request_samples),
@@ -342,11 +348,35 @@ def read_results(path: Path) -> Results:
             f"{path} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
         )
     try:
-        return Results.from_json(_converted(data, version))
+        data = _converted(data, version)
+        problem = _measurements_problem(data)
+        if problem is None:
+            return Results.from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ResultsFileError(
             f"{path} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
         ) from error
+    raise ResultsFileError(f"{path}: {problem}; {REWRITE_HINT}")
+
+
+# What a test holds that a comparison or the report reads as samples: each field checked by one rule.
+SAMPLE_FIELDS = ("samples", "request_samples", "baseline_request_samples", "reference_samples")
+
+
+def _measurements_problem(data: Mapping[str, Any]) -> str | None:
+    """The first environment, sample list or counter a reader cannot use (``perfsuite.judge.samples``), described."""
+    problem = _optional_environment_problem(data["environment"])
+    for index, test in enumerate(data["tests"]):
+        if problem is not None:
+            break
+        problem = measurement_problem(test, SAMPLE_FIELDS) or _optional_environment_problem(test["environment"])
+        if problem is not None:
+            problem = f"tests[{index}] ({test['test_id']!r}): {problem}"
+    return problem
+
+
+def _optional_environment_problem(environment: Any) -> str | None:
+    return None if environment is None else environment_problem(environment)
 
 
 def read_history(directory: Path, newest: int | None = None) -> tuple[list[Results], list[str]]:
@@ -370,15 +400,31 @@ def archive_results(results: Results, history_dir: Path) -> Path:
 
 
 def _comparison_json(comparison: Comparison) -> dict[str, Any]:
+    unbounded = {name: None for name in _RATIOS if getattr(comparison, name) == math.inf}
     return {
         **dataclasses.asdict(comparison),
+        **unbounded,
         "direction": comparison.direction.value,
         "verdict": comparison.verdict.value,
     }
 
 
 def _comparison_from_json(data: Mapping[str, Any]) -> Comparison:
-    return Comparison(**{**data, "direction": Direction(data["direction"]), "verdict": Verdict(data["verdict"])})
+    unbounded = {name: math.inf for name in _RATIOS if data[name] is None}
+    return Comparison(
+        **{**data, **unbounded, "direction": Direction(data["direction"]), "verdict": Verdict(data["verdict"])}
+    )
+
+
+# A comparison's change and ratio bounds are unbounded (infinity) when the baseline's median is 0 and the
+# current one is not (goodput from none to some). JSON has no infinity, so they are written as null; samples
+# are never negative, so nothing else a comparison holds is infinite.
+_RATIOS = ("change", "ci_low", "ci_high")
+
+
+def _nan_as_null(figures: Mapping[str, float]) -> dict[str, float | None]:
+    """vLLM's figures with the undefined ones (NaN: no TPOT when every output is one token) as null."""
+    return {name: None if isinstance(v, float) and math.isnan(v) else v for name, v in figures.items()}
 
 
 def _timeline_from_json(data: Mapping[str, Any]) -> RunTimeline:

@@ -12,10 +12,11 @@ import hashlib
 import json
 import platform
 import re
+import reprlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 SERVER_KIND = "server"  # ServerEnvironment.kind
 
@@ -71,12 +72,43 @@ class ServerEnvironment:
         return f"{readable}-{digest}"
 
 
-def environment_from_json(data: dict[str, Any]) -> Environment | ServerEnvironment:
-    """The environment a baseline or result was stored under: this machine's, or a remote server's."""
-    if data.get("kind") == SERVER_KIND:
-        return ServerEnvironment(**data)
-    return Environment(**data)
+def environment_from_json(data: Any) -> Environment | ServerEnvironment:
+    """The environment a baseline or result was stored under: this machine's, or a remote server's.
 
+    ValueError saying what is wrong (``environment_problem``) when ``data`` is not one.
+    """
+    problem = environment_problem(data)
+    if problem is not None:
+        raise ValueError(problem)
+    return _environment_class(data)(**data)
+
+
+def environment_problem(data: Any) -> str | None:
+    """What makes stored ``data`` no environment, described with its field and value; else None.
+
+    The readers of baselines and results.json add the file and the fix.
+    """
+    if not isinstance(data, dict):
+        return f"environment is {reprlib.repr(data)}, not an object naming the machine or the server"
+    cls = _environment_class(data)
+    types = get_type_hints(cls)
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        return f"environment has {unknown[0]!r}, which this perfsuite does not know"
+    for field in dataclasses.fields(cls):
+        if field.name not in data:
+            if field.default is dataclasses.MISSING:
+                return f"environment lacks {field.name!r}"
+            continue
+        value, expected = data[field.name], types[field.name]
+        if isinstance(value, bool) or not isinstance(value, expected):
+            shown = getattr(expected, "__name__", str(expected))  # int, str, or "str | None"
+            return f"environment[{field.name!r}] is {reprlib.repr(value)}, not {shown}"
+    return None
+
+
+def _environment_class(data: dict[str, Any]) -> type[Environment] | type[ServerEnvironment]:
+    return ServerEnvironment if data.get("kind") == SERVER_KIND else Environment
 
 
 def slug(text: str) -> str:

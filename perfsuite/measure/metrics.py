@@ -90,6 +90,8 @@ class SLO:
         for name, value in limits.items():
             if value is not None and not value > 0:
                 raise ValueError(f"SLO {name} must be a positive time, got {value}")
+            if value is not None and not math.isfinite(1e3 * value):  # the label and results.json give it in ms
+                raise ValueError(f"SLO {name} must be a finite time, got {value} s")
 
     @classmethod
     def parse(cls, text: str) -> SLO:
@@ -110,7 +112,10 @@ class SLO:
                 number = math.nan
             if unit is None or math.isnan(number):
                 raise ValueError(f"SLO {name}={value!r}: expected a time with a unit, e.g. 500ms or 2s")
-            limits[name] = number * _UNITS[unit]
+            seconds = number * _UNITS[unit]
+            if number > 0 and not math.isfinite(1e3 * seconds):  # 1e400s parses as inf: no request can miss it
+                raise ValueError(f"SLO {name}={value!r}: expected a finite time, e.g. 500ms or 2s")
+            limits[name] = seconds
         return cls(**limits)
 
     @property

@@ -157,22 +157,30 @@ class RunSummary:
 
     @classmethod
     def from_vllm_keys(cls, keys: Mapping[str, float]) -> RunSummary:
-        """The summary from ``vllm_keys`` and, where present, ``interval_keys`` (an older file has none)."""
+        """The summary from ``vllm_keys`` and, where present, ``interval_keys`` (an older file has none).
+
+        A figure the run did not define (NaN: no TPOT when every output is one
+        token) is null in results.json, which is standard JSON; it reads as NaN.
+        """
         latencies = {
             name: LatencySummary(
-                *(keys[f"{s}_{name}_ms"] for s in ("mean", "median", "std", "p90", "p99")),
+                *(_defined_or_nan(keys[f"{s}_{name}_ms"]) for s in ("mean", "median", "std", "p90", "p99")),
                 **{f"{s}_ci": _interval_from_keys(keys, s, name) for s in PERCENTILES},
             )
             for name in LATENCIES
         }
         return cls(
-            request_throughput=keys["request_throughput"],
-            output_throughput=keys["output_throughput"],
+            request_throughput=_defined_or_nan(keys["request_throughput"]),
+            output_throughput=_defined_or_nan(keys["output_throughput"]),
             completed=int(keys["completed"]),
             total_output_tokens=int(keys["total_output_tokens"]),
             request_goodput=keys.get(GOODPUT),
             **latencies,
         )
+
+
+def _defined_or_nan(figure: float | None) -> float:
+    return math.nan if figure is None else figure
 
 
 def _interval_from_keys(keys: Mapping[str, object], statistic: str, name: str) -> PercentileInterval | None:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pytest
 
 from perfsuite.engine import Request, RunResult
+from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.judge.catalogue import CAPACITY
 from perfsuite.judge.results import TestResult
 from perfsuite.judge.run_config import RunConfiguration, knobs
@@ -201,7 +202,10 @@ def measure_capacity(
     requests = requests_at(1.0)
     parameters = recorder._sizing(engine, requests, None, None)
     configuration = _configuration(recorder, engine, requests, search, slo.label, steady_state, repeats)
-    result = session.record_capacity(recorder.test_id, measured, record, parameters, configuration)
+    try:
+        result = session.record_capacity(recorder.test_id, measured, record, parameters, configuration)
+    except (OutputError, BaselineError) as error:
+        recorder.fail_unrecorded(error)
     recorder.result = result
     benchmark.extra_info.update(
         {

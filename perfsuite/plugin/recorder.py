@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import pytest
 
@@ -85,7 +86,7 @@ class PerfRecorder:
                 self.test_id, measured, parameters, configuration, arrival_rate, environment=server
             )
         except (OutputError, BaselineError) as error:
-            pytest.fail(str(error), pytrace=False)
+            self.fail_unrecorded(error)
         if options.save_baseline and measured.noisy:
             pytest.fail(f"{self.test_id}: baseline not saved: {measured.noisy}; record it on a quiet machine",
                         pytrace=False)
@@ -101,6 +102,16 @@ class PerfRecorder:
             }
         )
         return self.result
+
+    def fail_unrecorded(self, error: OutputError | BaselineError) -> NoReturn:
+        """Fail the test, its result not judged or stored (a corrupt baseline), and have results.json say so.
+
+        The error's one line, without the exceptions it was raised from: pytest
+        would show those first (a corrupt baseline's bare JSON error) and then
+        the message again.
+        """
+        self.session.note_unrecorded(self.test_id, str(error))
+        raise pytest.fail.Exception(str(error), pytrace=False) from None
 
     def measure_capacity(self, engine: BatchingEngine, requests_at: Callable[[float], Sequence[Request]],
                          **search) -> TestResult:  # fmt: skip

@@ -73,6 +73,7 @@ class PerfSession:
     results: list[TestResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     late_regressions: list[str] = field(default_factory=list)
+    unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     against: Against | None = None  # --perf-against: the reference tree and the two workers
 
     @property
@@ -268,10 +269,18 @@ class PerfSession:
         )
         return dataclasses.replace(result, baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
 
+    def note_unrecorded(self, test_id: str, reason: str) -> None:
+        """A test failed before its result was recorded (a corrupt baseline): results.json names it."""
+        self.unrecorded.append(f"{test_id}: no result recorded: {reason}")
+
     def finish(self) -> None:
-        """Adjust the whole session's p-values together and write results.json."""
+        """Adjust the whole session's p-values together and write results.json.
+
+        Also when no test was recorded but one failed trying: a results.json left
+        from an earlier session would pass for this one's.
+        """
         self.results = self.adjusted_results()
-        if self.results:
+        if self.results or self.unrecorded:
             write_results(self.options.report_dir / "results.json", self.document())
 
     def adjusted_results(self) -> list[TestResult]:
@@ -289,6 +298,7 @@ class PerfSession:
                 "num_planned_tests": self.num_planned_tests,
                 "results": [r.to_json() for r in self.results],
                 "warnings": self.warnings,
+                "unrecorded": self.unrecorded,
             }
         )
 
@@ -301,6 +311,7 @@ class PerfSession:
         self.results.extend(TestResult.from_json(r) for r in data["results"])
         self.results.sort(key=lambda r: r.test_id)
         self.warnings.extend(w for w in data["warnings"] if w not in self.warnings)
+        self.unrecorded.extend(data["unrecorded"])
 
     @property
     def shown_environment(self) -> Environment | ServerEnvironment | None:
@@ -332,7 +343,7 @@ class PerfSession:
             slo=self.slo_label,
             tests=tuple(self.results),
             late_regressions=tuple(self.late_regressions),
-            warnings=tuple(self.warnings),
+            warnings=(*self.warnings, *self.unrecorded),
             against=self.against.describe() if self.against is not None else None,
         )
 
