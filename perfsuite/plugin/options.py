@@ -137,7 +137,7 @@ _OPTIONS = (
      "can still be flagged in a session this size when pairs against it hold a rank sum of half the pairs)"),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
-    ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s"),
+    ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s (positive, finite)"),
     ("perf_capacity_by", one_of(SEARCH_KINDS), BY_RATE,
      "what the capacity tests search: rate (open-loop Poisson arrivals, req/s) or concurrency (closed loop, "
      "requests in flight); either way the capacity is requests/s"),
