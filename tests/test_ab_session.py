@@ -230,6 +230,14 @@ def test_the_commit_that_added_perf_against_is_a_ref_too(pytester, repo):
     result.assert_outcomes(passed=1)
 
 
+def test_a_directory_that_is_not_a_checkout_is_a_usage_error_before_any_worker_starts(pytester, repo, tmp_path_factory):
+    plain = tmp_path_factory.mktemp("not-a-checkout")
+    result = run_ab(pytester, str(plain))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--perf-against {plain}: {plain} is not a perfsuite checkout*"])
+    assert "worker" not in result.stderr.str(), "refused before a worker (and its model) was started"
+
+
 @pytest.mark.parametrize(
     ("engine_code", "extra", "what"),
     [
