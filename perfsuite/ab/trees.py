@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfsuite.ab.snapshots import new_snapshot
+
 
 class ReferenceError(ValueError):
     """REF names no commit or checkout, or its tree cannot be made."""
@@ -66,10 +68,10 @@ def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
             f"--perf-against {ref}: not a commit of the repository at {toplevel}; check the name "
             f"(git log {ref}), fetch it first (git fetch origin main), or pass a path to a checkout"
         )
-    snapshot = Path(tempfile.mkdtemp(prefix=f"perfsuite-ab-{commit[:12]}-"))
+    snapshot = new_snapshot(commit)
     try:
         extract_commit(Path(toplevel), commit, snapshot)
-    except Exception:
+    except BaseException:  # Ctrl-C and SIGTERM too: the session never learns of this snapshot
         shutil.rmtree(snapshot, ignore_errors=True)
         raise
     reference = snapshot / rootdir.relative_to(Path(toplevel).resolve())

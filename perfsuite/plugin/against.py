@@ -17,6 +17,7 @@ import pytest
 
 from perfsuite.ab import wire
 from perfsuite.ab.pair import ABRunner
+from perfsuite.ab.snapshots import remove_stale_snapshots
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
 from perfsuite.ab.workers import EngineSpec, WorkerError
 from perfsuite.adapters.protocol import Backend, EngineConfig
@@ -56,7 +57,11 @@ class Against:
 def start_against(
     ref: str, rootdir: Path, invocation_dir: Path, load: wire.Load, timeout: float, workers_per_side: int = 2
 ) -> Against:
-    """Lay out REF's tree and start both sides' workers, each loading the model; a failure is a usage error naming REF."""
+    """Lay out REF's tree and start both sides' workers, each loading the model; a failure is a usage error naming REF.
+
+    Snapshots left by sessions that were killed outright (SIGKILL) are removed first.
+    """
+    remove_stale_snapshots()
     try:
         trees = prepare_trees(ref, rootdir, invocation_dir)
     except ReferenceError as error:
