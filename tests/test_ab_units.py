@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -258,6 +260,48 @@ def test_a_commit_with_no_perfsuite_package_in_the_folder_is_refused(repo, tmp_p
     with pytest.raises(ReferenceError, match=r"HEAD: [0-9a-f]{12} has no perfsuite/ package in project/"):
         prepare_trees("HEAD", repo / "project", invocation_dir=tmp_path)
     assert not list(Path(tempfile.gettempdir()).glob(f"perfsuite-ab-{git(repo, 'rev-parse', 'HEAD')[:12]}-*"))
+
+
+def test_sigterm_to_a_session_that_laid_out_ref_removes_the_snapshot(repo, tmp_path):
+    """``kill -TERM`` unwinds like Ctrl-C, here past every handler, and the snapshot goes all the same."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION_WAITING_FOR_SIGTERM)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path])}
+    process = subprocess.Popen([sys.executable, str(script), str(repo / "project")], stdout=subprocess.PIPE,
+                               text=True, env=env)  # fmt: skip
+    snapshot = Path(process.stdout.readline().strip())
+    assert snapshot.name.startswith("perfsuite-ab-") and snapshot.is_dir()
+    process.terminate()
+    process.communicate(timeout=60)
+    assert not snapshot.exists()
+
+
+SESSION_WAITING_FOR_SIGTERM = """
+import sys
+import time
+from pathlib import Path
+
+from perfsuite.ab import wire
+from perfsuite.plugin import against
+
+
+class IdleRunner:
+    def __init__(self, trees, load, timeout, workers_per_side):
+        pass
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+
+against.ABRunner = IdleRunner  # no workers, no model: only the snapshot is at stake here
+project = Path(sys.argv[1])
+session = against.start_against("HEAD~1", project, project, wire.Load("none", "cpu", "float32", "packed"), 1.0, 1)
+print(session.trees.snapshot, flush=True)
+time.sleep(120)
+"""
 
 
 def test_a_ref_outside_any_repository_asks_for_a_path(tmp_path):
