@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from perfsuite.ab.trees import extract_commit
 from perfsuite.judge.paired import pairs_with_room_for_disagreement
 from perfsuite.workload.profiles import PROFILES
 
@@ -24,6 +25,7 @@ pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_TEST = "inflight and fixed"  # test_throughput[inflight-B2-fixed] of the smoke profile
+ADDED_PERF_AGAINST = "14782f4"  # the oldest commit the README promises --perf-against works against
 
 SLOWER_RUNNER = '''
 
@@ -96,6 +98,21 @@ def commit(repo: Path, message: str) -> str:
 def append(repo: Path, module: str, code: str) -> None:
     path = repo / module
     path.write_text(path.read_text() + code)
+
+
+def branch_of_project_commit(repo: Path, name: str, project_commit: str) -> str:
+    """A branch ``name`` whose perfsuite/ is this project's at ``project_commit``; the working tree stays on main."""
+    snapshot = Path(tempfile.mkdtemp(prefix="perfsuite-test-old-tree-"))
+    try:
+        extract_commit(REPO, project_commit, snapshot)
+        git(repo, "checkout", "-q", "-b", name)
+        shutil.rmtree(repo / "perfsuite")
+        shutil.copytree(snapshot / "perfsuite", repo / "perfsuite")
+        commit(repo, name)
+        git(repo, "checkout", "-q", "main")
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+    return git(repo, "rev-parse", name)
 
 
 def branch_with(repo: Path, name: str, module: str, code: str) -> str:
@@ -202,6 +219,23 @@ def test_a_ref_whose_tree_cannot_be_imported_is_a_usage_error_naming_it(pytester
     result.stderr.fnmatch_lines([f"*--perf-against broken: worker A#1, REF broken ({sha[:12]}) failed to start*"])
     assert "this tree is broken" in result.stderr.str()
     assert not worker_processes(repo) and not snapshots_of(sha)
+
+
+def test_the_commit_that_added_perf_against_is_a_ref_too(pytester, repo):
+    """Its ``EngineConfig`` predates ``num_kv_blocks``: the worker builds it by keyword, sending no unset knob."""
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{ADDED_PERF_AGAINST}^{{commit}}"]).returncode:
+        pytest.skip(f"{ADDED_PERF_AGAINST} is not in this clone (a shallow one)")
+    branch_of_project_commit(repo, "oldest", ADDED_PERF_AGAINST)
+    result = run_ab(pytester, "oldest", "-k", ONE_TEST, "--perf-repeats", "2", "--perf-against-workers", "1")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_directory_that_is_not_a_checkout_is_a_usage_error_before_any_worker_starts(pytester, repo, tmp_path_factory):
+    plain = tmp_path_factory.mktemp("not-a-checkout")
+    result = run_ab(pytester, str(plain))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--perf-against {plain}: {plain} is not a perfsuite checkout*"])
+    assert "worker" not in result.stderr.str(), "refused before a worker (and its model) was started"
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -192,14 +195,14 @@ def git(repo: Path, *args: str) -> str:
 @pytest.fixture
 def repo(tmp_path) -> Path:
     root = tmp_path / "repo"
-    (root / "project" / "pkg").mkdir(parents=True)
-    (root / "project" / "pkg" / "__init__.py").write_text("VERSION = 1\n")
+    (root / "project" / "perfsuite").mkdir(parents=True)
+    (root / "project" / "perfsuite" / "__init__.py").write_text("VERSION = 1\n")
     git(root.parent, "init", "-q", "-b", "main", str(root))
     git(root, "config", "user.email", "t@example.invalid")
     git(root, "config", "user.name", "t")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "one")
-    (root / "project" / "pkg" / "__init__.py").write_text("VERSION = 2\n")
+    (root / "project" / "perfsuite" / "__init__.py").write_text("VERSION = 2\n")
     git(root, "commit", "-q", "-am", "two")
     return root
 
@@ -209,7 +212,7 @@ def test_a_ref_is_laid_out_as_the_same_folder_of_its_commit(repo, tmp_path):
     try:
         assert trees.commit == git(repo, "rev-parse", "HEAD~1") and trees.current_commit == git(repo, "rev-parse", "HEAD")
         assert trees.current == (repo / "project").resolve()
-        assert (trees.reference / "pkg" / "__init__.py").read_text() == "VERSION = 1\n"
+        assert (trees.reference / "perfsuite" / "__init__.py").read_text() == "VERSION = 1\n"
         assert trees.reference_label == f"HEAD~1 ({trees.commit[:12]})"
         assert not git(repo, "worktree", "list").count("\n"), "nothing added to the repository"
     finally:
@@ -228,8 +231,8 @@ def test_a_ref_that_names_no_commit_says_so_and_how_to_fix_it(repo, tmp_path, re
 def test_a_checkout_path_is_used_as_it_is_and_never_removed(repo, tmp_path):
     other = tmp_path / "other"
     git(repo, "worktree", "add", "-q", "--detach", str(other), "HEAD~1")
-    trees = prepare_trees(str(other), repo, invocation_dir=tmp_path)
-    assert trees.reference == other.resolve() and trees.snapshot is None
+    trees = prepare_trees(str(other / "project"), repo, invocation_dir=tmp_path)
+    assert trees.reference == (other / "project").resolve() and trees.snapshot is None
     assert trees.commit == git(repo, "rev-parse", "HEAD~1")
     trees.remove()
     assert other.is_dir()
@@ -240,6 +243,65 @@ def test_the_current_tree_as_ref_path_and_a_missing_path_are_refused(repo, tmp_p
         prepare_trees(str(repo), repo, invocation_dir=tmp_path)
     with pytest.raises(ReferenceError, match="no such directory"):
         prepare_trees("./nowhere", repo, invocation_dir=tmp_path)
+
+
+def test_a_directory_with_no_perfsuite_package_is_not_a_checkout(repo, tmp_path):
+    plain = tmp_path / "plain"
+    (plain / "src").mkdir(parents=True)
+    with pytest.raises(ReferenceError) as error:
+        prepare_trees(str(plain), repo, invocation_dir=tmp_path)
+    assert f"--perf-against {plain}: {plain} is not a perfsuite checkout (no perfsuite/ package" in str(error.value)
+    assert "give a git ref or the path of another perfsuite checkout" in str(error.value)
+
+
+def test_a_commit_with_no_perfsuite_package_in_the_folder_is_refused(repo, tmp_path):
+    git(repo, "mv", "project/perfsuite", "project/renamed")
+    git(repo, "commit", "-q", "-m", "three")
+    with pytest.raises(ReferenceError, match=r"HEAD: [0-9a-f]{12} has no perfsuite/ package in project/"):
+        prepare_trees("HEAD", repo / "project", invocation_dir=tmp_path)
+    assert not list(Path(tempfile.gettempdir()).glob(f"perfsuite-ab-{git(repo, 'rev-parse', 'HEAD')[:12]}-*"))
+
+
+def test_sigterm_to_a_session_that_laid_out_ref_removes_the_snapshot(repo, tmp_path):
+    """``kill -TERM`` unwinds like Ctrl-C, here past every handler, and the snapshot goes all the same."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION_WAITING_FOR_SIGTERM)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path])}
+    process = subprocess.Popen([sys.executable, str(script), str(repo / "project")], stdout=subprocess.PIPE,
+                               text=True, env=env)  # fmt: skip
+    snapshot = Path(process.stdout.readline().strip())
+    assert snapshot.name.startswith("perfsuite-ab-") and snapshot.is_dir()
+    process.terminate()
+    process.communicate(timeout=60)
+    assert not snapshot.exists()
+
+
+SESSION_WAITING_FOR_SIGTERM = """
+import sys
+import time
+from pathlib import Path
+
+from perfsuite.ab import wire
+from perfsuite.plugin import against
+
+
+class IdleRunner:
+    def __init__(self, trees, load, timeout, workers_per_side):
+        pass
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+
+against.ABRunner = IdleRunner  # no workers, no model: only the snapshot is at stake here
+project = Path(sys.argv[1])
+session = against.start_against("HEAD~1", project, project, wire.Load("none", "cpu", "float32", "packed"), 1.0, 1)
+print(session.trees.snapshot, flush=True)
+time.sleep(120)
+"""
 
 
 def test_a_ref_outside_any_repository_asks_for_a_path(tmp_path):

@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfsuite.ab.snapshots import new_snapshot
+
 
 class ReferenceError(ValueError):
     """REF names no commit or checkout, or its tree cannot be made."""
@@ -66,17 +68,29 @@ def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
             f"--perf-against {ref}: not a commit of the repository at {toplevel}; check the name "
             f"(git log {ref}), fetch it first (git fetch origin main), or pass a path to a checkout"
         )
-    snapshot = Path(tempfile.mkdtemp(prefix=f"perfsuite-ab-{commit[:12]}-"))
+    snapshot = new_snapshot(commit)
     try:
         extract_commit(Path(toplevel), commit, snapshot)
-    except Exception:
+    except BaseException:  # Ctrl-C and SIGTERM too: the session never learns of this snapshot
         shutil.rmtree(snapshot, ignore_errors=True)
         raise
     reference = snapshot / rootdir.relative_to(Path(toplevel).resolve())
+    folder = reference.relative_to(snapshot)
     if not reference.is_dir():
         shutil.rmtree(snapshot, ignore_errors=True)
-        raise ReferenceError(f"--perf-against {ref}: {commit[:12]} has no {reference.relative_to(snapshot)}/ folder")
+        raise ReferenceError(f"--perf-against {ref}: {commit[:12]} has no {folder}/ folder")
+    if not holds_perfsuite(reference):
+        shutil.rmtree(snapshot, ignore_errors=True)
+        raise ReferenceError(
+            f"--perf-against {ref}: {commit[:12]} has no perfsuite/ package in {folder}/ (nor in its src/); "
+            "give a commit of perfsuite"
+        )
     return Trees(ref, commit, rootdir, reference, current_commit, snapshot)
+
+
+def holds_perfsuite(tree: Path) -> bool:
+    """Whether a worker over ``tree`` would import perfsuite from it (it puts ``tree/src`` and ``tree`` first)."""
+    return any((folder / "perfsuite" / "__init__.py").is_file() for folder in (tree, tree / "src"))
 
 
 def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | None) -> Trees:
@@ -84,6 +98,11 @@ def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | No
         raise ReferenceError(f"--perf-against {ref}: no such directory ({path}); give a git ref or a checkout's path")
     if path == current:
         raise ReferenceError(f"--perf-against {ref}: that is the current tree itself; give another checkout or a ref")
+    if not holds_perfsuite(path):
+        raise ReferenceError(
+            f"--perf-against {ref}: {path} is not a perfsuite checkout (no perfsuite/ package in it or its src/); "
+            "give a git ref or the path of another perfsuite checkout"
+        )
     toplevel = _git(path, "rev-parse", "--show-toplevel")
     commit = _git(path, "rev-parse", "HEAD") if toplevel else None
     return Trees(ref, commit, current, path, current_commit, None)

@@ -109,16 +109,9 @@ class Worker:
         return self.wire.Tokens(tuple(int(t) for t in self._loaded().tokenize(message.text)))
 
     def on_build(self, message):
-        from perfsuite.adapters import EngineConfig, build_engine
+        from perfsuite.adapters import build_engine
 
-        config = EngineConfig(
-            message.batch_size,
-            message.max_seq_len,
-            message.prefill_batch_size,
-            message.max_num_batched_tokens,
-            message.num_kv_blocks,
-        )
-        engine = build_engine(message.engine, self._loaded(), config)
+        engine = build_engine(message.engine, self._loaded(), self._engine_config(message))
         self.engines[message.engine_id] = engine
         return self.wire.Built(
             engine_id=message.engine_id,
@@ -137,6 +130,18 @@ class Worker:
         requests = [self.wire.decode(Request, item) for item in message.requests]
         result = timed_run(engine, requests, self._loaded().device, max_concurrency=message.max_concurrency)
         return self.wire.RunDone(self.wire.encode(result))
+
+    def _engine_config(self, build):
+        """This tree's ``EngineConfig`` from ``build``'s knobs, by keyword through the structural codec.
+
+        An older tree's ``EngineConfig`` has fewer fields: an unset knob is not
+        sent, so it gets its default there, and a set one it lacks is an error naming it.
+        """
+        from perfsuite.adapters import EngineConfig
+
+        knobs = self.wire.encode(build)
+        del knobs["engine_id"], knobs["engine"]
+        return self.wire.decode(EngineConfig, knobs)
 
     def _loaded(self):
         if self.backend is None:

@@ -69,7 +69,7 @@ class Worker:
         try:
             self.hello: wire.Hello = self._expect(wire.Hello, START_SECONDS, "start")
             self._check_tree()
-        except WorkerError:
+        except BaseException:  # Ctrl-C and SIGTERM too: nobody else holds this worker yet
             self.close()  # one that failed to start (its tree did not import, or not from the tree) is reaped too
             raise
 
@@ -231,7 +231,7 @@ class SideRunner:
         worker = self._start(self.side)
         try:
             self.loaded = worker.request(self._load, wire.Loaded, max(self._timeout, START_SECONDS), "load the model")
-        except WorkerError:
+        except BaseException:  # Ctrl-C and SIGTERM too: nobody else holds this worker yet
             worker.close()
             raise
         self._worker = worker

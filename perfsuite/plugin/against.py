@@ -10,6 +10,10 @@ knobs that both workers build the engine from; ``perf.measure`` runs it.
 
 from __future__ import annotations
 
+import atexit
+import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import pytest
 
 from perfsuite.ab import wire
 from perfsuite.ab.pair import ABRunner
+from perfsuite.ab.snapshots import remove_stale_snapshots
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
 from perfsuite.ab.workers import EngineSpec, WorkerError
 from perfsuite.adapters.protocol import Backend, EngineConfig
@@ -37,6 +42,7 @@ class Against:
 
     trees: Trees
     runner: ABRunner
+    restore_sigterm: Callable[[], None]  # undoes ``interrupt_on_sigterm``
 
     @property
     def label(self) -> str:
@@ -47,28 +53,66 @@ class Against:
         return AgainstDescription(self.trees.ref, self.trees.commit, self.trees.current_commit, order)
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         try:
             self.runner.close()
         finally:
             self.trees.remove()
+            self.restore_sigterm()
 
 
 def start_against(
     ref: str, rootdir: Path, invocation_dir: Path, load: wire.Load, timeout: float, workers_per_side: int = 2
 ) -> Against:
-    """Lay out REF's tree and start both sides' workers, each loading the model; a failure is a usage error naming REF."""
+    """Lay out REF's tree and start both sides' workers, each loading the model; a failure is a usage error naming REF.
+
+    Snapshots left by sessions that were killed outright (SIGKILL) are removed
+    first. From here on SIGTERM unwinds like Ctrl-C, and the snapshot is
+    removed at exit should an interrupt escape pytest's hooks (one while the
+    report is written skips ``pytest_unconfigure``).
+    """
+    remove_stale_snapshots()
     try:
         trees = prepare_trees(ref, rootdir, invocation_dir)
     except ReferenceError as error:
         raise pytest.UsageError(str(error)) from None
-    runner = ABRunner(trees, load, timeout, workers_per_side=workers_per_side)
+    against = Against(trees, ABRunner(trees, load, timeout, workers_per_side=workers_per_side), interrupt_on_sigterm())
+    atexit.register(against.close)
     try:
-        runner.start()
+        against.runner.start()
     except WorkerError as error:
-        runner.close()
-        trees.remove()
+        against.close()
         raise pytest.UsageError(f"--perf-against {ref}: {error}") from None
-    return Against(trees, runner)
+    except BaseException:  # interrupted while the models load: pytest has no Against to close yet
+        against.close()
+        raise
+    return against
+
+
+def interrupt_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does; returns what puts its default action back.
+
+    Only the default action (die on the spot) is replaced: a handler someone
+    else set, or SIGTERM ignored, stays; off the main thread Python sets none.
+    """
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if not on_main_thread or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return _leave_sigterm
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    return _restore_default_sigterm
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _restore_default_sigterm() -> None:
+    if signal.getsignal(signal.SIGTERM) is _raise_interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _leave_sigterm() -> None:
+    pass
 
 
 def load_message(model: str, device: str, dtype: str, decode_mode: str, invocation_dir: Path) -> wire.Load:
