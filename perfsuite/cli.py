@@ -225,9 +225,7 @@ def _report(args: argparse.Namespace) -> int:
         history, problems = read_history(args.history)
         if problems:
             raise ResultsFileError(problems[0])
-    output = args.output or args.results.with_name("report.html")
-    output.write_text(render_report(results, history), encoding="utf-8")
-    print(f"wrote {output}")
+    _write_output(args.output or args.results.with_name("report.html"), render_report(results, history))
     return 0
 
 
@@ -248,9 +246,25 @@ def _compare(args: argparse.Namespace) -> int:
     verdict = overall_verdict(rows)
     print(f"overall: {verdict}")
     if args.output is not None:
-        args.output.write_text(render_report(judged), encoding="utf-8")
-        print(f"wrote {args.output}")
+        _write_output(args.output, render_report(judged))
     return 1 if verdict == "regressed" else 0
+
+
+def _write_output(path: Path, text: str) -> None:
+    """The file ``-o`` names; OutputError, one line saying why, where it cannot be written.
+
+    Not ``write_text_atomic``: that clears stale temporary files from the
+    directory it writes into, which is right for perfsuite's own directories
+    but not for any folder a user names.
+    """
+    from perfsuite.judge.baselines import OutputError, cannot_write_message
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise OutputError(cannot_write_message(path, error, "pass -o a file in a writable directory")) from None
+    print(f"wrote {path}")
 
 
 VERDICT_HEADERS = ("test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "verdict")
