@@ -214,7 +214,7 @@ def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
     static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
     assert any(static_padding), "uneven lengths leave static slots idle"
 
-    result.stdout.fnmatch_lines(["report: */reports/report.html"])
+    result.stdout.fnmatch_lines(["*; results in */reports/results.json", "report: */reports/report.html"])
     reports = pytester.path / "reports"
     written = (reports / "report.html").read_text()
     assert 'id="verdict-table"' in written and 'id="timeline-figure"' in written

@@ -268,11 +268,17 @@ class PerfSession:
         )
         return dataclasses.replace(result, baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
 
-    def finish(self) -> None:
-        """Adjust the whole session's p-values together and write results.json."""
+    @property
+    def results_path(self) -> Path:
+        return self.options.report_dir / "results.json"
+
+    def finish(self) -> Path | None:
+        """Adjust the whole session's p-values together and write results.json; its path, None with no results."""
         self.results = self.adjusted_results()
-        if self.results:
-            write_results(self.options.report_dir / "results.json", self.document())
+        if not self.results:
+            return None
+        write_results(self.results_path, self.document())
+        return self.results_path
 
     def adjusted_results(self) -> list[TestResult]:
         """Every result with the session-wide adjustment; what it newly flags goes to ``late_regressions``."""
