@@ -331,8 +331,8 @@ def test_cli_output_that_cannot_be_written_is_one_line_naming_the_path_and_why(
     output, why = unwritable_output(place, tmp_path, monkeypatch)
     inputs = [str(results_file)] if command == "report" else [str(results_file), str(results_file)]
     assert main([command, *inputs, "-o", str(output)]) == 2
-    err = capsys.readouterr().err
-    assert err.splitlines() == [f"perfsuite: error: cannot write {output}: {why}; pass -o a file in a writable directory"]
+    fix = "pass -o a file in a writable directory"
+    assert capsys.readouterr().err.splitlines() == [f"perfsuite: error: cannot write {output}: {why}; {fix}"]
 
 
 # -- a real browser -------------------------------------------------------------------
