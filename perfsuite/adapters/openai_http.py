@@ -57,6 +57,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from perfsuite.adapters.error_body import error_message
 from perfsuite.adapters.http_options import SERVER_ENGINE, HttpClientOptions, check_endpoint, endpoint_url
 from perfsuite.adapters.openai_payload import TEXT, TOKEN_IDS, Detokenize, PayloadBuilder, detokenizer
 from perfsuite.adapters.openai_stream import (
@@ -66,7 +67,6 @@ from perfsuite.adapters.openai_stream import (
     SendTimes,
     ServerRejectedError,
     StreamState,
-    error_message,
     to_record,
 )
 from perfsuite.adapters.output_lengths import (
