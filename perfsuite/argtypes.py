@@ -64,3 +64,19 @@ def one_of(choices: tuple[str, ...]):
         return text
 
     return parse
+
+
+def argument_type(parse):
+    """``parse``, whose ValueError says what is wrong, as a ``type=``: argparse shows that message.
+
+    (argparse itself answers a ValueError from ``type=`` with a generic
+    "invalid value", losing the message.)
+    """
+
+    def parse_argument(text: str):
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse_argument

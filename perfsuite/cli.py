@@ -8,9 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from perfsuite.argtypes import engine_names, fraction, integer_at_least, positive_int, probability
+from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, positive_int, probability
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.adapters.http_options import (
     APIS,
@@ -18,6 +17,8 @@ from perfsuite.adapters.http_options import (
     PROMPT_FORMATS,
     HttpClientOptions,
     api_key_from_environment,
+    check_endpoint,
+    endpoint_url,
 )
 from perfsuite.engine import RunResult
 from perfsuite.measure.metrics import RunMetrics, run_metrics
@@ -67,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
     """How ``--engines openai-http`` reaches its server: the pytest options ``--perf-endpoint`` and neighbours."""
     group = run.add_argument_group("openai-http", "for --engines openai-http: the server to measure")
-    group.add_argument("--endpoint", type=_endpoint_url, help="base URL of an OpenAI-compatible server, "
-                       "e.g. http://127.0.0.1:8000 (required by openai-http)")  # fmt: skip
+    group.add_argument("--endpoint", type=argument_type(endpoint_url), help="base URL of an OpenAI-compatible "
+                       "server, e.g. http://127.0.0.1:8000 (required by openai-http)")  # fmt: skip
     group.add_argument("--server-model", help="the served model to ask for (default: the only one served)")
     group.add_argument("--api-key", help="sent as Authorization: Bearer (default: $PERFSUITE_API_KEY, "
                        "else $OPENAI_API_KEY)")  # fmt: skip
@@ -81,22 +82,13 @@ def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
                        help="send perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)")
 
 
-def _endpoint_url(text: str) -> str:
-    parts = urlsplit(text.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(f"expected a server's base URL such as http://127.0.0.1:8000, got {text!r}")
-    return text.strip()
-
-
 def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Combinations that cannot work fail here, before a model is loaded."""
-    remote = "openai-http" in args.engines
-    if remote and not args.endpoint:
-        parser.error(
-            "--engines openai-http measures a server: pass its base URL with --endpoint http://HOST:PORT "
-            "(e.g. where `perfsuite serve` or vLLM listens)"
-        )
-    if args.endpoint and not remote:
+    try:
+        check_endpoint(args.engines, args.endpoint)
+    except ValueError as error:
+        parser.error(_in_run_flags(str(error)))
+    if args.endpoint and "openai-http" not in args.engines:
         parser.error(f"--endpoint is used only by --engines openai-http; add it to --engines {','.join(args.engines)}")
 
 
@@ -113,6 +105,7 @@ def _http_client_options(args: argparse.Namespace) -> HttpClientOptions:
 
 # Errors of the openai-http client name the pytest options; `perfsuite run` has its own names for them.
 _RUN_FLAGS = {
+    "--perf-engines": "--engines",
     "--perf-endpoint": "--endpoint",
     "--perf-server-model": "--server-model",
     "--perf-api-key": "--api-key",
@@ -225,9 +218,7 @@ def _report(args: argparse.Namespace) -> int:
         history, problems = read_history(args.history)
         if problems:
             raise ResultsFileError(problems[0])
-    output = args.output or args.results.with_name("report.html")
-    output.write_text(render_report(results, history), encoding="utf-8")
-    print(f"wrote {output}")
+    _write_output(args.output or args.results.with_name("report.html"), render_report(results, history))
     return 0
 
 
@@ -248,9 +239,25 @@ def _compare(args: argparse.Namespace) -> int:
     verdict = overall_verdict(rows)
     print(f"overall: {verdict}")
     if args.output is not None:
-        args.output.write_text(render_report(judged), encoding="utf-8")
-        print(f"wrote {args.output}")
+        _write_output(args.output, render_report(judged))
     return 1 if verdict == "regressed" else 0
+
+
+def _write_output(path: Path, text: str) -> None:
+    """The file ``-o`` names; OutputError, one line saying why, where it cannot be written.
+
+    Not ``write_text_atomic``: that clears stale temporary files from the
+    directory it writes into, which is right for perfsuite's own directories
+    but not for any folder a user names.
+    """
+    from perfsuite.judge.baselines import OutputError, cannot_write_message
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise OutputError(cannot_write_message(path, error, "pass -o a file in a writable directory")) from None
+    print(f"wrote {path}")
 
 
 VERDICT_HEADERS = ("test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "verdict")

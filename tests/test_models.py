@@ -30,6 +30,7 @@ from perfsuite.models import (
     LoadedModel,
     ModelLoadError,
     ModelSpec,
+    check_model_path,
     load_model,
     model_config,
     parse_dtype,
@@ -567,3 +568,17 @@ def test_smollm2_float64(smollm2_pair):
     got = _logits(wide, "Fun fact of the day: ")
     assert got.dtype == torch.float64
     torch.testing.assert_close(got.float(), _logits(loaded, "Fun fact of the day: "), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("model", ["tiny-random", "Tiny-Random", "smollm2-135m", "my-own-model"])
+def test_check_model_path_passes_names(model):
+    check_model_path(model)  # a project's own perf_model fixture may know a name perfsuite does not
+
+
+def test_check_model_path_rejects_what_the_loader_would_without_loading(tmp_path):
+    (tmp_path / "weights.bin").write_text("not a directory")
+    (tmp_path / "empty").mkdir()
+    for path, says in [(tmp_path / "missing", "does not exist"), (tmp_path / "weights.bin", "is a file"),
+                       (tmp_path / "empty", "has no config.json")]:  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            check_model_path(str(path))

@@ -62,9 +62,19 @@ class Behaviour:
     usage_extra: int = 0  # usage counts this many tokens more than were produced (a broken server)
     tokens_per_chunk: int = 1
     api_key: str | None = None
+    html_error: tuple[str, int] | None = None  # (path, status): a web server's HTML error page, not an API's JSON
 
 
 VLLM = Behaviour()
+# What a proxy or a web server that is not an OpenAI server answers: a page, tens of kB with its styles.
+HTML_ERROR_PAGE = (
+    "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<title>502 Bad Gateway</title>\n<style>\n"
+    + "body { font-family: sans-serif; margin: 0 auto; }\n" * 400
+    + "</style>\n<script>var config = {\"retry\": true};</script>\n</head>\n<body>\n"
+    + "<h1>Bad Gateway</h1>\n<p>The upstream server did not answer &amp; was marked down.</p>\n"
+    + "<p>Reference: incident 12345.</p>\n" * 200
+    + "<hr><center>nginx</center>\n</body>\n</html>\n"
+)
 LLAMA_CPP = Behaviour(
     accepts_token_ids=False,
     rejects_request_id_header=True,
@@ -100,8 +110,15 @@ class FakeOpenAIServer:
         key = self.behaviour.api_key
         return key is not None and request.headers.get("Authorization") != f"Bearer {key}"
 
+    def _html_error(self, request: web.Request) -> web.Response | None:
+        if self.behaviour.html_error is None or self.behaviour.html_error[0] != request.path:
+            return None
+        return web.Response(text=HTML_ERROR_PAGE, status=self.behaviour.html_error[1], content_type="text/html")
+
     async def _models(self, request: web.Request) -> web.Response:
         self.seen.append((request.path, dict(request.headers), {}))
+        if (page := self._html_error(request)) is not None:
+            return page
         if self._unauthorized(request):
             return web.json_response({"error": {"message": "invalid api key"}}, status=401)
         length = {"max_model_len": self.behaviour.max_model_len} if self.behaviour.max_model_len else {}
@@ -113,6 +130,8 @@ class FakeOpenAIServer:
         behaviour = self.behaviour
         if self._unauthorized(request):
             return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+        if (page := self._html_error(request)) is not None:
+            return page
         if behaviour.rejects_request_id_header and "X-Request-Id" in request.headers:
             return web.Response(status=400)
         if isinstance(body.get("prompt"), list) and not behaviour.accepts_token_ids:
@@ -210,6 +229,27 @@ def test_an_empty_error_body_says_so_and_hints_at_the_header(serve):
     _, url = serve(replace(VLLM, rejects_request_id_header=True))
     with pytest.raises(OpenAIHttpError, match=r"HTTP 400 from .*: \(empty body\); .*drop --perf-send-request-ids"):
         engine_for(url, send_request_ids=True, prompt_format="token_ids").run(requests())
+
+
+def assert_the_html_page_is_cut_to_its_words(message: str, status: int, url: str) -> None:
+    assert f"HTTP {status}" in message and url in message
+    assert "502 Bad Gateway" in message and "did not answer & was marked down" in message
+    assert "<" not in message and "font-family" not in message and "\n" not in message
+    assert len(message) < 600, f"{len(message)} characters of a {len(HTML_ERROR_PAGE)}-character page"
+
+
+def test_an_html_error_page_from_a_completion_is_cut_to_its_words_keeping_the_status_and_url(serve):
+    _, url = serve(replace(VLLM, html_error=("/v1/completions", 502)))
+    with pytest.raises(OpenAIHttpError) as error:
+        engine_for(url, prompt_format="token_ids").run(requests())
+    assert_the_html_page_is_cut_to_its_words(str(error.value), 502, f"{url}/v1/completions")
+
+
+def test_an_html_error_page_for_the_model_list_is_cut_to_its_words_keeping_the_status_and_url(serve):
+    _, url = serve(replace(VLLM, html_error=("/v1/models", 404)))
+    with pytest.raises(OpenAIHttpError) as error:
+        engine_for(url).run(requests())
+    assert_the_html_page_is_cut_to_its_words(str(error.value), 404, f"{url}/v1/models")
 
 
 # --------------------------------------------------------------------------- 2. prompt formats

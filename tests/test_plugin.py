@@ -6,6 +6,7 @@ a "slower engine" is a longer sleep and nothing depends on this machine's speed.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import textwrap
 
@@ -278,3 +279,43 @@ def test_a_bad_slo_is_a_usage_error(project, slo, message):
     result = project.runpytest_subprocess("--perf", "--perf-slo", slo)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+SERVER_TESTS = """
+import pytest
+
+@pytest.fixture(scope="session")
+def perf_model():
+    pytest.fail("a model was loaded, though the options could never work")
+
+@pytest.mark.perf
+@pytest.mark.parametrize("batch", [1, 2, 3, 4])
+def test_engines(perf_engine_factory, perf_session, batch):
+    for name in perf_session.options.engines:
+        perf_engine_factory(name, batch_size=batch)
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--perf-engines", "openai-http", "--perf-endpoint", "not-a-url"],
+         "*--perf-endpoint*'not-a-url' is not a server's base URL; write it as http://HOST:PORT*"),
+        (["--perf-engines", "inflight,openai-http"],
+         "*--perf-engines openai-http measures a server: pass its base URL with --perf-endpoint http://HOST:PORT*"),
+        (["--perf-config", "sweep.toml"],
+         "*--perf-engines openai-http measures a server: pass its base URL with --perf-endpoint http://HOST:PORT*"),
+        (["--perf-model", "/nonexistent"], "*--perf-model: model path '/nonexistent' does not exist*"),
+    ],
+    ids=["endpoint-not-a-url", "no-endpoint", "no-endpoint-for-the-sweep", "no-such-model-directory"],
+)  # fmt: skip
+def test_options_that_cannot_work_fail_the_session_once_before_any_model_loads(pytester, args, message):
+    pytester.makepyfile(test_engines=SERVER_TESTS)
+    pytester.path.joinpath("sweep.toml").write_text(
+        "[sweep]\nengines = ['openai-http']\nbatch_sizes = [2]\noutput_lengths = [3]\nnum_requests = 2\n"
+    )
+    result = pytester.runpytest_inprocess("--perf", "--perf-profile", "smoke", "-p", "no:randomly", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = result.stdout.lines + result.stderr.lines
+    assert len(fnmatch.filter(lines, message)) == 1, "\n".join(lines)
+    assert "Traceback" not in "\n".join(lines) and not fnmatch.filter(lines, "*a model was loaded*")

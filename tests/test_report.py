@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -214,7 +215,7 @@ def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
     static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
     assert any(static_padding), "uneven lengths leave static slots idle"
 
-    result.stdout.fnmatch_lines(["report: */reports/report.html"])
+    result.stdout.fnmatch_lines(["*; results in */reports/results.json", "report: */reports/report.html"])
     reports = pytester.path / "reports"
     written = (reports / "report.html").read_text()
     assert 'id="verdict-table"' in written and 'id="timeline-figure"' in written
@@ -317,6 +318,46 @@ def test_cli_compare_refuses_unusable_samples_naming_the_file_the_test_and_the_f
     assert "overall" not in out
     assert f"{files[side]}: tests[0] ('t.py::test_a'): samples['output_throughput'] {shown}" in err
     assert "re-create it with `pytest --perf`" in err
+
+
+def unwritable_output(place: str, tmp_path: Path, monkeypatch) -> tuple[Path, str]:
+    """An ``-o`` path that cannot be written, and the words that must say why.
+
+    The tests run as root, whom a chmod'ed directory does not stop, and no
+    read-only mount is at hand: the read-only case makes writing the file
+    fail as a read-only file system does (EROFS).
+    """
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a directory should be")
+    if place == "under a file":
+        return blocker / "report.html", f"{blocker} is not a directory"
+    if place == "two levels under a file":
+        return blocker / "sub" / "report.html", f"{blocker} is not a directory"
+    if place == "a directory":
+        (tmp_path / "out").mkdir()
+        return tmp_path / "out", f"{tmp_path / 'out'} is a directory"
+    output = tmp_path / "mounted" / "report.html"
+    write_text = Path.write_text
+
+    def read_only(self, *args, **kwargs):
+        if self == output:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    return output, f"{output.parent} is on a read-only file system"
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize("place", ["under a file", "two levels under a file", "a directory", "read-only"])
+def test_cli_output_that_cannot_be_written_is_one_line_naming_the_path_and_why(
+    command, place, results_file, tmp_path, monkeypatch, capsys
+):
+    output, why = unwritable_output(place, tmp_path, monkeypatch)
+    inputs = [str(results_file)] if command == "report" else [str(results_file), str(results_file)]
+    assert main([command, *inputs, "-o", str(output)]) == 2
+    fix = "pass -o a file in a writable directory"
+    assert capsys.readouterr().err.splitlines() == [f"perfsuite: error: cannot write {output}: {why}; {fix}"]
 
 
 # -- a real browser -------------------------------------------------------------------

@@ -300,7 +300,8 @@ def open_stream(server: ServerThread, request_id: str, prompt=(5, 6, 7)) -> http
     """A streamed request that has produced its first token, left open."""
     connection = http.client.HTTPConnection(server.host, server.port, timeout=HTTP_TIMEOUT_S)
     body = {"prompt": list(prompt), "max_tokens": MAX_SEQ_LEN - len(prompt), "stream": True}
-    connection.request("POST", "/v1/completions", json.dumps(body), {"X-Request-Id": request_id})
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    connection.request("POST", "/v1/completions", json.dumps(body), headers)
     response = connection.getresponse()
     assert response.status == 200
     assert response.readline().startswith(b"data: {")

@@ -10,9 +10,11 @@ model name, several prompts in one request, and malformed bodies that must be
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import types
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -390,3 +392,36 @@ def test_malformed_bodies_are_400s_that_say_why(served, raw, says):
     error = error_of(served.url + path, raw)
     assert error["type"] == "invalid_request_error" and says in error["message"]
     assert ok(served.url + "/v1/completions", {"prompt": "still serving", "max_tokens": 2})["choices"]
+
+
+def post_as(url: str, content_type: str | None) -> tuple[int, bytes]:
+    """A JSON completion request declared as ``content_type`` (None: no Content-Type; urllib would add one)."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HTTP_TIMEOUT_S)
+    try:
+        body = json.dumps({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        connection.request("POST", parts.path, body, {"Content-Type": content_type} if content_type else {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", "Application/JSON", "application/json ; charset=UTF-8"]
+)
+def test_a_json_content_type_with_parameters_is_read(url, content_type):
+    status, raw = post_as(url, content_type)
+    assert status == 400 and b"messages" in raw, "read as JSON: the completion refuses the chat field by name"
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "application/vnd.api+json", None]
+)
+def test_a_body_not_declared_as_json_gets_415_naming_its_content_type(url, chat_url, content_type):
+    for endpoint in (url, chat_url):
+        status, raw = post_as(endpoint, content_type)
+        assert status == 415, raw
+        error = json.loads(raw)["error"]
+        assert error["type"] == "invalid_request_error" and "Content-Type: application/json" in error["message"]
+        assert (content_type or "no Content-Type") in error["message"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import stat
@@ -247,7 +248,7 @@ def test_a_path_under_a_regular_file_raises_output_error(tmp_path):
     with pytest.raises(OutputError) as error:
         storage.write_json_atomic(path, {"a": 1})
     assert_one_line_naming_the_fix(error.value, path)
-    assert f"make {path.parent} writable" in str(error.value)
+    assert f"{tmp_path / 'reports'} is not a directory; choose another directory" in str(error.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reports"]
 
 
@@ -274,6 +275,28 @@ def test_a_failed_rename_raises_output_error_and_leaves_no_temporary_file(tmp_pa
         storage.write_text_atomic(target, "{}")
     assert_one_line_naming_the_fix(error.value, target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+@pytest.mark.parametrize(
+    ("code", "why", "fix"),
+    [
+        (errno.ENOTDIR, "{blocker} is not a directory", "choose another"),
+        (errno.EEXIST, "{blocker} is not a directory", "choose another"),
+        (errno.EISDIR, "{path} is a directory", "choose another"),
+        (errno.EROFS, "{directory} is on a read-only file system", "choose another"),
+        (errno.EACCES, "Permission denied", "make {directory} writable or choose another"),
+        (errno.EPERM, "Operation not permitted", "make {directory} writable or choose another"),
+        (errno.ENOSPC, "No space left on device", "free space on the disk of {directory} or choose another"),
+    ],
+)
+def test_why_a_file_cannot_be_written_is_said_in_words_with_its_fix(tmp_path, code, why, fix):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a directory should be")
+    path = blocker / "sub" / "results.json" if why.startswith("{blocker}") else tmp_path / "reports" / "results.json"
+    names = {"blocker": blocker, "path": path, "directory": path.parent}
+    error = OSError(code, os.strerror(code), str(path.parent / ".results.json.pid1.x.tmp"))
+    message = storage.cannot_write_message(path, error, "choose another directory")
+    assert message == f"cannot write {path}: {why.format(**names)}; {fix.format(**names)} directory"
 
 
 def test_a_full_disk_asks_for_space(tmp_path, monkeypatch):

@@ -8,13 +8,15 @@ each choice does on the wire.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 PROMPT_FORMATS = ("auto", "token_ids", "text")
 EOS_CONTROLS = ("ignore_eos", "min_tokens", "both")
 APIS = ("completions", "chat")
 API_KEY_VARIABLES = ("PERFSUITE_API_KEY", "OPENAI_API_KEY")  # read in this order when no key is given
+SERVER_ENGINE = "openai-http"  # the engine these options drive; it measures the server at the endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +69,27 @@ def api_key_from_environment(environ: Mapping[str, str] = os.environ) -> str | N
         if environ.get(name):
             return environ[name]
     return None
+
+
+def endpoint_url(text: str) -> str:
+    """``text`` stripped, when it is a server's base URL (http or https, a host, optionally a path); else ValueError.
+
+    The one check of ``--perf-endpoint`` and ``perfsuite run --endpoint``, made
+    while their arguments are parsed, before a model loads.
+    """
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(
+            f"{text!r} is not a server's base URL; write it as http://HOST:PORT, e.g. http://127.0.0.1:8000 "
+            "(optionally ending in /v1)"
+        )
+    return text.strip()
+
+
+def check_endpoint(engines: Sequence[str], endpoint: str | None) -> None:
+    """ValueError when ``engines`` include the server's client but no ``endpoint`` says where the server is."""
+    if SERVER_ENGINE in engines and not endpoint:
+        raise ValueError(
+            f"--perf-engines {SERVER_ENGINE} measures a server: pass its base URL with --perf-endpoint "
+            "http://HOST:PORT (e.g. where `perfsuite serve` or vLLM listens)"
+        )

@@ -57,7 +57,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.adapters.error_body import error_message
+from perfsuite.adapters.http_options import SERVER_ENGINE, HttpClientOptions, check_endpoint, endpoint_url
 from perfsuite.adapters.openai_payload import TEXT, TOKEN_IDS, Detokenize, PayloadBuilder, detokenizer
 from perfsuite.adapters.openai_stream import (
     OpenAIHttpError,
@@ -66,7 +67,6 @@ from perfsuite.adapters.openai_stream import (
     SendTimes,
     ServerRejectedError,
     StreamState,
-    error_message,
     to_record,
 )
 from perfsuite.adapters.output_lengths import (
@@ -107,11 +107,7 @@ _REJECTION_STATUSES = (400, 415, 422)
 
 
 def build(backend: Backend, config: EngineConfig) -> OpenAIHttpEngine:
-    if not backend.endpoint:
-        raise ValueError(
-            "the openai-http engine needs the base URL of an OpenAI-compatible server: pass "
-            "--perf-endpoint http://HOST:PORT (e.g. where `perfsuite serve` or vLLM listens)"
-        )
+    check_endpoint((SERVER_ENGINE,), backend.endpoint)
     return OpenAIHttpEngine(
         backend.endpoint,
         config.batch_size,
@@ -130,12 +126,10 @@ def _text_tokenizer(backend: Backend) -> Callable[[str], Sequence[int]]:
 
 def base_url(endpoint: str) -> str:
     """``endpoint`` without a trailing ``/`` or ``/v1``; a clear error for anything but an http(s) URL."""
-    parts = urlsplit(endpoint.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        raise ValueError(
-            f"--perf-endpoint {endpoint!r} is not a server's base URL; write it as http://HOST:PORT "
-            "(optionally ending in /v1)"
-        )
+    try:
+        parts = urlsplit(endpoint_url(endpoint))
+    except ValueError as error:
+        raise ValueError(f"--perf-endpoint {error}") from None
     path = parts.path.rstrip("/").removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"
 

@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from perfsuite.adapters.error_body import error_message
 from perfsuite.engine.types import FinishReason, Request, RequestRecord
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
@@ -184,14 +185,3 @@ def _record(
         send_ready_time=received.send_times.ready if received.send_times else None,
         sent_time=received.send_times.sent if received.send_times else None,
     )
-
-
-def error_message(body: str) -> str:
-    """The ``error.message`` of an OpenAI-style error body, else the body itself (shortened)."""
-    if not body.strip():
-        return "(empty body)"
-    try:
-        error = json.loads(body)["error"]
-        return str(error["message"] if isinstance(error, dict) else error)
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return body.strip()[:500]

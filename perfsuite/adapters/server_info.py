@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from perfsuite.adapters.error_body import error_message, shown_body
+
 DEFAULT_TIMEOUT_S = 30.0
 
 # Where servers put the longest prompt + output they accept: vLLM and perfsuite serve use the first.
@@ -100,17 +102,17 @@ def fetch_server_info(base_url: str, *, api_key: str | None = None, timeout_s: f
             raw = response.read()
     except urllib.error.HTTPError as error:
         hint = " (pass the server's key with --perf-api-key)" if error.code in (401, 403) else ""
-        raise ServerInfoError(f"GET {url} answered HTTP {error.code}{hint}: {_text(error.read())}") from None
+        reason = error_message(_decoded(error.read()))
+        raise ServerInfoError(f"GET {url} answered HTTP {error.code}{hint}: {reason}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise ServerInfoError(f"cannot reach the server at {url}: {reason}; is it running? (--perf-endpoint)") from None
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ServerInfoError(f"GET {url} did not answer JSON: {_text(raw)}") from None
+        raise ServerInfoError(f"GET {url} did not answer JSON: {shown_body(_decoded(raw))}") from None
     return parse_models(base_url, body)
 
 
-def _text(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="replace").strip()
-    return text[:300] if text else "(empty body)"
+def _decoded(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")

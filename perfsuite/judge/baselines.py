@@ -73,6 +73,7 @@ _DEAD_WRITER_GRACE_SECONDS = 60
 # Old-format leftovers name no writer; none takes ten minutes to write a JSON file.
 _UNKNOWN_WRITER_STALE_SECONDS = 600
 _FULL_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_ELSEWHERE = "choose another directory (--perf-report-dir / --perf-baseline-dir)"
 
 
 class BaselineError(RuntimeError):
@@ -300,7 +301,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         _remove_stale_temporary_files(path.parent)
         _write_and_replace(path, text)
     except OSError as error:
-        raise OutputError(_cannot_write_message(path, error)) from error
+        raise OutputError(cannot_write_message(path, error, _ELSEWHERE)) from error
     _fsync_directory(path.parent)
 
 
@@ -318,14 +319,33 @@ def _write_and_replace(path: Path, text: str) -> None:
         raise
 
 
-def _cannot_write_message(path: Path, error: OSError) -> str:
+def cannot_write_message(path: Path, error: OSError, instead: str) -> str:
+    """One line: the file, why it cannot be written (in words, not the OS's errno), and the fix.
+
+    The OS names whichever file it failed on (a temporary file, a parent it
+    tried to create); the message names ``path``, the one the user chose.
+    """
     directory = path.parent
+    if error.errno in (errno.ENOTDIR, errno.EEXIST):  # EEXIST: mkdir found a file where a directory goes
+        return f"cannot write {path}: {_file_in_the_way(path)} is not a directory; {instead}"
+    if error.errno == errno.EISDIR:
+        return f"cannot write {path}: {path} is a directory; {instead}"
+    if error.errno == errno.EROFS:
+        return f"cannot write {path}: {directory} is on a read-only file system; {instead}"
     if error.errno in _FULL_DISK_ERRNOS:
         fix = f"free space on the disk of {directory}"
     else:
         fix = f"make {directory} writable"
-    reason = " ".join(str(error).split())  # one line, whatever the OS said
-    return f"cannot write {path}: {reason}; {fix} or choose another directory (--perf-report-dir / --perf-baseline-dir)"
+    reason = error.strerror or " ".join(str(error).split())  # one line, whatever the OS said
+    return f"cannot write {path}: {reason}; {fix} or {instead}"
+
+
+def _file_in_the_way(path: Path) -> Path:
+    """The nearest existing ancestor of ``path``: a file where a directory should be."""
+    for parent in path.parents:
+        if parent.exists():
+            return parent
+    return path.parent
 
 
 def _fsync_directory(directory: Path) -> None:

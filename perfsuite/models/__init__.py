@@ -30,7 +30,14 @@ from perfsuite.models.cache import (
 )
 from perfsuite.models.gguf import load_gguf_model, smollm2_gguf_path
 from perfsuite.models.load import LoadedModel, load_model, model_config, parse_dtype
-from perfsuite.models.spec import DEFAULT_MODEL, KNOWN_MODELS, ModelLoadError, ModelSpec, resolve_model_spec
+from perfsuite.models.spec import (
+    DEFAULT_MODEL,
+    KNOWN_MODELS,
+    ModelLoadError,
+    ModelSpec,
+    check_model_path,
+    resolve_model_spec,
+)
 from perfsuite.models.tokenizer import build_byte_tokenizer
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "build_byte_tokenizer",
     "cache_is_valid",
     "cache_root",
+    "check_model_path",
     "load_gguf_model",
     "load_model",
     "model_config",

@@ -129,6 +129,19 @@ def resolve_model_spec(name_or_path: str | os.PathLike[str] | ModelSpec) -> Mode
     return _local_spec(text)
 
 
+def check_model_path(name_or_path: str) -> None:
+    """``resolve_model_spec``'s ValueError for a model named by a path it cannot load; loads nothing.
+
+    A path is what ``resolve_model_spec`` reads as one: not a known name, and
+    either written as a path (a separator, a leading ``.`` or ``~``) or naming
+    something that exists. Other names pass: a caller's own loader may know them.
+    """
+    if name_or_path.strip().lower() in KNOWN_MODELS:
+        return
+    if _looks_like_path(name_or_path) or Path(name_or_path).expanduser().exists():
+        resolve_model_spec(name_or_path)
+
+
 def _local_spec(text: str) -> ModelSpec:
     path = Path(text).expanduser()
     if path.exists():

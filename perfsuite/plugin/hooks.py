@@ -19,8 +19,8 @@ from perfsuite.judge.baselines import OutputError
 from perfsuite.plugin.gpu_workers import WORKER_GPU_KEY, GpuAssignment, GpuAssignmentError, gpus_for_workers, pin_worker
 from perfsuite.plugin.options import add_options, read_options
 from perfsuite.plugin.session import PerfSession
-from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_KEY, SESSION_KEY
-from perfsuite.plugin.terminal import write_summary
+from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_KEY, RESULTS_KEY, SESSION_KEY
+from perfsuite.plugin.terminal import WrittenFiles, write_summary
 
 WORKER_OUTPUT_KEY = "perfsuite"
 SKIP_REASON = "perf test: run it with `pytest --perf` (see docs/writing-perf-tests.md)"
@@ -97,8 +97,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.workeroutput[WORKER_OUTPUT_KEY] = perf_session.worker_output()
         return
     try:
-        perf_session.finish()
-        if perf_session.results:
+        results_path = perf_session.finish()
+        if results_path is not None:
+            config.stash[RESULTS_KEY] = results_path
             from perfsuite.report.render import write_report  # jinja2 and matplotlib: only a --perf run pays
 
             config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
@@ -181,8 +182,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     if perf_session.results:
         terminalreporter.section("perfsuite")
-    report, output_error = config.stash.get(REPORT_KEY, None), config.stash.get(OUTPUT_ERROR_KEY, None)
-    write_summary(terminalreporter.write_line, perf_session, report, output_error)
+    written = WrittenFiles(config.stash.get(RESULTS_KEY, None), config.stash.get(REPORT_KEY, None))
+    write_summary(terminalreporter.write_line, perf_session, written, config.stash.get(OUTPUT_ERROR_KEY, None))
 
 
 # -- fixtures ---------------------------------------------------------------

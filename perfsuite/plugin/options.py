@@ -18,9 +18,11 @@ from perfsuite.adapters.http_options import (
     PROMPT_FORMATS,
     HttpClientOptions,
     api_key_from_environment,
+    check_endpoint,
+    endpoint_url,
 )
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
-from perfsuite.argtypes import engine_names, fraction, integer_at_least, number, one_of, probability
+from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, number, one_of, probability
 from perfsuite.engine.types import DECODE_MODES
 from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
@@ -116,7 +118,8 @@ _OPTIONS = (
     ("perf_engines", engine_names, ",".join(DEFAULT_ENGINES),
      "comma-separated engines to measure: static, inflight, paged, hf-static, hf-cb, openai-http, vllm (where vLLM "
      "is installed) or one registered by a conftest.py or an entry point"),
-    ("perf_endpoint", str, None, "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
+    ("perf_endpoint", argument_type(endpoint_url), None,
+     "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
     ("perf_server_label", server_label, None,
      "what the server is, e.g. vllm-0.32-cpu: part of the fingerprint its baselines are stored under"),
     ("perf_server_model", str, None, "the served model openai-http asks for (default: the only one served)"),
@@ -256,6 +259,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
     if min_effect is None:
         min_effect = PAIRED_MIN_EFFECT if against is not None else STORED_MIN_EFFECT
     sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
+    if enabled:
+        _check_what_the_tests_need(values, sweep)
     profile = PROFILES[values["perf_profile"]]
     rootdir = Path(config.rootpath)
     return PerfOptions(
@@ -309,6 +314,24 @@ def _check_against(config: pytest.Config, ref: str, save_baseline: bool, engines
         raise pytest.UsageError(
             f"--perf-against {ref}: one pair of workers per session (two model copies); drop -n/--dist"
         )
+
+
+def _check_what_the_tests_need(values: dict, sweep: Sweep | None) -> None:
+    """The model directory and the server's URL, checked once here rather than failing every test that needs them.
+
+    Only for ``--perf``: a plain run measures nothing, so an ini file may name
+    a model directory or server engine that only the perf job has.
+    """
+    from perfsuite.models import check_model_path
+
+    try:
+        check_model_path(values["perf_model"])
+    except ValueError as error:
+        raise pytest.UsageError(f"--perf-model: {error}") from None
+    try:
+        check_endpoint((*values["perf_engines"], *(sweep.engines if sweep else ())), values["perf_endpoint"])
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _http_client_options(config: pytest.Config, values: dict) -> HttpClientOptions:

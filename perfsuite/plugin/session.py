@@ -273,15 +273,21 @@ class PerfSession:
         """A test failed before its result was recorded (a corrupt baseline): results.json names it."""
         self.unrecorded.append(f"{test_id}: no result recorded: {reason}")
 
-    def finish(self) -> None:
-        """Adjust the whole session's p-values together and write results.json.
+    @property
+    def results_path(self) -> Path:
+        return self.options.report_dir / "results.json"
 
-        Also when no test was recorded but one failed trying: a results.json left
+    def finish(self) -> Path | None:
+        """Adjust the whole session's p-values together and write results.json; its path, None when not written.
+
+        Also written when no test was recorded but one failed trying: a results.json left
         from an earlier session would pass for this one's.
         """
         self.results = self.adjusted_results()
-        if self.results or self.unrecorded:
-            write_results(self.options.report_dir / "results.json", self.document())
+        if not self.results and not self.unrecorded:
+            return None
+        write_results(self.results_path, self.document())
+        return self.results_path
 
     def adjusted_results(self) -> list[TestResult]:
         """Every result with the session-wide adjustment; what it newly flags goes to ``late_regressions``."""

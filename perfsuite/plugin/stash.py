@@ -16,6 +16,7 @@ from perfsuite.plugin.session import PerfSession
 
 SESSION_KEY = pytest.StashKey[PerfSession]()
 GPU_ASSIGNMENT_KEY = pytest.StashKey[GpuAssignment]()  # pytest-xdist's controller: which worker holds which GPU
+RESULTS_KEY = pytest.StashKey[Path]()  # results.json, once written at session end
 REPORT_KEY = pytest.StashKey[Path]()  # the HTML report written at session end
 OUTPUT_ERROR_KEY = pytest.StashKey[str]()  # why results.json or a baseline could not be written
 

@@ -9,6 +9,7 @@ than widening every row of the verdict table.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from perfsuite.judge.stats import Verdict
@@ -20,8 +21,16 @@ VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI"
 PAIRED_COLUMNS = ["test", "metric", "A: REF", "B: current", "pair ratio", "ratio CI", "p (BH)", "MDE", "verdict"]
 
 
+@dataclass(frozen=True, slots=True)
+class WrittenFiles:
+    """What the session wrote at its end: None where a file could not be written (or nothing was to be)."""
+
+    results: Path | None
+    report: Path | None
+
+
 def write_summary(
-    write: Callable[..., None], perf_session: PerfSession, report: Path | None, output_error: str | None
+    write: Callable[..., None], perf_session: PerfSession, written: WrittenFiles, output_error: str | None
 ) -> None:
     """The verdict table, the warnings and late regressions, and where the results and report are."""
     if perf_session.results:
@@ -47,10 +56,16 @@ def write_summary(
     write(
         f"profile {options.profile.name}, {perf_session.repeats} repeats, alpha {options.policy.alpha} "
         f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "
-        f"min effect {options.policy.min_effect:.0%}; results in {options.report_dir / 'results.json'}"
+        f"min effect {options.policy.min_effect:.0%}; {_where_the_results_are(perf_session, written)}"
     )
-    if report is not None:
-        write(f"report: {report}")
+    if written.report is not None:
+        write(f"report: {written.report}")
+
+
+def _where_the_results_are(perf_session: PerfSession, written: WrittenFiles) -> str:
+    if written.results is not None:
+        return f"results in {written.results}"
+    return f"nothing written to {perf_session.results_path} (see the error above)"
 
 
 def verdict_rows(results: Sequence[TestResult]) -> list[list]:

@@ -26,7 +26,8 @@ the served name gets a 404, as from vLLM.
 
 Every error is answered in OpenAI's shape, from one middleware; malformed
 bodies (bad UTF-8 or JSON, lone surrogates, deep nesting, huge integers) are
-400s (``json_body``).
+400s, and a body not declared ``application/json`` is a 415, as from vLLM
+(``json_body``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from perfsuite.serve.completion_request import (
 )
 from perfsuite.serve.detokenizer import IncrementalDetokenizer
 from perfsuite.serve.errors import ApiError, EngineFailure, invalid_request
-from perfsuite.serve.json_body import parse_json_body
+from perfsuite.serve.json_body import check_json_content_type, parse_json_body
 from perfsuite.serve.limits import ServeLimits
 from perfsuite.serve.responses import CompletionEnvelope, sse_event
 from perfsuite.serve.worker import EngineWorker, TokenStream
@@ -309,6 +310,7 @@ class _Choices:
 
 
 async def _read_body(http_request: web.Request) -> object:
+    check_json_content_type(http_request.headers.get("Content-Type"))
     return parse_json_body(await http_request.read())
 
 

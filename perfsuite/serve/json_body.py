@@ -1,5 +1,13 @@
 """Reading a request body as JSON, with a 400 that names the problem for every malformed input.
 
+A body is read only when its ``Content-Type`` is ``application/json`` (any
+parameters, such as ``charset``, in any case); anything else, a missing
+header included, is a 415. That is vLLM's rule (its ``validate_json_request``
+compares the media type with ``application/json`` and refuses an absent
+one), kept here so that a client that works against ``perfsuite serve``
+works against vLLM too. FastAPI alone would also take ``application/*+json``
+and a body without the header.
+
 ``json.loads`` alone turns some inputs into errors that are not ``JSONDecodeError``
 (and so became 500s): nesting deep enough to exhaust the recursion limit
 (``RecursionError``), an integer longer than Python converts (``ValueError``),
@@ -11,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from perfsuite.serve.errors import invalid_request
+from perfsuite.serve.errors import ApiError, invalid_request
 
 MAX_INTEGER_DIGITS = 20  # any count or token id fits; 2**64 has 20 digits
 MAX_NESTING = 32  # a chat request nests objects about 4 deep
@@ -19,6 +27,17 @@ MAX_NESTING = 32  # a chat request nests objects about 4 deep
 
 class _IntegerTooLong(ValueError):
     pass
+
+
+JSON_MEDIA_TYPE = "application/json"
+
+
+def check_json_content_type(content_type: str | None) -> None:
+    """``ApiError`` (415) unless ``content_type`` (the header's value, None when absent) declares JSON."""
+    if content_type is not None and content_type.split(";", 1)[0].strip().lower() == JSON_MEDIA_TYPE:
+        return
+    declared = f"Content-Type {content_type!r}" if content_type is not None else "no Content-Type"
+    raise ApiError(415, f"send the request body as JSON with Content-Type: {JSON_MEDIA_TYPE}; this one has {declared}")
 
 
 def parse_json_body(raw: bytes) -> object:
