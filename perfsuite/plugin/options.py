@@ -112,14 +112,15 @@ _HTTP_DEFAULTS = HttpClientOptions()
 
 # name, parse, default, help: each also an ini key of the same name; default as it would be written there
 _OPTIONS = (
-    ("perf_model", str, "smollm2-135m", "model name or local Hugging Face directory"),
+    ("perf_model", str, "smollm2-135m",
+     "model name or local Hugging Face directory (a path that does not exist or cannot be loaded is a usage error)"),
     ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
     ("perf_engines", engine_names, ",".join(DEFAULT_ENGINES),
      "comma-separated engines to measure: static, inflight, paged, hf-static, hf-cb, openai-http, vllm (where vLLM "
      "is installed) or one registered by a conftest.py or an entry point"),
     ("perf_endpoint", argument_type(endpoint_url), None,
-     "base URL of an OpenAI-compatible server, for --perf-engines openai-http"),
+     "base URL (http://HOST:PORT) of an OpenAI-compatible server, needed by --perf-engines openai-http"),
     ("perf_server_label", server_label, None,
      "what the server is, e.g. vllm-0.32-cpu: part of the fingerprint its baselines are stored under"),
     ("perf_server_model", str, None, "the served model openai-http asks for (default: the only one served)"),
