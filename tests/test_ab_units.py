@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import perfsuite
 from perfsuite.ab import wire
 from perfsuite.ab.pair import (
     ABRunner,
@@ -23,7 +25,7 @@ from perfsuite.ab.pair import (
     pair_workers,
 )
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
-from perfsuite.ab.workers import EngineSpec, Side, SideRunner, WorkerError
+from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 
 LOAD = wire.Load("tiny-random", "cpu", "float32", "packed")
@@ -248,8 +250,8 @@ def test_the_current_tree_as_ref_path_and_a_missing_path_are_refused(repo, tmp_p
 def test_a_directory_with_no_perfsuite_package_is_not_a_checkout(repo, tmp_path):
     plain = tmp_path / "plain"
     (plain / "src").mkdir(parents=True)
-    with pytest.raises(ReferenceError) as error:
-        prepare_trees(str(plain), repo, invocation_dir=tmp_path)
+    with pytest.raises(ReferenceError) as error:  # from perfsuite's own tree: REF must be a perfsuite too
+        prepare_trees(str(plain), repo / "project", invocation_dir=tmp_path)
     assert f"--perf-against {plain}: {plain} is not a perfsuite checkout (no perfsuite/ package" in str(error.value)
     assert "give a git ref or the path of another perfsuite checkout" in str(error.value)
 
@@ -257,9 +259,69 @@ def test_a_directory_with_no_perfsuite_package_is_not_a_checkout(repo, tmp_path)
 def test_a_commit_with_no_perfsuite_package_in_the_folder_is_refused(repo, tmp_path):
     git(repo, "mv", "project/perfsuite", "project/renamed")
     git(repo, "commit", "-q", "-m", "three")
+    git(repo, "checkout", "-q", "HEAD~1", "--", "project/perfsuite")  # the current tree is perfsuite's, REF is not
     with pytest.raises(ReferenceError, match=r"HEAD: [0-9a-f]{12} has no perfsuite/ package in project/"):
         prepare_trees("HEAD", repo / "project", invocation_dir=tmp_path)
     assert not list(Path(tempfile.gettempdir()).glob(f"perfsuite-ab-{git(repo, 'rev-parse', 'HEAD')[:12]}-*"))
+
+
+@pytest.fixture
+def project_repo(tmp_path) -> Path:
+    """A project that installs perfsuite rather than holding it: an engine package of its own, two commits."""
+    root = tmp_path / "outside"
+    (root / "src" / "my_engine").mkdir(parents=True)
+    (root / "src" / "my_engine" / "__init__.py").write_text("VERSION = 1\n")
+    git(root.parent, "init", "-q", "-b", "main", str(root))
+    git(root, "config", "user.email", "t@example.invalid")
+    git(root, "config", "user.name", "t")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "one")
+    (root / "src" / "my_engine" / "__init__.py").write_text("VERSION = 2\n")
+    git(root, "commit", "-q", "-am", "two")
+    return root
+
+
+def test_a_project_that_installs_perfsuite_compares_its_own_code_and_both_sides_use_the_installed_one(
+    project_repo, tmp_path
+):
+    trees = prepare_trees("HEAD~1", project_repo, invocation_dir=tmp_path)
+    try:
+        assert not trees.perfsuite_in_trees
+        assert (trees.reference / "src" / "my_engine" / "__init__.py").read_text() == "VERSION = 1\n"
+        installed = Path(perfsuite.__file__).resolve().parent.parent
+        pair = ABRunner(trees, LOAD, timeout=1.0, start=lambda side: side)
+        sides = [runner.side for runner in (*pair.references, *pair.currents)]
+        assert {side.perfsuite_home for side in sides} == {installed}
+        assert {side.tree for side in sides} == {trees.reference, trees.current}
+    finally:
+        trees.remove()
+
+
+def hello_from(perfsuite_file: Path) -> wire.Hello:
+    return wire.Hello(wire.PROTOCOL_VERSION, str(perfsuite_file.parent), str(perfsuite_file), 1, sys.executable)
+
+
+def test_a_project_side_must_import_the_installed_perfsuite_not_one_in_its_tree(tmp_path):
+    installed = tmp_path / "site-packages"
+    side = Side("A", "REF HEAD~1", tmp_path / "tree", perfsuite_from=installed)
+    worker = object.__new__(Worker)  # the check alone, without a process
+    worker.side = side
+    worker.hello = hello_from(installed / "perfsuite" / "__init__.py")
+    worker._check_tree()
+    worker.hello = hello_from(tmp_path / "tree" / "perfsuite" / "__init__.py")
+    with pytest.raises(WorkerError, match="not the installed one the session runs"):
+        worker._check_tree()
+
+
+def test_a_project_checkout_is_a_ref_but_an_empty_directory_is_not(project_repo, tmp_path):
+    other = tmp_path / "other-checkout"
+    shutil.copytree(project_repo, other)
+    trees = prepare_trees(str(other), project_repo, invocation_dir=tmp_path)
+    assert trees.reference == other.resolve() and not trees.perfsuite_in_trees
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ReferenceError, match=f"--perf-against {empty}: {empty} is empty"):
+        prepare_trees(str(empty), project_repo, invocation_dir=tmp_path)
 
 
 def test_sigterm_to_a_session_that_laid_out_ref_removes_the_snapshot(repo, tmp_path):

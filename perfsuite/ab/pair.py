@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+import perfsuite
 
 from perfsuite.ab import wire
 from perfsuite.ab.trees import Trees
@@ -81,9 +84,14 @@ class ABRunner:
             raise ValueError(f"workers_per_side must be >= 1, got {workers_per_side}")
         self.trees = trees
 
+        # A project that installs perfsuite: both sides run this perfsuite, over the two trees of the project.
+        installed = None if trees.perfsuite_in_trees else Path(perfsuite.__file__).resolve().parent.parent
+
         def sides(label: str, description: str, tree) -> tuple[SideRunner, ...]:
             numbers = range(1, workers_per_side + 1) if workers_per_side > 1 else (None,)
-            return tuple(SideRunner(Side(label, description, tree, number), load, timeout, start) for number in numbers)
+            return tuple(
+                SideRunner(Side(label, description, tree, number, installed), load, timeout, start) for number in numbers
+            )
 
         self.currents = sides(CURRENT, "the current tree", trees.current)
         self.references = sides(REFERENCE, f"REF {trees.reference_label}", trees.reference)

@@ -8,6 +8,14 @@ behind in the repository (no ``.git/worktrees`` entry for a killed session
 to leave stale) and works in a shallow clone. Either way the tree a worker
 imports from is the matching folder of the snapshot: a project in a
 sub-folder of its repository finds its sub-folder there.
+
+Two kinds of project use it. In perfsuite's own repository both trees hold
+``perfsuite/`` and each worker imports perfsuite from its tree. In a project
+that only installs perfsuite (an engine of its own, registered by entry
+point), neither tree holds it: both workers import the installed perfsuite,
+and the trees differ only in the project's own code, which each worker
+imports from its tree. A REF without ``perfsuite/`` in perfsuite's own
+repository is neither, and is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Trees:
     reference: Path
     current_commit: str | None
     snapshot: Path | None  # the temporary directory to remove at the end; None for a user's checkout
+    perfsuite_in_trees: bool = True  # False: a project that installs perfsuite; both sides import that one
 
     @property
     def reference_label(self) -> str:
@@ -79,13 +88,13 @@ def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
     if not reference.is_dir():
         shutil.rmtree(snapshot, ignore_errors=True)
         raise ReferenceError(f"--perf-against {ref}: {commit[:12]} has no {folder}/ folder")
-    if not holds_perfsuite(reference):
+    if holds_perfsuite(rootdir) and not holds_perfsuite(reference):
         shutil.rmtree(snapshot, ignore_errors=True)
         raise ReferenceError(
             f"--perf-against {ref}: {commit[:12]} has no perfsuite/ package in {folder}/ (nor in its src/); "
             "give a commit of perfsuite"
         )
-    return Trees(ref, commit, rootdir, reference, current_commit, snapshot)
+    return Trees(ref, commit, rootdir, reference, current_commit, snapshot, perfsuite_in_trees=holds_perfsuite(rootdir))
 
 
 def holds_perfsuite(tree: Path) -> bool:
@@ -98,14 +107,17 @@ def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | No
         raise ReferenceError(f"--perf-against {ref}: no such directory ({path}); give a git ref or a checkout's path")
     if path == current:
         raise ReferenceError(f"--perf-against {ref}: that is the current tree itself; give another checkout or a ref")
-    if not holds_perfsuite(path):
+    in_trees = holds_perfsuite(current)
+    if in_trees and not holds_perfsuite(path):
         raise ReferenceError(
             f"--perf-against {ref}: {path} is not a perfsuite checkout (no perfsuite/ package in it or its src/); "
             "give a git ref or the path of another perfsuite checkout"
         )
+    if not in_trees and not any(path.iterdir()):
+        raise ReferenceError(f"--perf-against {ref}: {path} is empty; give a git ref or another checkout's path")
     toplevel = _git(path, "rev-parse", "--show-toplevel")
     commit = _git(path, "rev-parse", "HEAD") if toplevel else None
-    return Trees(ref, commit, current, path, current_commit, None)
+    return Trees(ref, commit, current, path, current_commit, None, perfsuite_in_trees=in_trees)
 
 
 def _looks_like_path(ref: str) -> bool:

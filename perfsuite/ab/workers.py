@@ -42,6 +42,11 @@ class Side:
     description: str  # "REF origin/main (3f2a9c1)", "the current tree"
     tree: Path
     number: int | None = None  # which of the side's workers, when it has several
+    perfsuite_from: Path | None = None  # where its perfsuite must come from; None: its tree
+
+    @property
+    def perfsuite_home(self) -> Path:
+        return (self.perfsuite_from or self.tree).resolve()
 
     def __str__(self) -> str:
         number = "" if self.number is None else f"#{self.number}"
@@ -160,11 +165,17 @@ class Worker:
 
     def _check_tree(self) -> None:
         imported = Path(self.hello.perfsuite_file)
-        if self.side.tree.resolve() not in imported.parents:
+        if self.side.perfsuite_home in imported.parents:
+            return
+        if self.side.perfsuite_from is not None:
             raise WorkerError(
-                f"worker {self.side} imported perfsuite from {imported}, not from its tree {self.side.tree}: "
-                "something ahead of sys.path (a .pth file, PYTHONPATH) shadows the tree"
+                f"worker {self.side} imported perfsuite from {imported}, not the installed one the session runs "
+                f"({self.side.perfsuite_from}): its tree holds a perfsuite/ of its own; remove it or run from it"
             )
+        raise WorkerError(
+            f"worker {self.side} imported perfsuite from {imported}, not from its tree {self.side.tree}: "
+            "something ahead of sys.path (a .pth file, PYTHONPATH) shadows the tree"
+        )
 
 
 @dataclass(frozen=True, slots=True)
