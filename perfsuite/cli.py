@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
     _add_report_commands(commands)
     _add_serve_command(commands)
+    _add_init_command(commands)
     return parser
 
 
@@ -174,18 +175,40 @@ def _add_serve_command(commands) -> None:
     serve.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
 
 
+def _add_init_command(commands) -> None:
+    init = commands.add_parser(
+        "init",
+        help="write a starter conftest.py, perf test, equivalence test and CI workflow into your project",
+        description="Write conftest.py (how to register your engine), tests/test_perf.py, tests/test_equivalence.py "
+        "and .github/workflows/perf.yml (A/B against the base branch on pull requests) into DIR. Refuses, writing "
+        "nothing, when any of them exists.",
+    )
+    init.add_argument("directory", type=Path, nargs="?", default=Path("."), help="your project's root (.)")
+    init.add_argument("--engine", default="my-engine", help="the name your engine is registered under (my-engine)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         _check_run_arguments(args.command_parser, args)
-    commands = {"run": _run, "report": _report, "compare": _compare, "serve": _serve}
+    commands = {"run": _run, "report": _report, "compare": _compare, "serve": _serve, "init": _init}
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
         message = _in_run_flags(str(error)) if args.command == "run" else str(error)
         print(f"perfsuite: error: {message}", file=sys.stderr)
         return 2
+
+
+def _init(args: argparse.Namespace) -> int:
+    from perfsuite.scaffold import write_project
+
+    for path in write_project(args.directory, args.engine):
+        print(f"wrote {path}")
+    print(f"next: register {args.engine!r} (conftest.py says how), then `pytest --perf --perf-model tiny-random "
+          "--perf-profile smoke` and `pytest tests/test_equivalence.py`")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
