@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHIPPED_PERF_TESTS = Path(__file__).parent / "perf"
+SHIPPED_PERF_TESTS = Path(__file__).parents[1] / "perfsuite" / "suites"
 
 
 def run_shipped_smoke_session(pytester, *extra_args, conftest_addition: str = ""):
