@@ -2,9 +2,11 @@
 
 A test of the running project is known by its pytest nodeid, which is relative
 to the rootdir. The shipped suite (``perfsuite.suites``) runs from wherever
-perfsuite is installed, often outside the rootdir, where its nodeid would say
-only where the package happens to lie. Its tests are known instead by their
-path inside the package, ``perfsuite/suites/test_throughput.py::test_throughput[static-B4-uniform]``:
+perfsuite is installed, often outside the rootdir, where pytest makes its
+nodeids relative to the package directory (``test_throughput.py::...``), the
+same as a project's own ``test_throughput.py`` would have. Its tests are known
+instead by their path inside the package,
+``perfsuite/suites/test_throughput.py::test_throughput[static-B4-uniform]``:
 the same id in perfsuite's checkout (where it is also the nodeid, and the
 shipped baselines are stored under it) and in any project that runs the suite.
 """
