@@ -59,13 +59,14 @@ lock:
 	mv "$$tmp/constraints.txt" constraints.txt; \
 	echo "make lock: wrote constraints.txt ($$(wc -l < "$$tmp/pins") pins); \`git diff constraints.txt\` shows what moved"
 
-# The main job: the shipped perf tests on SmolLM2, ci profile, against baselines/.
+# The main job: the shipped perf suite (perfsuite/suites, as any project runs it) on SmolLM2, ci profile,
+# against baselines/.
 perf: $(STAMP)
-	$(BIN)/python -m pytest tests/perf --perf $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --pyargs perfsuite.suites --perf $(PYTEST_ARGS)
 
 # Record this machine's baselines for the ci profile (commit them deliberately).
 baselines: $(STAMP)
-	$(BIN)/python -m pytest tests/perf --perf --perf-save-baseline $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --pyargs perfsuite.suites --perf --perf-save-baseline $(PYTEST_ARGS)
 
 run: $(STAMP)
 	$(BIN)/perfsuite run

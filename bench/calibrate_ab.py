@@ -5,7 +5,7 @@
     .venv/bin/python bench/calibrate_ab.py --model tiny-random --profile smoke --rounds 1 \
         -- --perf-busy-threshold 0.99                                   # plumbing only; its numbers mean nothing
 
-What it runs. Whole ``pytest tests/perf --perf`` sessions, as subprocesses,
+What it runs. Whole ``pytest perfsuite/suites --perf`` sessions, as subprocesses,
 each in a tree laid out from this repository's HEAD (``git archive``), in
 three modes:
 
@@ -156,7 +156,7 @@ def _archive_head(into: Path) -> None:
 
 def pytest_command(args, mode: str, trees: dict[str, Path], work: Path, report_dir: Path, *, save=False) -> list[str]:
     repeats = args.repeats * (2 if mode == "stored-2x" else 1)
-    command = [sys.executable, "-m", "pytest", "tests/perf", "--perf", "--perf-model", args.model,
+    command = [sys.executable, "-m", "pytest", "perfsuite/suites", "--perf", "--perf-model", args.model,
                "--perf-profile", args.profile, "--perf-repeats", str(repeats), "--perf-report-dir", str(report_dir),
                "-k", args.select, "-p", "no:randomly", "-p", "no:cacheprovider", "-q", *args.pytest_args]  # fmt: skip
     if mode == "ab":

@@ -5,7 +5,7 @@
     .venv/bin/python bench/calibrate_e2e.py --conditions aa,slow25 -k test_throughput -- --perf-engines inflight
 
 What it measures. bench/calibrate.py simulates sessions from measured blocks;
-this script runs the real thing: whole ``pytest tests/perf --perf`` sessions,
+this script runs the real thing: whole ``pytest perfsuite/suites --perf`` sessions,
 as subprocesses, on this machine, with whatever the plugin does today (probe
 normalisation, the session-wide correction, noisy-repeat detection, ...).
 
@@ -332,7 +332,7 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 
 def pytest_command(args, baseline_dir: Path, report_dir: Path, *, save_baseline: bool = False) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "tests/perf", "--perf"]
+    command = [sys.executable, "-m", "pytest", "perfsuite/suites", "--perf"]
     if save_baseline:
         command.append("--perf-save-baseline")
     command += ["--perf-baseline-dir", str(baseline_dir), "--perf-report-dir", str(report_dir)]

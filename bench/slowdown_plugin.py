@@ -1,6 +1,6 @@
 """A pytest plugin that makes the model runner uniformly slower, for bench/calibrate_e2e.py.
 
-    PYTHONPATH=bench PERFSUITE_SLOWDOWN=0.25 pytest tests/perf --perf -p slowdown_plugin
+    PYTHONPATH=bench PERFSUITE_SLOWDOWN=0.25 pytest perfsuite/suites --perf -p slowdown_plugin
 
 With ``PERFSUITE_SLOWDOWN=f`` (a fraction, 0 <= f <= 10), every
 ``perfsuite.engine.model_runner.ModelRunner.execute`` call busy-waits ``f``

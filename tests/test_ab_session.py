@@ -24,6 +24,7 @@ from perfsuite.workload.profiles import PROFILES
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1]
+SHIPPED_THROUGHPUT_TEST = "perfsuite.suites.test_throughput"  # the repository's own copy: the tree under test
 ONE_TEST = "inflight and fixed"  # test_throughput[inflight-B2-fixed] of the smoke profile
 ADDED_PERF_AGAINST = "14782f4"  # the oldest commit the README promises --perf-against works against
 
@@ -77,11 +78,9 @@ def git(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def repo(pytester) -> Path:
-    """A git repository with perfsuite and the shipped throughput test, one commit on ``main``."""
+    """A git repository with perfsuite (and so its shipped suite), one commit on ``main``."""
     root = pytester.path
     shutil.copytree(REPO / "perfsuite", root / "perfsuite", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("conftest.py", "test_throughput.py"):
-        shutil.copy(REPO / "tests" / "perf" / name, root / name)
     git(root, "init", "-q", "-b", "main")
     git(root, "config", "user.email", "perfsuite@example.invalid")
     git(root, "config", "user.name", "perfsuite tests")
@@ -126,6 +125,7 @@ def branch_with(repo: Path, name: str, module: str, code: str) -> str:
 
 def run_ab(pytester, ref: str, *extra: str, model: str = "tiny-random"):
     return pytester.runpytest_subprocess(
+        "--pyargs", SHIPPED_THROUGHPUT_TEST,
         "--perf", "--perf-profile", "smoke", "--perf-model", model, "--perf-device", "cpu",
         # one argument: pytest would take a path-like value standing alone for where its rootdir is
         "-p", "no:randomly", "-p", "no:cacheprovider", f"--perf-against={ref}", *extra,

@@ -15,6 +15,7 @@ from perfsuite.workload import Arrivals, OutputLengths, Workload
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).parent
+SHIPPED_SUITE = TESTS.parent / "perfsuite" / "suites"
 
 CONFTEST_ADDITION = """
 import os
@@ -41,9 +42,9 @@ SLO = ["--perf-slo", "ttft=50ms"]
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    conftest = (TESTS / "perf" / "conftest.py").read_text() + CONFTEST_ADDITION
+    conftest = (SHIPPED_SUITE / "conftest.py").read_text() + CONFTEST_ADDITION
     pytester.makeconftest(conftest)
-    pytester.makepyfile(test_capacity=(TESTS / "perf" / "test_capacity.py").read_text(),
+    pytester.makepyfile(test_capacity=(SHIPPED_SUITE / "test_capacity.py").read_text(),
                         capacity_fakes=(TESTS / "capacity_fakes.py").read_text())  # fmt: skip
     monkeypatch.setenv("FAKE_SERVICE_RATE", "40")
     return pytester
@@ -106,7 +107,7 @@ by = "rate"
 def test_a_search_by_concurrency_and_a_sweep_configs_capacity_case_run_in_one_session(project):
     """test_capacity by --perf-capacity-by concurrency finds the fake's known concurrency; the sweep's [capacity]
     case searches by rate (its own ``by`` over the option) and its arrivals-free id is one case."""
-    project.makepyfile(test_sweep=(TESTS / "perf" / "test_sweep.py").read_text())
+    project.makepyfile(test_sweep=(SHIPPED_SUITE / "test_sweep.py").read_text())
     project.makefile(".toml", sweep=SWEEP_WITH_CAPACITY)
     args = [arg if arg != "load-latency" else "concurrency-latency" for arg in ARGS]
     result = project.runpytest_subprocess(*args, *SLO, "--perf-repeats", "2", "--perf-capacity-by", "concurrency",

@@ -2,8 +2,9 @@
 
     baselines/<fingerprint>/<test file path>/<test name>.json
 
-The test id is a pytest nodeid, already relative to the rootdir, so
-``tests/perf/test_x.py::test_y[a-b]`` is stored as
+The test id is a pytest nodeid, already relative to the rootdir (the shipped
+suite's tests are known by their path inside the package instead:
+``perfsuite.plugin.ids``), so ``tests/perf/test_x.py::test_y[a-b]`` is stored as
 ``baselines/<fingerprint>/tests/perf/test_x.py/test_y[a-b].json``: two test
 files with the same name in different folders never share a baseline. Each
 part of the name is percent-encoded (``urllib.parse.quote``) except letters,

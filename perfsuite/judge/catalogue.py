@@ -35,7 +35,7 @@ METRICS: dict[str, Direction] = {
 # baseline was measured against the same SLO.
 ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
 
-# A capacity test (tests/perf/test_capacity.py) makes one sample per search: the highest Poisson rate, in
+# A capacity test (perfsuite/suites/test_capacity.py) makes one sample per search: the highest Poisson rate, in
 # requests/s, at which the SLO held (perfsuite.measure.capacity). Its only compared metric.
 CAPACITY = "capacity_under_slo"
 CAPACITY_METRICS: dict[str, Direction] = {CAPACITY: Direction.HIGHER_IS_BETTER}

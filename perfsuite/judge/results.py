@@ -101,7 +101,7 @@ class TestResult:
     unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
     baseline_unrecorded_counters: tuple[str, ...] = ()  # what it was compared with lacked these: not compared
     send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
-    capacity: CapacityRecord | None = None  # a capacity test's searches (tests/perf/test_capacity.py)
+    capacity: CapacityRecord | None = None  # a capacity test's searches (perfsuite/suites/test_capacity.py)
 
     @classmethod
     def measured(

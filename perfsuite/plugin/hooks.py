@@ -17,6 +17,7 @@ import pytest
 
 from perfsuite.judge.baselines import OutputError
 from perfsuite.plugin.gpu_workers import WORKER_GPU_KEY, GpuAssignment, GpuAssignmentError, gpus_for_workers, pin_worker
+from perfsuite.plugin.ids import perf_test_id
 from perfsuite.plugin.options import add_options, read_options
 from perfsuite.plugin.session import PerfSession
 from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_KEY, RESULTS_KEY, SESSION_KEY
@@ -384,4 +385,4 @@ def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engi
     from perfsuite.plugin.recorder import PerfRecorder
 
     benchmark = None if perf_session.against is not None else request.getfixturevalue("benchmark")
-    return PerfRecorder(perf_session, request.node.nodeid, benchmark, perf_backend, perf_built_engines)
+    return PerfRecorder(perf_session, perf_test_id(request.node), benchmark, perf_backend, perf_built_engines)

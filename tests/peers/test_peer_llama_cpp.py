@@ -21,7 +21,7 @@ CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.workload.pr
 def test_shipped_perf_tests_pass_against_llama_cpp(llama_cpp_server, main_python, tmp_path):
     reports = tmp_path / "reports"
     argv = [
-        main_python, "-m", "pytest", "tests/perf", "--perf",
+        main_python, "-m", "pytest", "--pyargs", "perfsuite.suites", "--perf",
         "--perf-engines", "openai-http",
         "--perf-endpoint", llama_cpp_server,
         "--perf-model", "smollm2-135m",

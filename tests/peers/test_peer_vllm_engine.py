@@ -87,7 +87,7 @@ def test_perf_tests_compare_inflight_and_vllm(peers_python, smollm2_dir, tmp_pat
     """`--perf-engines inflight,vllm`: both engines measured in one pytest process on the same workloads."""
     reports = tmp_path / "reports"
     argv = [
-        peers_python, "-m", "pytest", "tests/perf", "--perf",
+        peers_python, "-m", "pytest", "--pyargs", "perfsuite.suites", "--perf",
         "--perf-engines", "inflight,vllm",
         "--perf-repeats", str(PERF_REPEATS),
         "--perf-baseline-dir", str(tmp_path / "baselines"),

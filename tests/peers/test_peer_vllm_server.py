@@ -27,10 +27,10 @@ NEAR_TIE_TOLERANCE = 1e-3
 
 
 def test_shipped_perf_tests_pass_against_vllm(vllm_server, main_python, tmp_path):
-    """`pytest tests/perf --perf --perf-engines openai-http` against vLLM: every test passes, every request in full."""
+    """`pytest --pyargs perfsuite.suites --perf --perf-engines openai-http` against vLLM: all pass, every request in full."""
     reports = tmp_path / "reports"
     argv = [
-        main_python, "-m", "pytest", "tests/perf", "--perf",
+        main_python, "-m", "pytest", "--pyargs", "perfsuite.suites", "--perf",
         "--perf-engines", "openai-http",
         "--perf-endpoint", vllm_server,
         "--perf-model", "smollm2-135m",
