@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
 from perfsuite.adapters.registry import checked_engine, load_factory
 from perfsuite.testing.checks import check_engine, check_runner
-from perfsuite.testing.reference import CachedReference, cached_reference, near_tie_tolerance
+from perfsuite.testing.reference import CachedReference, cached_reference
+from perfsuite.testing.reference import near_tie_tolerance as tolerance_for_dtype
 from perfsuite.testing.scenarios import Scenario, scenarios
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def equivalence_test(
     strategy: SearchStrategy[Scenario] | None = None,
     max_seq_len: int | None = None,
     seconds_per_step: float = 0.0,
-    near_tie: float | None = None,
+    near_tie_tolerance: float | None = None,
     max_near_ties: int = 1,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
 ) -> Callable[[], None]:
@@ -86,12 +87,15 @@ def equivalence_test(
 
     ``strategy`` defaults to small ``scenarios`` over the model's vocabulary
     (special tokens left out) and ``max_seq_len`` to their longest possible
-    request; with a strategy of yours, to each scenario's longest request. ``near_tie`` (default by dtype, 0 for float64) is the reference
-    margin under which a flipped token is a near-tie, not a failure; more
-    than ``max_near_ties`` of them in one scenario fail too.
+    request; with a strategy of yours, to each scenario's longest request.
+
+    ``near_tie_tolerance`` (default by dtype: 0 for float64) is the reference's
+    top-1/top-2 margin under which a flipped token is a near-tie, reported
+    but not a failure; more than ``max_near_ties`` of them in one scenario
+    fail too.
     """
     model_under_test = _ModelUnderTest(model, dtype, device, endpoint)
-    tolerance = near_tie_tolerance(dtype) if near_tie is None else near_tie
+    tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
     if strategy is None:
         strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
     factory = functools.cache(lambda: load_factory(engine) if isinstance(engine, str) else engine)
@@ -116,7 +120,7 @@ def runner_equivalence_test(
     device: str = "cpu",
     strategy: SearchStrategy[Scenario] | None = None,
     max_seq_len: int | None = None,
-    near_tie: float | None = None,
+    near_tie_tolerance: float | None = None,
     max_near_ties: int = 1,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
 ) -> Callable[[], None]:
@@ -128,7 +132,7 @@ def runner_equivalence_test(
     are ``equivalence_test``'s.
     """
     model_under_test = _ModelUnderTest(model, dtype, device, None)
-    tolerance = near_tie_tolerance(dtype) if near_tie is None else near_tie
+    tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
     if strategy is None:
         strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
     runner_of = functools.cache(lambda: make_runner(model_under_test.loaded()))
