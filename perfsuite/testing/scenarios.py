@@ -102,17 +102,21 @@ class Scenario:
         """One line per request (prompt length, new tokens, arrival step) under the knobs: a counterexample to read."""
         pool = "as the slot cache" if self.num_kv_blocks is None else f"{self.num_kv_blocks} x {self.kv_block_size}"
         lines = [
-            f"{len(self.requests)} request{'s' if len(self.requests) > 1 else ''}; batch {self.batch_size}, prefill batch {self.prefill_batch_size}, "
-            f"{self.max_num_batched_tokens} tokens a step, paged pool {pool} tokens"
+            f"{_count(len(self.requests), 'request')}; batch {self.batch_size}, prefill batch "
+            f"{self.prefill_batch_size}, {_count(self.max_num_batched_tokens, 'token')} a step, paged pool {pool} tokens"
         ]
         for request, step in zip(self.requests, self.arrival_steps, strict=True):
             params = request.sampling_params
             eos = ", EOS ignored" if params.ignore_eos else ""
             lines.append(
                 f"  {request.request_id}: prompt {list(request.prompt_token_ids)}, "
-                f"{params.max_new_tokens} new tokens{eos}, arrives at step {step}"
+                f"{_count(params.max_new_tokens, 'new token')}{eos}, arrives at step {step}"
             )
         return "\n".join(lines)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 @st.composite
