@@ -7,7 +7,7 @@ The ready test, one line in a test module of yours::
     test_my_engine = equivalence_test("my-engine")             # a registered engine, on tiny-random
     test_my_server = equivalence_test("openai-http", endpoint="http://127.0.0.1:8000",
                                       model="smollm2-135m", dtype="float32")
-    test_my_runner = runner_equivalence_test(MyRunner)          # your runner under perfsuite's schedulers
+    test_my_runner = runner_equivalence_test(lambda loaded: MyRunner(loaded.model))  # under our schedulers
 
 Each draws scenarios (requests of mixed prompt and output lengths that
 arrive while others decode, batch and token-budget knobs, a tight paged KV
@@ -18,11 +18,15 @@ low precision is reported apart), after Hypothesis has shrunk the scenario.
 The pieces, for tests of your own::
 
     from hypothesis import given
+    from perfsuite.models import load_model
     from perfsuite.testing import cached_reference, check_engine, scenarios
+
+    loaded = load_model("tiny-random", dtype="float64")
+    reference = cached_reference(loaded)           # module level: built once, not per example
 
     @given(scenario=scenarios(vocab_size=320, max_requests=4))
     def test_mine(scenario):
-        check_engine(my_engine, scenario, reference).assert_passed()
+        check_engine(my_engine, scenario, reference, seconds_per_step=0.002).assert_passed()
 
 - ``scenarios(vocab_size, ...)``: the Hypothesis strategy of ``Scenario``;
 - ``check_engine(engine_or_builder, scenario, reference)`` through
