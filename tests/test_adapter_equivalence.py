@@ -9,14 +9,15 @@ model (``openai-http`` needs a server) is skipped.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 
 from perfsuite.adapters import DEFAULT_ENGINES, Backend, EngineConfig, available_engines, build_engine
-from perfsuite.correctness import assert_outputs_equal
-from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from engine_harness import FLOAT32_NEAR_TIE, CachedReference, Scenario, load_smollm2_or_skip, scenarios
+from perfsuite.testing import FLOAT32_NEAR_TIE, cached_reference, check_engine, scenarios
+from smollm2 import load_smollm2_or_skip
 
 MAX_SEQ_LEN = 64
 # Smaller than test_equivalence.py's scenarios: a Hugging Face step costs
@@ -27,11 +28,7 @@ SMALL_SCENARIOS = scenarios(vocab_size=320, max_requests=6, max_prompt_len=24, m
 @pytest.fixture(scope="module")
 def tiny():
     loaded = load_model("tiny-random", dtype="float64")
-    return Backend.from_loaded(loaded), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
-
-
-def engine_config(scenario: Scenario) -> EngineConfig:
-    return EngineConfig(scenario.batch_size, MAX_SEQ_LEN, scenario.prefill_batch_size, scenario.max_num_batched_tokens)
+    return Backend.from_loaded(loaded), cached_reference(loaded)
 
 
 @pytest.fixture(scope="module", params=sorted(available_engines()))
@@ -49,16 +46,14 @@ def engine_name(request, tiny):
 @given(scenario=SMALL_SCENARIOS)
 def test_greedy_equal_engines_reproduce_the_reference(tiny, engine_name, scenario):
     backend, reference = tiny
-    expected, margins = reference.outputs(scenario.requests)
-    engine = build_engine(engine_name, backend, engine_config(scenario))
-    result = engine.run(scenario.requests)
-    assert_outputs_equal(engine_name, expected, result.outputs(), margins)
+    build = functools.partial(build_engine, engine_name, backend)
+    check_engine(build, scenario, reference, max_seq_len=MAX_SEQ_LEN).assert_passed()
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     loaded = load_smollm2_or_skip()
-    return Backend.from_loaded(loaded), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    return Backend.from_loaded(loaded), cached_reference(loaded)
 
 
 @pytest.mark.slow
@@ -68,7 +63,6 @@ def test_greedy_equal_engines_reproduce_smollm2_float32(smollm2, engine_name, sc
     if engine_name in DEFAULT_ENGINES:
         pytest.skip("perfsuite's engines meet SmolLM2 in test_equivalence.py")
     backend, reference = smollm2
-    expected, margins = reference.outputs(scenario.requests)
-    result = build_engine(engine_name, backend, engine_config(scenario)).run(scenario.requests)
-    near_ties = assert_outputs_equal(engine_name, expected, result.outputs(), margins, FLOAT32_NEAR_TIE)
-    assert len(near_ties) <= 1, f"too many near-ties to be chance: {[d.describe() for d in near_ties]}"
+    build = functools.partial(build_engine, engine_name, backend)
+    check = check_engine(build, scenario, reference, max_seq_len=MAX_SEQ_LEN, near_tie_tolerance=FLOAT32_NEAR_TIE)
+    check.assert_passed(max_near_ties=1)

@@ -25,6 +25,7 @@ PURE_MODULES = [
     "perfsuite.measure.metrics",
     "perfsuite.measure.capacity",
     "perfsuite.correctness",
+    "perfsuite.testing",
     "perfsuite.models",
     "perfsuite.workload",
     "perfsuite.judge.stats",
@@ -79,6 +80,8 @@ ALLOWED = {
     "judge": {"engine", "measure"},
     "report": {"judge"},
     "correctness": {"adapters", "engine"},
+    # the correctness kit for users' tests: nothing of perfsuite imports it
+    "testing": {"adapters", "correctness", "engine", "models"},
     "serve": {"adapters", "engine", "measure", "models"},
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions

@@ -30,9 +30,8 @@ from hypothesis import HealthCheck, example, given, settings
 from perfsuite.correctness import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, static_engine
 from perfsuite.engine.model_runner import ModelRunner
-from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from engine_harness import FLOAT32_NEAR_TIE, CachedReference, Scenario, drive, scenarios
+from perfsuite.testing import FLOAT32_NEAR_TIE, Scenario, cached_reference, drive, scenarios
 
 pytestmark = [
     pytest.mark.gpu,
@@ -70,7 +69,7 @@ STAGGERED = Scenario(
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def cuda_model(request):
     loaded = load_model("tiny-random", device="cuda", dtype=request.param)
-    reference = CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    reference = cached_reference(loaded)
     runners = {mode: ModelRunner(loaded.model, decode_mode=mode) for mode in DECODE_MODES}
     return request.param, loaded, reference, runners
 

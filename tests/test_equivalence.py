@@ -18,9 +18,9 @@ from hypothesis import event, example, given, settings
 from perfsuite.correctness import assert_outputs_equal, find_divergences
 from perfsuite.engine import Request, SamplingParams, inflight_engine
 from perfsuite.engine.model_runner import ModelRunner
-from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
-from engine_harness import FLOAT32_NEAR_TIE, CachedReference, Scenario, drive, load_smollm2_or_skip, scenarios
+from perfsuite.testing import FLOAT32_NEAR_TIE, Scenario, cached_reference, check_runner, drive, scenarios
+from smollm2 import load_smollm2_or_skip
 
 TINY_MAX_SEQ_LEN = 64
 
@@ -29,19 +29,17 @@ TINY_MAX_SEQ_LEN = 64
 def tiny():
     loaded = load_model("tiny-random", dtype="float64")
     runner = ModelRunner(loaded.model)
-    return loaded, runner, CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    return loaded, runner, cached_reference(loaded)
 
 
 def check_scenario(scenario: Scenario, loaded, runner, reference, max_seq_len, near_tie_tolerance=0.0):
     """Every engine's outputs against the reference; the near-ties and the paged engine's preemptions."""
-    expected, margins = reference.outputs(scenario.requests)
-    near_ties, num_preemptions = [], 0
-    for engine in scenario.engines(runner, loaded.eos_token_id, max_seq_len):
-        actual = drive(engine, scenario)
-        near_ties += assert_outputs_equal(engine.name, expected, actual, margins, near_tie_tolerance)
-        if engine.name == "paged":
-            num_preemptions = engine.result(0.0, 1.0).counters.num_preemptions
-    return near_ties, num_preemptions
+    check = check_runner(
+        runner, scenario, reference, eos_token_id=loaded.eos_token_id, max_seq_len=max_seq_len,
+        near_tie_tolerance=near_tie_tolerance,
+    )  # fmt: skip
+    check.assert_passed()
+    return check.near_ties, check.counters("paged").num_preemptions
 
 
 def _scenario(
@@ -83,7 +81,7 @@ def test_tiny_random_float64_engines_equal_reference(tiny):
     engines_equal_reference()
     share = sum(preempted) / len(preempted)
     print(f"paged runs that preempted: {sum(preempted)} of {len(preempted)} ({share:.0%})")
-    assert share >= 0.5, f"only {share:.0%} of the paged runs preempted; shrink the pools in engine_harness.scenarios"
+    assert share >= 0.5, f"only {share:.0%} of the paged runs preempted; shrink the pools in perfsuite.testing.scenarios"
 
 
 def test_the_paged_engine_preempts_and_recomputes_yet_equals_the_reference(tiny):
@@ -165,7 +163,7 @@ def test_a_runner_bug_breaks_the_property(tiny, mutant, engine_kind):
 @pytest.fixture(scope="module")
 def smollm2():
     loaded = load_smollm2_or_skip()
-    return loaded, ModelRunner(loaded.model), CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    return loaded, ModelRunner(loaded.model), cached_reference(loaded)
 
 
 @pytest.mark.slow
@@ -209,6 +207,6 @@ def test_ignoring_eos_never_changes_the_chosen_tokens(tiny):
 def test_cuda_engines_equal_reference():
     loaded = load_model("tiny-random", device="cuda", dtype="float64")
     runner = ModelRunner(loaded.model)
-    reference = CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    reference = cached_reference(loaded)
     scenario = _scenario(5, 12, 3, 20, 7, batch_size=3, max_num_batched_tokens=4, arrival_steps=(0, 0, 2, 5, 5))
     check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)

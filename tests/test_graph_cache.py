@@ -17,10 +17,9 @@ from perfsuite.correctness import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, static_engine
 from perfsuite.engine.graph_cache import DecodeShape, GraphCache
 from perfsuite.engine.model_runner import ModelRunner
-from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.models import load_model
-from engine_harness import CachedReference
+from perfsuite.testing import cached_reference
 
 pytest_plugins = ["pytester"]
 
@@ -102,7 +101,7 @@ class FakeGraphStep(StaticDecodeStep):
 @pytest.fixture(scope="module")
 def tiny():
     loaded = load_model("tiny-random", dtype="float64")
-    return loaded, CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    return loaded, cached_reference(loaded)
 
 
 def graph_runner(loaded, max_graphs: int = 2) -> tuple[ModelRunner, FakeGraphStep]:

@@ -20,13 +20,11 @@ import pytest
 from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.correctness import check_server_greedy, greedy_check_requests
 from perfsuite.plugin.stash import perf_options
-from engine_harness import FLOAT32_NEAR_TIE
+from perfsuite.testing import equivalence_test, near_tie_tolerance
 
 MAX_SEQ_LEN = 128
 BATCH_SIZE = 4
 NEW_TOKENS = 16
-# Below this top-1/top-2 logit margin a token may flip between batch shapes.
-NEAR_TIE = {"float64": 0.0, "float32": FLOAT32_NEAR_TIE, "bfloat16": 0.5, "float16": 0.5}
 WRONG_POSITION = 2  # the output position the faulty server gets wrong
 
 
@@ -35,9 +33,10 @@ class OneWrongToken:
 
     A server with a decoding bug. Keyed on the prompt, not on steps, so it does
     not matter when requests reach the server or what else it runs meanwhile.
+    ``target=None``: every request's.
     """
 
-    def __init__(self, runner, vocab_size: int, target: tuple[int, ...]) -> None:
+    def __init__(self, runner, vocab_size: int, target: tuple[int, ...] | None) -> None:
         self._runner = runner
         self._vocab_size = vocab_size
         self._target = target
@@ -52,7 +51,7 @@ class OneWrongToken:
         for index, chunk in enumerate(sampling):
             if chunk.is_prefill and chunk.start_position == 0:
                 self._target_slots.pop(chunk.slot, None)
-                if chunk.token_ids == self._target:
+                if self._target is None or chunk.token_ids == self._target:
                     self._target_slots[chunk.slot] = chunk.num_tokens
             # a decode chunk at position P + k - 1 (P: prompt length) samples output token k
             prompt_length = self._target_slots.get(chunk.slot)
@@ -101,7 +100,7 @@ def test_a_server_decodes_greedily_through_openai_http(request):
     options = perf_options(request.config)
     if options.endpoint:  # a server of the user's (the peers tier): checked against --perf-model
         engine, backend = client(request.getfixturevalue("perf_backend"))
-        tolerance = NEAR_TIE[options.dtype]
+        tolerance = near_tie_tolerance(options.dtype)
         check = check_server_greedy(
             engine, greedy_check_requests(backend.tokenize, 24), reference_of(backend.model, backend.eos_token_id),
             tolerance,
@@ -136,3 +135,22 @@ def test_a_server_that_returns_a_wrong_token_is_reported_with_the_near_tie_repor
     for fragment in (f"openai-http at {server.url}", f"request {target.request_id!r}", "position 2",
                      f"reference token {divergence.expected_token}", "margin there:"):  # fmt: skip
         assert fragment in message
+
+
+# -- the correctness kit, through openai-http -------------------------------------------------------------
+
+
+def test_the_correctness_kit_checks_a_server_through_openai_http(tiny):
+    """``equivalence_test("openai-http", endpoint=...)``: drawn scenarios, served over HTTP, equal the reference."""
+    with serve(tiny) as server:
+        equivalence_test("openai-http", endpoint=server.url, max_examples=10)()
+
+
+def test_the_correctness_kit_finds_a_servers_wrong_token_and_shrinks_it_to_one_request(tiny):
+    vocab_size = tiny.model.config.vocab_size
+    with serve(tiny, lambda runner: OneWrongToken(runner, vocab_size, target=None)) as server:
+        with pytest.raises(AssertionError) as failure:
+            equivalence_test("openai-http", endpoint=server.url, max_examples=10)()
+    message = str(failure.value)
+    assert f"openai-http at {server.url}" in message and f"diverges at output position {WRONG_POSITION}" in message
+    assert "scenario: 1 request;" in message, message

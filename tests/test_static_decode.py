@@ -16,10 +16,9 @@ from hypothesis import example, given, settings
 from perfsuite.correctness import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, ScheduledChunk, SchedulerOutput, inflight_engine
 from perfsuite.engine.model_runner import ModelRunner
-from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.models import load_model
-from engine_harness import CachedReference, Scenario, drive, scenarios
+from perfsuite.testing import Scenario, cached_reference, check_runner, drive, scenarios
 
 MAX_SEQ_LEN = 64
 
@@ -27,8 +26,7 @@ MAX_SEQ_LEN = 64
 @pytest.fixture(scope="module")
 def tiny():
     loaded = load_model("tiny-random", dtype="float64")
-    reference = CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
-    return loaded, ModelRunner(loaded.model, decode_mode="static"), reference
+    return loaded, ModelRunner(loaded.model, decode_mode="static"), cached_reference(loaded)
 
 
 def _request(index: int, prompt_len: int, max_new_tokens: int) -> Request:
@@ -52,9 +50,7 @@ FREE_MIDDLE_SLOT_AND_CHUNKED_PREFILL = Scenario(
 
 
 def check_engines(scenario: Scenario, loaded, runner, reference) -> None:
-    expected, margins = reference.outputs(scenario.requests)
-    for engine in scenario.engines(runner, loaded.eos_token_id, MAX_SEQ_LEN):
-        assert_outputs_equal(engine.name, expected, drive(engine, scenario), margins, 0.0)
+    check_runner(runner, scenario, reference, eos_token_id=loaded.eos_token_id, max_seq_len=MAX_SEQ_LEN).assert_passed()
 
 
 @settings(max_examples=40)
@@ -208,7 +204,7 @@ def test_decode_mode_is_checked(tiny):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; runs on GPU runners only")
 def test_cuda_graph_decode_equals_packed_and_captures_once_per_cache():
     loaded = load_model("tiny-random", device="cuda", dtype="float64")
-    reference = CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    reference = cached_reference(loaded)
     scenario = FREE_MIDDLE_SLOT_AND_CHUNKED_PREFILL
     packed = ModelRunner(loaded.model)
     graphed = ModelRunner(loaded.model, decode_mode="cuda-graph")

@@ -116,7 +116,15 @@ def load_factory(name: str) -> EngineFactory:
 
 def build_engine(name: str, backend: Backend, config: EngineConfig) -> BatchingEngine:
     """The engine registered as ``name``, built over ``backend``; checked against the protocol."""
-    engine = load_factory(name)(backend, config)
+    return checked_engine(name, load_factory(name)(backend, config))
+
+
+def checked_engine(name: str, engine: object) -> BatchingEngine:
+    """``engine``, which factory ``name`` returned, if it has the ``BatchingEngine`` protocol; else a TypeError.
+
+    For a caller that builds many engines from one ``load_factory``: finding a
+    factory by name reads every installed package's entry points.
+    """
     if not isinstance(engine, BatchingEngine):
         raise TypeError(
             f"engine factory {name!r} returned {type(engine).__name__}, which lacks the BatchingEngine protocol "

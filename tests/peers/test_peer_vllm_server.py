@@ -13,6 +13,7 @@ from perfsuite.correctness import check_server_greedy, greedy_check_requests
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
 from perfsuite.judge.catalogue import RAW_SERVER_FIGURES
+from perfsuite.testing import FLOAT32_NEAR_TIE
 
 PERF_TESTS_TIMEOUT_S = 1800.0
 # A reduced selection of the shipped perf tests: offline throughput at both ci batch sizes,
@@ -22,8 +23,8 @@ PERF_REPEATS = 3
 CI_NUM_REQUESTS = 8  # requests per run in the ci profile (perfsuite.workload.profiles)
 GREEDY_NEW_TOKENS = 24
 # float32 on both sides; vLLM's CPU kernels add in another order than torch's, so a
-# top-1/top-2 margin this small can flip (the same tolerance as tests/engine_harness.py's float32 one).
-NEAR_TIE_TOLERANCE = 1e-3
+# top-1/top-2 margin this small can flip (perfsuite.testing.FLOAT32_NEAR_TIE).
+NEAR_TIE_TOLERANCE = FLOAT32_NEAR_TIE
 
 
 def test_shipped_perf_tests_pass_against_vllm(vllm_server, main_python, tmp_path):

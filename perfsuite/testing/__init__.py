@@ -1,0 +1,77 @@
+"""perfsuite's correctness kit: does a batching engine compute what unbatched greedy decoding computes?
+
+The ready test, one line in a test module of yours::
+
+    from perfsuite.testing import equivalence_test
+
+    test_my_engine = equivalence_test("my-engine")             # a registered engine, on tiny-random
+    test_my_server = equivalence_test("openai-http", endpoint="http://127.0.0.1:8000",
+                                      model="smollm2-135m", dtype="float32")
+    test_my_runner = runner_equivalence_test(lambda loaded: MyRunner(loaded.model))  # under our schedulers
+
+Each draws scenarios (requests of mixed prompt and output lengths that
+arrive while others decode, batch and token-budget knobs, a tight paged KV
+pool), serves them and fails on the first token that differs from the
+reference, with the reference's top-1/top-2 margin there (a near-tie in a
+low precision is reported apart), after Hypothesis has shrunk the scenario.
+
+The pieces, for tests of your own::
+
+    from hypothesis import given
+    from perfsuite.models import load_model
+    from perfsuite.testing import cached_reference, check_engine, scenarios
+
+    loaded = load_model("tiny-random", dtype="float64")
+    reference = cached_reference(loaded)           # module level: built once, not per example
+
+    @given(scenario=scenarios(vocab_size=320, max_requests=4))
+    def test_mine(scenario):
+        check_engine(my_engine, scenario, reference, seconds_per_step=0.002).assert_passed()
+
+- ``scenarios(vocab_size, ...)``: the Hypothesis strategy of ``Scenario``;
+- ``check_engine(engine_or_builder, scenario, reference)`` through
+  ``BatchingEngine.run`` (any engine, a server through ``openai-http``) and
+  ``check_runner(runner, scenario, reference, eos_token_id=...)`` through
+  perfsuite's static, in-flight and paged schedulers, step by step; they
+  return ``GreedyCheck`` and ``RunnerCheck`` (``passed``, ``near_ties``,
+  ``describe()``, ``assert_passed(max_near_ties)``);
+- ``CachedReference`` / ``cached_reference(loaded)``: the unbatched oracle,
+  memoised; ``drive(engine, scenario)``: a step-driven run;
+  ``near_tie_tolerance(dtype)`` and ``FLOAT32_NEAR_TIE``.
+
+Importing this package imports Hypothesis but not torch; the model is
+loaded when a test first needs it.
+"""
+
+from perfsuite.correctness import Divergence, GreedyCheck
+from perfsuite.testing.checks import EngineBuilder, RunnerCheck, ScheduledRun, check_engine, check_runner
+from perfsuite.testing.drive import drive
+from perfsuite.testing.ready_tests import equivalence_test, runner_equivalence_test
+from perfsuite.testing.reference import (
+    FLOAT32_NEAR_TIE,
+    NEAR_TIE_BY_DTYPE,
+    CachedReference,
+    cached_reference,
+    near_tie_tolerance,
+)
+from perfsuite.testing.scenarios import Scenario, scenarios
+
+__all__ = [
+    "FLOAT32_NEAR_TIE",
+    "NEAR_TIE_BY_DTYPE",
+    "CachedReference",
+    "Divergence",
+    "EngineBuilder",
+    "GreedyCheck",
+    "RunnerCheck",
+    "ScheduledRun",
+    "Scenario",
+    "cached_reference",
+    "check_engine",
+    "check_runner",
+    "drive",
+    "equivalence_test",
+    "near_tie_tolerance",
+    "runner_equivalence_test",
+    "scenarios",
+]

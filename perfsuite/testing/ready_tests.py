@@ -1,0 +1,219 @@
+"""Ready equivalence tests, one line each: ``test_mine = equivalence_test("my-engine")``.
+
+Each returns a Hypothesis test function (no arguments, no fixtures) that
+pytest collects from the variable it is assigned to, as Hypothesis' own ready
+tests are made (``TestMyMachine = MyMachine.TestCase``). It draws scenarios,
+serves each with the engine and compares every token with unbatched greedy
+decoding of the same model, failing with the divergence (request, position,
+both tokens, the reference's margin) and the scenario, once shrunk.
+
+The model and its reference are loaded on the first example and kept for
+the process (keyed by model, dtype and device), not in a fixture: Hypothesis
+would not reset a function-scoped fixture between examples, and reloading
+per test would cost more than the check.
+
+Settings: ``deadline=None`` (a model step on a CPU is slower than the
+200 ms default) and ``max_examples``; the rest comes from the Hypothesis
+profile loaded when the test is made. Under CI (the ``CI`` variable)
+Hypothesis loads its ``ci`` profile itself, derandomized and without an
+example database, so a CI run is reproducible; a developer's run explores
+new examples and replays past failures from ``.hypothesis/``. A project
+that wants other settings registers its own profile in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
+from perfsuite.adapters.registry import checked_engine, load_factory
+from perfsuite.testing.checks import check_engine, check_runner
+from perfsuite.testing.reference import CachedReference, cached_reference
+from perfsuite.testing.reference import near_tie_tolerance as tolerance_for_dtype
+from perfsuite.testing.scenarios import Scenario, scenarios
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from perfsuite.engine.engine import Runner
+    from perfsuite.models import LoadedModel
+
+DEFAULT_MAX_EXAMPLES = 25
+# Smaller than perfsuite's own property's scenarios: an engine of unknown speed serves every example.
+SMALL = {"max_requests": 6, "max_prompt_len": 24, "max_new_tokens": 12, "max_batch_size": 4}
+SMALL_MAX_SEQ_LEN = SMALL["max_prompt_len"] + SMALL["max_new_tokens"]
+
+
+def equivalence_test(
+    engine: str | EngineFactory,
+    *,
+    model: str = "tiny-random",
+    dtype: str = "float64",
+    device: str = "cpu",
+    endpoint: str | None = None,
+    strategy: SearchStrategy[Scenario] | None = None,
+    max_seq_len: int | None = None,
+    seconds_per_step: float = 0.0,
+    near_tie_tolerance: float | None = None,
+    max_near_ties: int = 1,
+    max_examples: int = DEFAULT_MAX_EXAMPLES,
+) -> Callable[[], None]:
+    """A test that ``engine`` serves drawn scenarios exactly as unbatched greedy decoding of ``model`` would.
+
+    ``engine``: a registered engine name (an entry point of the
+    ``perfsuite.engines`` group, ``register_engine``, or perfsuite's own,
+    ``openai-http`` included) or a factory ``(backend, config) -> engine``.
+    It is built over ``model`` in ``dtype`` on ``device`` for every scenario,
+    from the scenario's knobs, and served through ``BatchingEngine.run``.
+
+    A request arriving at step k is sent k x ``seconds_per_step`` into the
+    run. The default, 0, sends every request at once: requests still join a
+    running batch as others finish, and a failure replays exactly. With
+    wall-clock arrivals which batch a request joins depends on the machine's
+    speed, so a failure may not replay and Hypothesis can hardly shrink it
+    (on a busy 2-core machine, a slot bug at 2 ms a step still had five
+    requests of up to 24 prompt tokens after five minutes of shrinking;
+    served at once, it shrank to three to five one-token prompts in one to
+    two minutes).
+
+    For ``openai-http``, ``endpoint`` is the server's base URL; the server
+    must serve ``model`` in ``dtype``.
+
+    ``strategy`` defaults to small ``scenarios`` over the model's vocabulary
+    (special tokens left out) and ``max_seq_len`` to their longest possible
+    request; with a strategy of yours, to each scenario's longest request.
+
+    ``near_tie_tolerance`` (default by dtype: 0 for float64) is the reference's
+    top-1/top-2 margin under which a flipped token is a near-tie, reported
+    but not a failure; more than ``max_near_ties`` of them in one scenario
+    fail too.
+    """
+    model_under_test = _ModelUnderTest(model, dtype, device, endpoint)
+    tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
+    if strategy is None:
+        strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
+    factory = functools.cache(lambda: load_factory(engine) if isinstance(engine, str) else engine)
+
+    def check_one(scenario: Scenario) -> None:
+        backend = model_under_test.backend()
+        build = functools.partial(_build, _engine_name(engine), factory(), backend)
+        check = check_engine(
+            build, scenario, model_under_test.reference(), max_seq_len=max_seq_len,
+            seconds_per_step=seconds_per_step, near_tie_tolerance=tolerance,
+        )  # fmt: skip
+        _assert_passed(check.assert_passed, max_near_ties, scenario)
+
+    return _ready_test(check_one, strategy, max_examples, _engine_name(engine))
+
+
+def runner_equivalence_test(
+    make_runner: Callable[[LoadedModel], Runner],
+    *,
+    model: str = "tiny-random",
+    dtype: str = "float64",
+    device: str = "cpu",
+    strategy: SearchStrategy[Scenario] | None = None,
+    max_seq_len: int | None = None,
+    near_tie_tolerance: float | None = None,
+    max_near_ties: int = 1,
+    max_examples: int = DEFAULT_MAX_EXAMPLES,
+) -> Callable[[], None]:
+    """A test that a model runner, under perfsuite's static, in-flight and paged schedulers, decodes greedily.
+
+    ``make_runner(loaded)`` builds the runner over the loaded ``model`` once
+    (``loaded.model`` is the Hugging Face model); each scenario is driven step
+    by step (arrivals by step), through every scheduler. The other arguments
+    are ``equivalence_test``'s.
+    """
+    model_under_test = _ModelUnderTest(model, dtype, device, None)
+    tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
+    if strategy is None:
+        strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
+    runner_of = functools.cache(lambda: make_runner(model_under_test.loaded()))
+
+    def check_one(scenario: Scenario) -> None:
+        check = check_runner(
+            runner_of(), scenario, model_under_test.reference(), eos_token_id=model_under_test.loaded().eos_token_id,
+            max_seq_len=max_seq_len, near_tie_tolerance=tolerance,
+        )  # fmt: skip
+        _assert_passed(check.assert_passed, max_near_ties, scenario)
+
+    return _ready_test(check_one, strategy, max_examples, getattr(make_runner, "__name__", "runner"))
+
+
+class _ModelUnderTest:
+    """The model a ready test compares against, loaded on first use and shared by every test of the process."""
+
+    def __init__(self, model: str, dtype: str, device: str, endpoint: str | None) -> None:
+        self._key = (model, dtype, device)
+        self._endpoint = endpoint
+
+    def loaded(self) -> LoadedModel:
+        return _load(*self._key)
+
+    def backend(self) -> Backend:
+        return _backend(*self._key, self._endpoint)
+
+    def reference(self) -> CachedReference:
+        return _reference(*self._key)
+
+    def small_scenarios(self) -> SearchStrategy[Scenario]:
+        """Small ``scenarios`` over the model's vocabulary, less its special tokens (the model loads on first draw)."""
+        return st.deferred(lambda: _small_scenarios(self.backend()))
+
+
+@functools.cache
+def _load(model: str, dtype: str, device: str) -> LoadedModel:
+    from perfsuite.models import load_model
+
+    return load_model(model, device=device, dtype=dtype)
+
+
+@functools.cache
+def _backend(model: str, dtype: str, device: str, endpoint: str | None) -> Backend:
+    return Backend.from_loaded(_load(model, dtype, device), endpoint=endpoint)
+
+
+@functools.cache
+def _reference(model: str, dtype: str, device: str) -> CachedReference:
+    return cached_reference(_load(model, dtype, device))
+
+
+def _small_scenarios(backend: Backend) -> SearchStrategy[Scenario]:
+    if backend.vocab_size is None:
+        raise ValueError("the backend does not say its vocabulary size; pass strategy=scenarios(vocab_size=...)")
+    return scenarios(vocab_size=backend.vocab_size, avoid_token_ids=backend.special_token_ids, **SMALL)
+
+
+def _build(name: str, factory: EngineFactory, backend: Backend, config: EngineConfig) -> BatchingEngine:
+    return checked_engine(name, factory(backend, config))
+
+
+def _assert_passed(assert_passed: Callable[[int], None], max_near_ties: int, scenario: Scenario) -> None:
+    try:
+        assert_passed(max_near_ties)
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\nscenario: {scenario.describe()}") from None
+
+
+def _ready_test(
+    check_one: Callable[[Scenario], None], strategy: SearchStrategy[Scenario], max_examples: int, label: str
+) -> Callable[[], None]:
+    def test(scenario: Scenario) -> None:
+        check_one(scenario)
+
+    # Hypothesis names the test in its report and keys its example database by this name.
+    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{label}_equals_unbatched_greedy_decoding")
+    suppressed = {*settings().suppress_health_check, HealthCheck.too_slow}  # the active profile's, and slow draws
+    run_settings = settings(max_examples=max_examples, deadline=None, suppress_health_check=list(suppressed))
+    return run_settings(given(scenario=strategy)(test))
+
+
+def _engine_name(engine: str | EngineFactory) -> str:
+    return engine if isinstance(engine, str) else getattr(engine, "__name__", "engine")

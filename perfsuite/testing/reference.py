@@ -1,0 +1,65 @@
+"""The oracle of every equivalence check: unbatched greedy decoding, memoised.
+
+Hypothesis replays many identical requests while it searches and shrinks, so
+each (prompt, sampling params) is decoded once. The decoder is perfsuite's
+``ReferenceDecoder`` (the Hugging Face model, one request at a time), or
+anything with its ``generate(request)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from perfsuite.correctness import GreedyOutput, GreedyReference
+from perfsuite.engine import Request
+
+if TYPE_CHECKING:
+    from perfsuite.models import LoadedModel
+
+# float32 logits of SmolLM2 differ by ~1e-5 between batch shapes; a flip needs
+# the reference's own top-2 margin to be below this.
+FLOAT32_NEAR_TIE = 1e-3
+
+# Below this top-1/top-2 logit margin of the reference, a token may flip between batch shapes. float64 leaves
+# no room; bfloat16 and float16 keep 8 and 11 significant bits, so logits of a few units move by steps of
+# 1/32 or finer, and a different reduction order moves each of two logits by a step or more.
+NEAR_TIE_BY_DTYPE = {"float64": 0.0, "float32": FLOAT32_NEAR_TIE, "bfloat16": 0.5, "float16": 0.5}
+
+
+def near_tie_tolerance(dtype: str) -> float:
+    """The margin under which a flipped token counts as a near-tie, for a model run in ``dtype``."""
+    try:
+        return NEAR_TIE_BY_DTYPE[dtype]
+    except KeyError:
+        raise ValueError(f"no near-tie tolerance for dtype {dtype!r}; choose one of {', '.join(NEAR_TIE_BY_DTYPE)}") from None
+
+
+class CachedReference:
+    """A ``GreedyReference`` that decodes each distinct (prompt, sampling params) once."""
+
+    def __init__(self, decoder: GreedyReference) -> None:
+        self.decoder = decoder
+        self._cache: dict[tuple, GreedyOutput] = {}
+
+    def generate(self, request: Request) -> GreedyOutput:
+        key = (request.prompt_token_ids, request.sampling_params)
+        if key not in self._cache:
+            self._cache[key] = self.decoder.generate(request)
+        return self._cache[key]
+
+    def outputs(self, requests: Iterable[Request]) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[float, ...]]]:
+        """Each request's reference tokens and the reference's top-1/top-2 margin at each, by request id."""
+        tokens, margins = {}, {}
+        for request in requests:
+            reference = self.generate(request)
+            tokens[request.request_id] = tuple(reference.token_ids)
+            margins[request.request_id] = tuple(reference.top2_margins)
+        return tokens, margins
+
+
+def cached_reference(loaded: LoadedModel) -> CachedReference:
+    """The memoised unbatched oracle of a ``perfsuite.models.load_model`` result (imports torch)."""
+    from perfsuite.engine.reference import ReferenceDecoder
+
+    return CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))

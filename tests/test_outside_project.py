@@ -1,0 +1,119 @@
+"""perfsuite in someone else's project: examples/outside-project, against perfsuite's wheel, outside this tree.
+
+perfsuite is built into a wheel and installed, with the outside project, into
+a scratch venv that borrows this venv's third-party packages (torch,
+transformers, pytest, ...) through a path file, whose own path files (this
+tree's editable install among them) Python then does not read. So the
+project sees perfsuite as a user does: the wheel's modules and entry
+points, no tests/, no source tree. From a copy of the project, outside this
+tree, one pytest run (``CI`` set: Hypothesis' derandomized ``ci`` profile)
+runs its tests, the perf test in the smoke profile on tiny-random included,
+and the one-line equivalence test of its broken variant, which must fail
+with a shrunk counterexample.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.outside_project
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTSIDE_PROJECT = ROOT / "examples" / "outside-project"
+# The scratch venv may not see this tree, nor a PYTHONPATH pointing at it.
+DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTEST_ADDOPTS", "HYPOTHESIS_PROFILE")
+
+
+def run(command: list, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode != 0 and command[1:3] != ["-m", "pytest"]:
+        raise AssertionError(f"{' '.join(map(str, command))} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def copy_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """perfsuite's packaging inputs and the outside project, copied: builds write into their source trees."""
+    perfsuite_source = tmp_path / "perfsuite-source"
+    perfsuite_source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, perfsuite_source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".hypothesis", "reports")
+    shutil.copytree(ROOT / "perfsuite", perfsuite_source / "perfsuite", ignore=ignore)
+    project = tmp_path / "outside-project"
+    shutil.copytree(OUTSIDE_PROJECT, project, ignore=ignore)
+    return perfsuite_source, project
+
+
+def scratch_venv(tmp_path: Path, env: dict[str, str]) -> Path:
+    """A venv without pip whose site-packages reach this venv's by a path file (read as a path, not a site)."""
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path, env)
+    python = venv / "bin" / "python"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env)
+    (Path(purelib.stdout.strip()) / "borrowed-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def outcomes(junit_xml: Path) -> dict[str, str]:
+    """Each test's name and how it ended: passed, failed, error or skipped."""
+    found = {}
+    for case in ElementTree.parse(junit_xml).iter("testcase"):
+        ended = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        found[case.get("name")] = ended[0] if ended else "passed"
+    return found
+
+
+def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught_and_shrunk(tmp_path):
+    pytest.importorskip("setuptools", minversion="68", reason="builds the wheels offline with this venv's setuptools")
+    env = {name: value for name, value in os.environ.items() if name not in DROPPED_ENV}
+    env["CI"] = "1"
+    # tiny-random's matrices are too small to split between threads, and on a busy 2-core machine a second
+    # thread waits for a core: a token of the reference took 84 ms with 2 threads, 5.6 ms with 1.
+    env["OMP_NUM_THREADS"] = "1"
+    perfsuite_source, project = copy_sources(tmp_path)
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", wheels, perfsuite_source, project],
+        tmp_path, env)  # fmt: skip
+    python = scratch_venv(tmp_path, env)
+    run([*pip, "--python", python, "install", "--no-deps", "--no-index", *sorted(wheels.glob("*.whl"))], tmp_path, env)
+
+    where = run([python, "-c", "import sys, perfsuite, outside_engine; print(perfsuite.__file__); print(sys.path)"],
+                project, env).stdout.splitlines()  # fmt: skip
+    assert Path(where[0]).is_relative_to(python.parents[1]), f"perfsuite came from {where[0]}, not the wheel"
+    assert str(ROOT) not in where[1], "this tree is on the scratch venv's path"
+
+    result = run(
+        # broken/ first: the perf fixtures set torch's threads to one per core for the rest of the process
+        [python, "-m", "pytest", "broken", "tests", "--perf", "--perf-busy-threshold", "0.99",
+         "-p", "no:cacheprovider", f"--junitxml={tmp_path / 'junit.xml'}"],
+        project, env,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    ended = outcomes(tmp_path / "junit.xml")
+    assert ended == {
+        "test_outside_engine_equals_unbatched_greedy_decoding": "passed",
+        "test_throughput[outside]": "passed",
+        "test_throughput[inflight]": "passed",
+        "test_broken_engine_equals_unbatched_greedy_decoding": "failure",
+    }, output
+    # how Hypothesis introduces the shrunk example (older versions: "Falsifying example")
+    assert re.search(r"(Failing test case|Falsifying example): outside_broken_equals_unbatched_greedy_decoding\(",
+                     output), output  # fmt: skip
+    assert re.search(r"outside-broken: request 'r\d+' diverges at output position \d+", output), output
+    shrunk = re.search(r"scenario: (\d+) requests?;.*?\n((?:  r\d+: .*\n)+)", output)
+    assert shrunk, output
+    num_requests, request_lines = int(shrunk.group(1)), shrunk.group(2).splitlines()
+    prompts = [re.search(r"prompt \[([^]]*)\]", line).group(1).split(", ") for line in request_lines]
+    # Drawn: up to 6 requests of up to 24 prompt tokens. The bug needs 3: one leaves, one stays, one joins.
+    assert 3 <= num_requests <= 5 and all(len(prompt) <= 2 for prompt in prompts), shrunk.group(0)
+    print(shrunk.group(0))
