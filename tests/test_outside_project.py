@@ -40,17 +40,23 @@ def run(command: list, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
     return result
 
 
+COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".hypothesis", "reports")
+
+
 def copy_sources(tmp_path: Path) -> tuple[Path, Path]:
     """perfsuite's packaging inputs and the outside project, copied: builds write into their source trees."""
     perfsuite_source = tmp_path / "perfsuite-source"
     perfsuite_source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, perfsuite_source / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".hypothesis", "reports")
-    shutil.copytree(ROOT / "perfsuite", perfsuite_source / "perfsuite", ignore=ignore)
+    shutil.copytree(ROOT / "perfsuite", perfsuite_source / "perfsuite", ignore=COPY_IGNORE)
+    return perfsuite_source, project_copy(tmp_path)
+
+
+def project_copy(tmp_path: Path) -> Path:
     project = tmp_path / "outside-project"
-    shutil.copytree(OUTSIDE_PROJECT, project, ignore=ignore)
-    return perfsuite_source, project
+    shutil.copytree(OUTSIDE_PROJECT, project, ignore=COPY_IGNORE)
+    return project
 
 
 def scratch_venv(tmp_path: Path, env: dict[str, str]) -> Path:
@@ -72,13 +78,19 @@ def outcomes(junit_xml: Path) -> dict[str, str]:
     return found
 
 
-def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught_and_shrunk(tmp_path):
-    pytest.importorskip("setuptools", minversion="68", reason="builds the wheels offline with this venv's setuptools")
+def scratch_env() -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name not in DROPPED_ENV}
-    env["CI"] = "1"
     # tiny-random's matrices are too small to split between threads, and on a busy 2-core machine a second
     # thread waits for a core: a token of the reference took 84 ms with 2 threads, 5.6 ms with 1.
     env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The scratch venv's python, with perfsuite's wheel and the outside project's installed (built once)."""
+    pytest.importorskip("setuptools", minversion="68", reason="builds the wheels offline with this venv's setuptools")
+    tmp_path, env = tmp_path_factory.mktemp("wheels"), scratch_env()
     perfsuite_source, project = copy_sources(tmp_path)
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
@@ -86,26 +98,40 @@ def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught
         tmp_path, env)  # fmt: skip
     python = scratch_venv(tmp_path, env)
     run([*pip, "--python", python, "install", "--no-deps", "--no-index", *sorted(wheels.glob("*.whl"))], tmp_path, env)
+    return python
 
-    where = run([python, "-c", "import sys, perfsuite, outside_engine; print(perfsuite.__file__); print(sys.path)"],
+
+def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught_and_shrunk(installed, tmp_path):
+    python, project, env = installed, project_copy(tmp_path), scratch_env()
+    env["CI"] = "1"
+
+    where = run([python, "-c", "import sys, perfsuite, outside_engine; print(perfsuite.__file__); print(*sys.path)"],
                 project, env).stdout.splitlines()  # fmt: skip
     assert Path(where[0]).is_relative_to(python.parents[1]), f"perfsuite came from {where[0]}, not the wheel"
-    assert str(ROOT) not in where[1], "this tree is on the scratch venv's path"
+    borrowed = sysconfig.get_paths()["purelib"]  # this venv's third-party packages: it may lie inside this tree
+    on_path = [entry for entry in where[1].split(" ") if entry and entry != borrowed]
+    assert not [entry for entry in on_path if Path(entry).resolve().is_relative_to(ROOT)], where[1]
 
     result = run(
-        # broken/ first: the perf fixtures set torch's threads to one per core for the rest of the process
-        [python, "-m", "pytest", "broken", "tests", "--perf", "--perf-busy-threshold", "0.99",
+        # broken/ first: the perf fixtures set torch's threads to one per core for the rest of the process.
+        # The shipped suite's throughput tests too, against the project's engine (its own ids: not the project's).
+        [python, "-m", "pytest", "broken", "tests", "--pyargs", "perfsuite.suites.test_throughput",
+         "--perf", "--perf-engines", "outside", "--perf-busy-threshold", "0.99",
          "-p", "no:cacheprovider", f"--junitxml={tmp_path / 'junit.xml'}"],
         project, env,
     )  # fmt: skip
     output = result.stdout + result.stderr
     ended = outcomes(tmp_path / "junit.xml")
-    assert ended == {
+    shipped = {name: how for name, how in ended.items() if name.startswith("test_throughput[outside-")}
+    assert shipped and set(shipped.values()) == {"passed"}, output
+    assert {name: how for name, how in ended.items() if name not in shipped} == {
         "test_outside_engine_equals_unbatched_greedy_decoding": "passed",
         "test_throughput[outside]": "passed",
         "test_throughput[inflight]": "passed",
         "test_broken_engine_equals_unbatched_greedy_decoding": "failure",
     }, output
+    stored = (project / "reports" / "results.json").read_text()
+    assert '"perfsuite/suites/test_throughput.py::test_throughput[outside-' in stored, "the suite's package ids"
     # how Hypothesis introduces the shrunk example (older versions: "Falsifying example")
     assert re.search(r"(Failing test case|Falsifying example): outside_broken_equals_unbatched_greedy_decoding\(",
                      output), output  # fmt: skip
@@ -117,3 +143,21 @@ def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught
     # Drawn: up to 6 requests of up to 24 prompt tokens. The bug needs 3: one leaves, one stays, one joins.
     assert 3 <= num_requests <= 5 and all(len(prompt) <= 2 for prompt in prompts), shrunk.group(0)
     print(shrunk.group(0))
+
+
+def test_the_outside_project_gates_a_change_of_its_own_engine_with_ab_against_its_last_commit(installed, tmp_path):
+    """What `perfsuite init`'s workflow runs: --perf-against a commit of the project, perfsuite installed."""
+    python, project, env = installed, project_copy(tmp_path), scratch_env()
+    for command in (["init", "-q", "-b", "main"], ["add", "-A"],
+                    ["-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "one"]):
+        run(["git", *command], project, env)  # fmt: skip
+    result = run(
+        [python, "-m", "pytest", "--pyargs", "perfsuite.suites.test_throughput", "--perf", "--perf-engines", "outside",
+         "--perf-against=HEAD", "--perf-against-workers", "1", "--perf-repeats", "2", "-k", "B2 and fixed",
+         "-p", "no:cacheprovider"],
+        project, env,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert re.search(r"1 passed", output), output
+    assert "A/B: A = REF HEAD" in output, output
