@@ -104,6 +104,8 @@ class VerdictRow:
 
 @dataclass(frozen=True, slots=True)
 class VerdictTable:
+    """The header (the sides named as A and B in an A/B session) and the rows, in the order they are shown."""
+
     headers: VerdictCells
     rows: tuple[VerdictRow, ...]
 
