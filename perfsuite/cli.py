@@ -7,7 +7,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, positive_int, probability
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
@@ -26,9 +25,6 @@ from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, 
 from perfsuite.models import DEFAULT_MODEL
 from perfsuite.report.table import format_table, memory_table
 from perfsuite.workload import mixed_workload
-
-if TYPE_CHECKING:
-    from perfsuite.report.render import VerdictRow
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,19 +243,20 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from perfsuite.judge.compare import policy_of, rejudge
-    from perfsuite.report.render import overall_verdict, render_report, verdict_rows
+    from perfsuite.report.render import render_report
+    from perfsuite.report.verdict_table import overall_verdict, verdict_table
     from perfsuite.judge.results import read_results
 
     old, new = read_results(args.old), read_results(args.new)
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
-    rows = verdict_rows(judged)
-    print(format_table(VERDICT_HEADERS, [_verdict_cells(row) for row in rows]))
+    verdicts = verdict_table(judged.tests, paired=judged.against is not None)
+    print(verdicts.text())
     table = memory_table(judged.tests)
     if table is not None:
         print(table)
     for warning in judged.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    verdict = overall_verdict(rows)
+    verdict = overall_verdict(verdicts.rows)
     print(f"overall: {verdict}")
     if args.output is not None:
         _write_output(args.output, render_report(judged))
@@ -281,25 +278,6 @@ def _write_output(path: Path, text: str) -> None:
     except OSError as error:
         raise OutputError(cannot_write_message(path, error, "pass -o a file in a writable directory")) from None
     print(f"wrote {path}")
-
-
-VERDICT_HEADERS = ("test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "verdict")
-
-
-def _verdict_cells(row: VerdictRow) -> list[object]:
-    def number(value: float | None) -> str:
-        return "-" if value is None else f"{value:.4g}"
-
-    return [
-        row.test_name,
-        row.metric,
-        number(row.baseline_median),
-        number(row.current_median),
-        "-" if row.change_percent is None else f"{row.change_percent:+.1f}%",
-        "-" if row.ci_low is None else f"[{row.ci_low:.3f}, {row.ci_high:.3f}]",
-        "-" if row.p_adjusted is None else f"{row.p_adjusted:.3g}",
-        row.verdict,
-    ]
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -128,7 +128,7 @@ def test_figures_cover_throughput_distributions_timeline_and_history(html, judge
 def test_a_report_against_stored_baselines_names_no_ab_sides(html):
     """The A/B wording (tests/test_report_ab.py) is for --perf-against sessions only."""
     header = html.split('<table id="verdict-table">')[1].split("</thead>")[0]
-    assert ">baseline median<" in header and ">current median<" in header and ">change<" in header
+    assert ">baseline<" in header and ">current<" in header and ">change<" in header and ">ratio CI<" in header
     assert "Mann-Whitney" in header
     for ab_only in ("A: REF", "B: current", "pair ratio", 'id="ab-session"', "pair-ratios-", "ab-timelines"):
         assert ab_only not in html, ab_only

@@ -1,5 +1,8 @@
 """The ``perfsuite`` section of pytest's terminal summary: one row per compared metric, then the session's notes.
 
+The verdict table is ``report.verdict_table``'s, the one ``perfsuite compare``
+prints and the HTML report shows.
+
 Below the verdicts, a second small table gives each test's KV cache and
 device memory (``report.table.memory_table``, when any test recorded them):
 measurements to read, not verdicts, so they get columns of their own rather
@@ -8,17 +11,13 @@ than widening every row of the verdict table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfsuite.judge.stats import Verdict
-from perfsuite.judge.results import TestResult
 from perfsuite.plugin.session import PerfSession
-from perfsuite.report.table import format_table, memory_table
-
-VERDICT_COLUMNS = ["test", "metric", "baseline", "current", "change", "ratio CI", "p (BH)", "MDE", "verdict"]
-PAIRED_COLUMNS = ["test", "metric", "A: REF", "B: current", "pair ratio", "ratio CI", "p (BH)", "MDE", "verdict"]
+from perfsuite.report.table import memory_table
+from perfsuite.report.verdict_table import verdict_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +33,7 @@ def write_summary(
 ) -> None:
     """The verdict table, the warnings and late regressions, and where the results and report are."""
     if perf_session.results:
-        columns = VERDICT_COLUMNS if perf_session.against is None else PAIRED_COLUMNS
-        write(format_table(columns, verdict_rows(perf_session.results)))
+        write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
         table = memory_table(perf_session.results)
         if table is not None:
             write(table)
@@ -66,26 +64,4 @@ def _where_the_results_are(perf_session: PerfSession, written: WrittenFiles) -> 
     if written.results is not None:
         return f"results in {written.results}"
     return f"nothing written to {perf_session.results_path} (see the error above)"
-
-
-def verdict_rows(results: Sequence[TestResult]) -> list[list]:
-    rows = []
-    for result in results:
-        name = result.test_id.rpartition("::")[2]
-        if not result.comparisons and result.capacity is not None:  # a capacity test: its one metric, req/s
-            rows.append([name, "capacity_under_slo", "-", f"{result.capacity.requests_per_second:.4g}",
-                         "-", "-", "-", "-", result.baseline_status])
-        elif not result.comparisons:
-            rows.append([name, "output_throughput", "-", f"{result.summary.output_throughput:.4g}",
-                         "-", "-", "-", "-", result.baseline_status])
-        for c in result.comparisons:
-            mde = f"{c.min_detectable_effect:.0%}" if c.min_detectable_effect is not None else "none"
-            verdict = "noisy: inconclusive" if c.verdict is Verdict.NOISY else c.verdict.value
-            rows.append([name, c.metric, f"{c.baseline_median:.4g}", f"{c.current_median:.4g}",
-                         f"{c.change_percent:+.1f}%", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]",
-                         f"{c.p_adjusted:.3g}", mde, verdict])
-        for change in result.counter_changes:
-            rows.append([name, change.name, change.baseline, change.current, "exact", "-", "-", "-",
-                         "counter changed"])
-    return rows
 

@@ -3,7 +3,9 @@
 ``render_report`` turns a session's ``Results`` (``perfsuite.judge.results``,
 what results.json holds) into HTML through ``templates/report.html.j2``; the
 figures come from ``perfsuite.report.plots`` as inline SVG, so the file makes
-no network request. ``write_report`` is what the plugin calls after a session.
+no network request; the verdict table's rows and cells are
+``perfsuite.report.verdict_table``'s, as the terminal and ``perfsuite compare``
+print them. ``write_report`` is what the plugin calls after a session.
 An A/B session (``--perf-against REF``) is shown as one: its columns and
 legends name side A (REF) and side B (the current tree), never a baseline,
 and each test adds its pair ratios and A's timed run stacked above B's.
@@ -37,38 +39,21 @@ from perfsuite.judge.results import (
 from perfsuite.report import plots
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import send_lag as send_lag_view
+from perfsuite.report.verdict_table import (
+    PAIRED_HEADERS,
+    STORED_HEADERS,
+    VERDICTS,
+    VerdictCells,
+    VerdictRow,
+    format_figure,
+    overall_verdict,
+    verdict_table,
+)
 
-VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")
+# the verdict table's checkboxes: a row's category (VerdictRow.category), and its label
+VERDICT_FILTERS = (*((v, v) for v in VERDICTS), ("changed", "counter changed"), ("none", "not compared"))
 PARAMETER_NAMES = ("model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism")
 MAX_HISTORY_RUNS = 30
-
-
-@dataclass(frozen=True, slots=True)
-class VerdictRow:
-    """One metric of one test, as the verdict table shows it."""
-
-    test_id: str
-    metric: str
-    baseline_median: float | None
-    current_median: float | None
-    change_percent: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p_adjusted: float | None
-    verdict: str  # a Verdict value, or the baseline status when nothing was compared
-    min_detectable_effect: float | None = None
-
-    @property
-    def test_name(self) -> str:
-        return self.test_id.rpartition("::")[2]
-
-    @property
-    def css_class(self) -> str:
-        return f"verdict-{self.verdict}" if self.verdict in VERDICTS else "verdict-none"
-
-    @property
-    def anchor(self) -> str:
-        return _anchor(self.test_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +95,10 @@ class Figure:
 
 @dataclass(frozen=True, slots=True)
 class Sides:
-    """What the report calls the two sides of each comparison, and how it explains the columns."""
+    """What the report calls the two sides of each comparison, and how it explains the verdict table's columns."""
 
-    baseline: str
-    current: str
-    change: str
+    headers: VerdictCells  # the verdict table's, as the terminal and ``perfsuite compare`` print them
+    median_title: str
     change_title: str
     ci_title: str
     p_title: str
@@ -122,13 +106,20 @@ class Sides:
     compared_with: str  # a test's status line: what it was compared with
     dashed: str  # the latency CDFs' caption: what the dashed line is
 
+    @property
+    def baseline(self) -> str:
+        return self.headers.baseline
+
+    @property
+    def current(self) -> str:
+        return self.headers.current
+
 
 STORED_SIDES = Sides(
-    baseline="baseline",
-    current="current",
-    change="change",
-    change_title="",
-    ci_title="bootstrap confidence interval of the change of the median",
+    headers=STORED_HEADERS,
+    median_title="median over the repeats",
+    change_title="current median over baseline median, minus 1",
+    ci_title="bootstrap confidence interval of the ratio of the medians, current over baseline",
     p_title="one-sided Mann-Whitney U, Benjamini-Hochberg-adjusted over the session",
     mde_title=(
         "minimum detectable effect: the smallest slowdown a lone regression of this session could be flagged for, "
@@ -139,9 +130,8 @@ STORED_SIDES = Sides(
 )
 
 PAIRED_SIDES = Sides(
-    baseline="A: REF",
-    current="B: current",
-    change="pair ratio",
+    headers=PAIRED_HEADERS,
+    median_title="median over the pairs",
     change_title="median over the pairs of the ratio B/A, minus 1: +5% means B's figure is 5% higher in the median",
     ci_title="distribution-free (Walsh averages) confidence interval of the median pair ratio B/A",
     p_title="one-sided exact Wilcoxon signed-rank on the pairs' log ratios, Benjamini-Hochberg-adjusted",
@@ -154,43 +144,10 @@ PAIRED_SIDES = Sides(
 )
 
 
-def verdict_rows(results: Results) -> list[VerdictRow]:
-    """One row per test and metric compared; one row per test that was not compared."""
-    rows = []
-    for test in results.tests:
-        for c in test.comparisons:
-            rows.append(
-                VerdictRow(
-                    test_id=test.test_id,
-                    metric=c.metric,
-                    baseline_median=c.baseline_median,
-                    current_median=c.current_median,
-                    change_percent=c.change_percent,
-                    ci_low=c.ci_low,
-                    ci_high=c.ci_high,
-                    p_adjusted=c.p_adjusted,
-                    verdict=c.verdict.value,
-                    min_detectable_effect=c.min_detectable_effect,
-                )
-            )
-        if not test.comparisons:
-            rows.append(
-                VerdictRow(test.test_id, "output_throughput", None, test.summary.output_throughput,
-                           None, None, None, None, test.baseline_status)
-            )  # fmt: skip
-    return rows
-
-
-def overall_verdict(rows: Sequence[VerdictRow]) -> str:
-    """The worst news first: any regression makes the whole run regressed."""
-    seen = {row.verdict for row in rows}
-    return next((verdict for verdict in VERDICTS if verdict in seen), "no baseline")
-
-
 def render_report(results: Results, history: Sequence[Results] = ()) -> str:
     """The report as one HTML string; ``history`` holds earlier runs' results, in any order."""
     tests = results.tests
-    rows = verdict_rows(results)
+    rows = verdict_table(tests, paired=results.against is not None).rows
     return _template().render(
         verdict=overall_verdict(rows),
         created_at=results.created_at or "unknown date",
@@ -202,6 +159,7 @@ def render_report(results: Results, history: Sequence[Results] = ()) -> str:
         sides=sides_of(results),
         rows=rows,
         verdicts=VERDICTS,
+        verdict_filters=VERDICT_FILTERS,
         throughput_figures=_throughput_figures(tests),
         timeline=_timeline_figure(tests, results.against),
         history=_history_figure(results, history),
@@ -599,16 +557,13 @@ def _template() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters["number"] = lambda v: "-" if v is None else _format_value(v)
-    environment.filters["signed_percent"] = lambda v: "-" if v is None else f"{v:+.1f}%"
+    environment.filters["anchor"] = _anchor
     environment.filters["svg"] = Markup  # drawn by matplotlib, which escapes its own text
     return environment.get_template("report.html.j2")
 
 
 def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return "-" if value is None else str(value)
+    return format_figure(value) if value is None or isinstance(value, float) else str(value)
 
 
 def _natural_key(text: str) -> tuple:
