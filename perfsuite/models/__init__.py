@@ -29,7 +29,7 @@ from perfsuite.models.cache import (
     write_model_cache,
 )
 from perfsuite.models.gguf import load_gguf_model, smollm2_gguf_path
-from perfsuite.models.load import LoadedModel, load_model, model_config, parse_dtype
+from perfsuite.models.load import LoadedModel, config_values, load_model, model_config, parse_dtype
 from perfsuite.models.spec import DEFAULT_MODEL, KNOWN_MODELS, ModelLoadError, ModelSpec, resolve_model_spec
 from perfsuite.models.tokenizer import build_byte_tokenizer
 
@@ -42,6 +42,7 @@ __all__ = [
     "build_byte_tokenizer",
     "cache_is_valid",
     "cache_root",
+    "config_values",
     "load_gguf_model",
     "load_model",
     "model_config",
