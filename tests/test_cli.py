@@ -46,3 +46,17 @@ def test_min_above_max_names_both_fields(capsys):
     assert main(["run", "--model", "tiny-random", "--min-new-tokens", "9", "--max-new-tokens", "3"]) == 2
     err = capsys.readouterr().err
     assert "min_new_tokens" in err and "max_new_tokens" in err
+
+
+def test_a_batch_too_large_for_memory_is_a_clear_error_naming_the_flag(capsys, monkeypatch):
+    from perfsuite.engine import kv_memory
+
+    monkeypatch.setattr(kv_memory, "available_memory", lambda device: 16 * 2**30)
+    assert main(["run", "--model", "tiny-random", "--device", "cpu", "--batch-size", "100000000", "--engines",
+                 "static", "--no-progress"]) == 2  # fmt: skip
+    # the workload's longest request needs a 192-token slot; tiny-random in float32 keeps 512 B a token
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "perfsuite: error: the static engine's KV cache of 100000000 slots of 192 tokens needs 8.94 TiB (512 B a "
+        "token) but cpu has 16.0 GiB available, of which 14.4 GiB (90%) may hold a KV cache: lower --batch-size to "
+        "157286 or less"
+    )

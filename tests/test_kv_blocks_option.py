@@ -52,7 +52,11 @@ def test_too_small(perf_engine_factory):
     perf_engine_factory("paged", batch_size=2, requests=requests)
 """
 
-ARGS = ("--perf", "--perf-profile", "smoke", "-p", "no:randomly", "-p", "no:cacheprovider", "-s")
+# --perf-kv-blocks is checked against the model's KV bytes and the device's memory at configure time: the
+# fake backend runs on the CPU, and in process the device is named, as resolving "auto" imports torch, which
+# cannot be imported again once a pytester run has dropped it from sys.modules.
+ARGS = ("--perf", "--perf-profile", "smoke", "--perf-device", "cpu", "-p", "no:randomly", "-p", "no:cacheprovider",
+        "-s")  # fmt: skip
 
 
 @pytest.fixture
@@ -93,3 +97,21 @@ def test_a_bad_block_count_is_a_usage_error(project, value):
     result = project.runpytest_inprocess(*ARGS, "--perf-kv-blocks", value)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--perf-kv-blocks: expected a number of KV blocks*"])
+
+
+def test_a_pool_larger_than_the_devices_memory_is_a_usage_error_before_any_model_loads(project, monkeypatch):
+    from perfsuite.engine import kv_memory
+
+    monkeypatch.setattr(kv_memory, "available_memory", lambda device: 16 * 2**30)
+    result = project.runpytest_inprocess(*ARGS, "--perf-model", "tiny-random", "--perf-kv-blocks", "1000000000")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    # tiny-random in float32: 2 layers x 2 (K and V) x 2 KV heads x 16 head dim x 4 bytes = 512 B a token;
+    # 90% of 16 GiB over 16 tokens x 512 B = 1887436 blocks fit
+    result.stderr.fnmatch_lines([(
+        "ERROR: --perf-kv-blocks 1000000000 with tiny-random in float32: the paged engine's KV pool of 1000000000 "
+        "blocks of 16 tokens needs 7.45 TiB (512 B a token) but cpu has 16.0 GiB available, of which 14.4 GiB (90%) "
+        "may hold a KV cache: lower --perf-kv-blocks to 1887436 or less"
+    )])  # fmt: skip
+    assert len([line for line in result.stderr.lines if line]) == 1, "one line, no stack trace"
+    fits = project.runpytest_inprocess(*ARGS, "--perf-model", "tiny-random", "--perf-kv-blocks", "1887436", "--co")
+    assert fits.ret == pytest.ExitCode.OK, "the largest pool it names is no usage error"

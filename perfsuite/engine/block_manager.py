@@ -14,7 +14,7 @@ when memory runs out (queue or preempt), never this module.
 
 from __future__ import annotations
 
-import heapq
+from perfsuite.engine.free_ids import FreeIds
 
 _NOTHING_TO_GROW = "holds no blocks to grow; give it its first blocks with allocate"
 
@@ -33,7 +33,7 @@ class BlockManager:
             raise ValueError(f"block_size must be an integer >= 1 (tokens per block), got {block_size!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free_blocks = list(range(num_blocks))  # a heap
+        self._free_blocks = FreeIds(num_blocks)
         self._tables: dict[str, list[int]] = {}
 
     @property
@@ -98,7 +98,7 @@ class BlockManager:
                 "call can_append first and preempt a request when it says no"
             )
         while len(table) < self.num_blocks_for(num_tokens):
-            table.append(heapq.heappop(self._free_blocks))
+            table.append(self._free_blocks.pop())
         return tuple(table)
 
     def free(self, request_id: str) -> None:
@@ -106,7 +106,7 @@ class BlockManager:
         for block in self._table(
             request_id, "holds no blocks: it was never allocated or is freed already; free each request once"
         ):
-            heapq.heappush(self._free_blocks, block)
+            self._free_blocks.push(block)
         del self._tables[request_id]
 
     def _table(self, request_id: str, problem: str) -> list[int]:

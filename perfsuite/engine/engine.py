@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
 from perfsuite.engine.block_manager import BlockManager
 from perfsuite.engine.kv_cache import KVCacheManager
+from perfsuite.engine.kv_memory import KVSizing, check_kv_memory, default_paged_pool, paged_pool, slot_cache
 from perfsuite.engine.paged_scheduler import PagedScheduler
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
 from perfsuite.engine.types import (
@@ -36,7 +37,10 @@ DEFAULT_KV_BLOCK_SIZE = 16
 class Runner(Protocol):
     """What an engine needs from a model runner (the real one or a fake).
 
-    ``new_paged_kv_cache`` is needed only by the paged engine.
+    ``new_paged_kv_cache`` is needed only by the paged engine. A runner that
+    also has ``kv_layout`` (a ``KVLayout``) and ``device`` has every cache an
+    engine asks of it checked against that device's memory first
+    (``perfsuite.engine.kv_memory``); a fake without them is not checked.
     """
 
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> Any: ...
@@ -206,9 +210,17 @@ class Engine:
         )
 
 
+def check_kv_fits(runner: Runner, sizing: KVSizing) -> None:
+    """``KVMemoryError`` if the cache would not fit the runner's device; called before anything is allocated."""
+    layout = getattr(runner, "kv_layout", None)
+    if layout is not None:
+        check_kv_memory(sizing, layout, runner.device)
+
+
 def static_engine(
     runner: Runner, *, batch_size: int, max_seq_len: int, eos_token_id: int | None, **engine_kwargs
 ) -> Engine:
+    check_kv_fits(runner, slot_cache("static", "batch_size", batch_size, max_seq_len))
     kv = KVCacheManager(num_slots=batch_size, max_seq_len=max_seq_len)
     return Engine("static", runner, StaticScheduler(kv, eos_token_id, batch_size), **engine_kwargs)
 
@@ -223,6 +235,7 @@ def inflight_engine(
     max_num_batched_tokens: int | None = None,
     **engine_kwargs,
 ) -> Engine:
+    check_kv_fits(runner, slot_cache("inflight", "decode_batch_size", decode_batch_size, max_seq_len))
     kv = KVCacheManager(num_slots=decode_batch_size, max_seq_len=max_seq_len)
     scheduler = InflightScheduler(
         kv,
@@ -253,7 +266,11 @@ def paged_engine(
     preempts and the two compare at the same memory.
     """
     if num_kv_blocks is None:
-        num_kv_blocks = decode_batch_size * -(-max_seq_len // kv_block_size)
+        blocks_per_request = -(-max_seq_len // kv_block_size)
+        check_kv_fits(runner, default_paged_pool(decode_batch_size, blocks_per_request, kv_block_size))
+        num_kv_blocks = decode_batch_size * blocks_per_request
+    else:
+        check_kv_fits(runner, paged_pool(num_kv_blocks, kv_block_size))
     scheduler = PagedScheduler(
         BlockManager(num_kv_blocks, kv_block_size),
         eos_token_id,

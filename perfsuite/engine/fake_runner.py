@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 
 
@@ -77,8 +78,13 @@ class FakePagedKVCache:
 
 
 class FakeRunner:
-    def __init__(self, vocab_size: int = 97, on_execute=None) -> None:
+    """``kv_layout`` (and ``device``) make it stand in for a model of that shape in the engines' memory check."""
+
+    def __init__(self, vocab_size: int = 97, on_execute=None, kv_layout: KVLayout | None = None,
+                 device: str = "cpu") -> None:  # fmt: skip
         self.vocab_size = vocab_size
+        self.kv_layout = kv_layout
+        self.device = device
         self.num_forward_passes = 0
         self._on_execute = on_execute  # e.g. a sleep, to fake a slower model
 

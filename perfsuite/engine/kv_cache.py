@@ -6,7 +6,7 @@ module only decides who may write where, with nano-vllm's check/act pairs.
 
 from __future__ import annotations
 
-import heapq
+from perfsuite.engine.free_ids import FreeIds
 
 
 class KVCacheManager:
@@ -23,7 +23,7 @@ class KVCacheManager:
             raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        self._free_slots = list(range(num_slots))
+        self._free_slots = FreeIds(num_slots)
         self._slot_of: dict[str, int] = {}
 
     # A slot is a block of ``max_seq_len`` tokens: the names the paged
@@ -69,10 +69,10 @@ class KVCacheManager:
                 f"cannot allocate {num_tokens} tokens for {request_id!r}: "
                 f"{self.num_free_slots} free slots of {self.max_seq_len} tokens; call can_allocate first"
             )
-        slot = heapq.heappop(self._free_slots)
+        slot = self._free_slots.pop()
         self._slot_of[request_id] = slot
         return slot
 
     def free(self, request_id: str) -> None:
         slot = self._slot_of.pop(request_id)
-        heapq.heappush(self._free_slots, slot)
+        self._free_slots.push(slot)

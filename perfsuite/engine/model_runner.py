@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
@@ -137,6 +138,12 @@ class ModelRunner:
     @property
     def device(self) -> torch.device:
         return self.decoder.device
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """One token's keys and values in the caches it makes: engines check a cache fits the device first."""
+        heads = self.decoder.heads
+        return KVLayout(len(self.decoder.layers), heads.num_kv_heads, heads.head_dim, self.decoder.dtype.itemsize)
 
     @property
     def max_context(self) -> int:

@@ -21,9 +21,8 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
-import heapq
-
 from perfsuite.engine.block_manager import BlockManager
+from perfsuite.engine.free_ids import FreeIds
 from perfsuite.engine.scheduler import Scheduler
 from perfsuite.engine.sequence import Sequence, SequenceStatus
 from perfsuite.engine.types import Request, ScheduledChunk, SchedulerOutput
@@ -93,7 +92,7 @@ class PagedScheduler(Scheduler):
         self.prefill_batch_size = prefill_batch_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.watermark = watermark
-        self._free_rows = list(range(decode_batch_size))  # a heap: timeline lanes for running requests
+        self._free_rows = FreeIds(decode_batch_size)  # timeline lanes for running requests
 
     @property
     def max_seq_len(self) -> int:
@@ -196,7 +195,7 @@ class PagedScheduler(Scheduler):
 
     def _admit_with(self, sequence: Sequence, num_tokens: int) -> None:
         self.kv_cache.allocate(sequence.request_id, num_tokens)
-        sequence.slot = heapq.heappop(self._free_rows)
+        sequence.slot = self._free_rows.pop()
         sequence.status = SequenceStatus.RUNNING
         self.running.append(sequence)
 
@@ -206,7 +205,7 @@ class PagedScheduler(Scheduler):
     def _release(self, sequence: Sequence) -> None:
         if sequence.slot is not None:
             self.kv_cache.free(sequence.request_id)
-            heapq.heappush(self._free_rows, sequence.slot)
+            self._free_rows.push(sequence.slot)
             sequence.slot = None
         if sequence in self.running:
             self.running.remove(sequence)

@@ -8,10 +8,11 @@ transformers call passes ``local_files_only``.
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from perfsuite.models.cache import (
     CACHE_DIR_ENV,
@@ -27,6 +28,7 @@ from perfsuite.models.spec import (
     KIND_GGUF_PACKAGE,
     KIND_LOCAL,
     KIND_RANDOM,
+    RANDOM_CONFIGS,
     ModelLoadError,
     ModelSpec,
     resolve_model_spec,
@@ -143,6 +145,29 @@ def model_config(spec: ModelSpec | str) -> transformers.PretrainedConfig:
     if cache_is_valid(cached):
         return AutoConfig.from_pretrained(cached, local_files_only=True)
     return read_gguf_config(gguf)
+
+
+def config_values(spec: ModelSpec | str) -> dict[str, Any] | None:
+    """The model's config.json values, read without transformers, for checks made before a model loads.
+
+    A random model's own values; a local directory's config.json; for
+    ``smollm2-135m`` its cache's config.json, and None before the first load
+    wrote that cache (only the GGUF file holds the config then, read slowly).
+    """
+    spec = resolve_model_spec(spec)
+    if spec.kind == KIND_RANDOM:
+        return dict(RANDOM_CONFIGS[spec.name])
+    if spec.kind == KIND_LOCAL:
+        folder = Path(spec.path)
+    else:
+        folder = smollm2_cache_dir(smollm2_gguf_path())
+        if not cache_is_valid(folder):
+            return None
+    try:
+        values = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return values if isinstance(values, dict) else None
 
 
 def _load_smollm2() -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:

@@ -20,6 +20,7 @@ from perfsuite.plugin.gpu_workers import WORKER_GPU_KEY, GpuAssignment, GpuAssig
 from perfsuite.plugin.ids import perf_test_id
 from perfsuite.plugin.options import add_options, read_options
 from perfsuite.plugin.session import PerfSession
+from perfsuite.plugin.sizing import check_kv_blocks, kv_memory_failure
 from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_KEY, RESULTS_KEY, SESSION_KEY
 from perfsuite.plugin.terminal import WrittenFiles, write_summary
 
@@ -39,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = read_options(config)
     config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
     num_workers = _num_xdist_workers(config)
+    check_kv_blocks(options, loads_a_model_here=not num_workers and options.against is None)
     if num_workers:
         gpus = _as_usage_error(
             gpus_for_workers, options.enabled, options.device, num_workers, os.environ, _count_cuda_devices
@@ -305,8 +307,10 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     test needs; without them it is ``perf_max_seq_len``. ``num_kv_blocks=...``
     sizes the paged engine's KV pool; unset, a ``paged`` engine gets
     ``--perf-kv-blocks`` (the others ignore both). A pool too small for the
-    largest of ``requests`` fails the test here, before anything runs.
-    Override this fixture to hand the shipped tests an engine of your own.
+    largest of ``requests`` fails the test here, before anything runs, and so
+    does a KV cache the device's memory cannot hold (naming the option or
+    knob to lower). Override this fixture to hand the shipped tests an
+    engine of your own.
     """
     from perfsuite.adapters import EngineConfig, build_engine
     from perfsuite.measure.timing import max_seq_len_for
@@ -321,9 +325,11 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
         requests=None,
         num_kv_blocks=None,
     ):
+        from perfsuite.engine.kv_memory import KVMemoryError
         from perfsuite.plugin.recorder import BuiltEngine
 
         max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
+        pool_from_option = name == PAGED and num_kv_blocks is None
         if name == PAGED:
             if num_kv_blocks is None:
                 num_kv_blocks = perf_session.options.kv_blocks
@@ -334,7 +340,11 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
 
             engine = WorkerEngine(name, config)
         else:
-            engine = build_engine(name, perf_backend, config)
+            try:
+                engine = build_engine(name, perf_backend, config)
+            except KVMemoryError as error:
+                options = perf_session.options
+                pytest.fail(kv_memory_failure(error, name, batch_size, options, pool_from_option), pytrace=False)
         perf_built_engines.append(BuiltEngine(engine, name, config))
         return engine
 

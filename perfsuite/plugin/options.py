@@ -134,7 +134,8 @@ _OPTIONS = (
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
     ("perf_kv_blocks", kv_blocks, None,
      "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (engine paged only; "
-     "the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens"),
+     "the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens. "
+     "A pool that --perf-model's KV cache would not fit in 90% of the device's available memory is a usage error"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None,
      "timed repeats per test (default: the profile's; with --perf-against at least enough pairs that a regression "

@@ -55,6 +55,7 @@ def serve(options: ServeOptions) -> int:
 
 def build_server(options: ServeOptions) -> CompletionServer:
     from perfsuite.adapters import Backend, EngineConfig, build_engine
+    from perfsuite.engine.kv_memory import KVMemoryError
     from perfsuite.measure.timing import configure_threads, resolve_device, warm_up
     from perfsuite.models import load_model
 
@@ -64,7 +65,10 @@ def build_server(options: ServeOptions) -> CompletionServer:
     max_seq_len = options.max_seq_len or min(DEFAULT_MAX_SEQ_LEN, loaded.max_context)
     if max_seq_len > loaded.max_context:
         raise ValueError(f"--max-seq-len {max_seq_len} exceeds the model's context of {loaded.max_context} tokens")
-    engine = build_engine("inflight", Backend.from_loaded(loaded), EngineConfig(options.batch_size, max_seq_len))
+    try:
+        engine = build_engine("inflight", Backend.from_loaded(loaded), EngineConfig(options.batch_size, max_seq_len))
+    except KVMemoryError as error:
+        raise ValueError(f"{error.message('--batch-size')}, or lower --max-seq-len") from None
     warm_up(engine, [Request("warm-up", tuple(loaded.tokenizer("Hello")["input_ids"]) or (0,))])
     served_name = options.served_model_name or short_model_name(loaded)
     print(
