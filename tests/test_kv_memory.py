@@ -236,14 +236,11 @@ def perf_backend():
 
 
 def test_a_sweep_batch_size_too_large_for_memory_fails_its_case_in_one_line_naming_the_sweep_key(pytester):
-    from smoke_session import SHIPPED_PERF_TESTS
-
-    for name in ("conftest.py", "test_sweep.py"):
-        text = (SHIPPED_PERF_TESTS / name).read_text()
-        pytester.path.joinpath(name).write_text(text + ("\n" + FAKE_TINY_BACKEND if name == "conftest.py" else ""))
+    pytester.makeconftest(FAKE_TINY_BACKEND)  # the project's own: the shipped sweep test, over a fake backend
     pytester.path.joinpath("sweep.toml").write_text(SWEEP)
-    result = pytester.runpytest_subprocess("--perf", "--perf-profile", "smoke", "--perf-device", "cpu",
-                                           "--perf-config", "sweep.toml", "-p", "no:randomly", "-k", "test_sweep")
+    result = pytester.runpytest_subprocess("--pyargs", "perfsuite.suites.test_sweep", "--perf", "--perf-profile",
+                                           "smoke", "--perf-device", "cpu", "--perf-config", "sweep.toml",
+                                           "-p", "no:randomly", "-k", "test_sweep")  # fmt: skip
     result.assert_outcomes(failed=1, deselected=1)
     # 32 + 4 tokens: a 64-token slot of 512 B a token; int(0.9 GiB) / 32 KiB = 29491 slots fit
     result.stdout.fnmatch_lines([(
