@@ -91,7 +91,8 @@ ALLOWED = {
     "plugin": {"ab", "adapters", "argtypes", "engine", "judge", "measure", "models", "report", "workload",
                "correctness"},
     "cli": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "serve", "workload",
-            "correctness"},
+            "correctness", "scaffold"},
+    "scaffold": set(),  # perfsuite init: templates and a writer, nothing else of perfsuite
     "__main__": {"cli"},
     "suites": {"plugin"},  # the shipped perf tests: they read the session's options
     "__init__": set(),
