@@ -194,19 +194,24 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-@pytest.fixture
-def repo(tmp_path) -> Path:
-    root = tmp_path / "repo"
-    (root / "project" / "perfsuite").mkdir(parents=True)
-    (root / "project" / "perfsuite" / "__init__.py").write_text("VERSION = 1\n")
+def two_commit_repo(root: Path, package: str) -> Path:
+    """A git repository at ``root`` whose ``package/__init__.py`` says VERSION = 1, then VERSION = 2."""
+    init = root / package / "__init__.py"
+    init.parent.mkdir(parents=True)
+    init.write_text("VERSION = 1\n")
     git(root.parent, "init", "-q", "-b", "main", str(root))
     git(root, "config", "user.email", "t@example.invalid")
     git(root, "config", "user.name", "t")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "one")
-    (root / "project" / "perfsuite" / "__init__.py").write_text("VERSION = 2\n")
+    init.write_text("VERSION = 2\n")
     git(root, "commit", "-q", "-am", "two")
     return root
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    return two_commit_repo(tmp_path / "repo", "project/perfsuite")
 
 
 def test_a_ref_is_laid_out_as_the_same_folder_of_its_commit(repo, tmp_path):
@@ -268,17 +273,7 @@ def test_a_commit_with_no_perfsuite_package_in_the_folder_is_refused(repo, tmp_p
 @pytest.fixture
 def project_repo(tmp_path) -> Path:
     """A project that installs perfsuite rather than holding it: an engine package of its own, two commits."""
-    root = tmp_path / "outside"
-    (root / "src" / "my_engine").mkdir(parents=True)
-    (root / "src" / "my_engine" / "__init__.py").write_text("VERSION = 1\n")
-    git(root.parent, "init", "-q", "-b", "main", str(root))
-    git(root, "config", "user.email", "t@example.invalid")
-    git(root, "config", "user.name", "t")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "one")
-    (root / "src" / "my_engine" / "__init__.py").write_text("VERSION = 2\n")
-    git(root, "commit", "-q", "-am", "two")
-    return root
+    return two_commit_repo(tmp_path / "outside", "src/my_engine")
 
 
 def test_a_project_that_installs_perfsuite_compares_its_own_code_and_both_sides_use_the_installed_one(
