@@ -45,6 +45,8 @@ PURE_MODULES = [
     "perfsuite.ab.wire",
     "perfsuite.ab.pair",
     "perfsuite.plugin.against",
+    "perfsuite.history",
+    "perfsuite.history.store",
     "perfsuite.cli",
 ]
 
@@ -81,6 +83,7 @@ ALLOWED = {
     "adapters": {"engine", "models"},
     "judge": {"engine", "measure"},
     "report": {"judge"},
+    "history": {"engine", "judge", "measure"},  # the run history store: results in, results out
     "correctness": {"adapters", "engine"},
     # the correctness kit for users' tests: nothing of perfsuite imports it
     "testing": {"adapters", "correctness", "engine", "models"},

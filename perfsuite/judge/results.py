@@ -58,7 +58,8 @@ from perfsuite.measure.summaries import (
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
     "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "MemoryUse", "PolicyDescription", "ProbeDescription", "Results",
     "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
-    "TimelineRequest", "TimelineStep", "archive_results", "read_history", "read_results", "write_results",
+    "TimelineRequest", "TimelineStep", "archive_results", "read_history", "read_results", "results_from_json",
+    "write_results",
 ]  # fmt: skip
 
 RESULTS_SCHEMA_VERSION = 4  # 4: KV cache and device memory; 3: A/B sessions; 2: timeline objects with named fields
@@ -336,16 +337,26 @@ def read_results(path: Path) -> Results:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ResultsFileError(f"{path} is not a readable JSON file ({error}); {REWRITE_HINT}") from error
+    return results_from_json(data, str(path))
+
+
+def results_from_json(data: Any, source: str) -> Results:
+    """A results document of any readable schema version, checked and converted; ``source`` names it in errors.
+
+    ``read_results`` reads files through it, and the history store
+    (``perfsuite.history``) the documents it holds, so both convert older
+    versions alike.
+    """
     if not isinstance(data, dict):
         raise ResultsFileError(
-            f"{path} is not a perfsuite results file: expected a JSON object, found {type(data).__name__}; "
+            f"{source} is not a perfsuite results file: expected a JSON object, found {type(data).__name__}; "
             f"{REWRITE_HINT}"
         )
     version = data.get("schema_version")
     if version != RESULTS_SCHEMA_VERSION and version not in CONVERTED_VERSIONS:
         readable = ", ".join(map(str, (*CONVERTED_VERSIONS, RESULTS_SCHEMA_VERSION)))
         raise ResultsFileError(
-            f"{path} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
+            f"{source} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
         )
     try:
         data = _converted(data, version)
@@ -354,9 +365,9 @@ def read_results(path: Path) -> Results:
             return Results.from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ResultsFileError(
-            f"{path} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
+            f"{source} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
         ) from error
-    raise ResultsFileError(f"{path}: {problem}; {REWRITE_HINT}")
+    raise ResultsFileError(f"{source}: {problem}; {REWRITE_HINT}")
 
 
 # What a test holds that a comparison or the report reads as samples: each field checked by one rule.

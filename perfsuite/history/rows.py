@@ -1,0 +1,77 @@
+"""A session's ``Results`` as the store's rows, and its rows back as a results document: no database here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from perfsuite.judge.results import Results, TestResult
+
+
+def session_key(results: Results) -> str:
+    """What makes two appends the same session: when it was made, its commit, its machine, and each test's samples.
+
+    Appending the same ``Results`` again, or importing the results.json (or
+    reports/history copy) of a session already stored, finds this key and
+    adds nothing. Two different sessions never share it: even two CI jobs of
+    one commit on identical runners that finish in the same second measured
+    different samples.
+    """
+    identity = [
+        results.created_at,
+        results.commit,
+        results.fingerprint,
+        sorted([test.test_id, {name: list(values) for name, values in test.samples.items()}] for test in results.tests),
+    ]
+    return hashlib.sha256(_canonical(identity).encode()).hexdigest()
+
+
+def session_row(results: Results) -> dict[str, Any]:
+    document = results.to_json()
+    del document["tests"]
+    return {
+        "session_key": session_key(results),
+        "created_at": results.created_at,
+        "commit": results.commit,
+        "fingerprint": results.fingerprint,
+        "document": document,
+    }
+
+
+def test_rows(results: Results, session_id: int) -> list[dict[str, Any]]:
+    return [_test_row(results, test, session_id, position) for position, test in enumerate(results.tests)]
+
+
+def _test_row(results: Results, test: TestResult, session_id: int, position: int) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "position": position,
+        "test_id": test.test_id,
+        "commit": results.commit,
+        "created_at": results.created_at,
+        "fingerprint": test.environment.fingerprint() if test.environment else None,
+        "configuration": test.configuration.to_json() if test.configuration else None,
+        "samples": {name: list(values) for name, values in test.samples.items()},
+        "verdicts": verdicts(test),
+        "result": test.to_json(),
+    }
+
+
+def verdicts(test: TestResult) -> dict[str, Any]:
+    """How the test was judged: its baseline status, why it was noisy (if so), and each metric's verdict."""
+    return {
+        "baseline": test.baseline_status,
+        "noisy": test.noisy,
+        "metrics": {comparison.metric: comparison.verdict.value for comparison in test.comparisons},
+    }
+
+
+def results_document(session_document: Mapping[str, Any], test_documents: Sequence[Mapping[str, Any]]) -> dict:
+    """The results document a session's rows hold: what ``results_from_json`` reads."""
+    return {**session_document, "tests": list(test_documents)}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
