@@ -45,6 +45,7 @@ def test_rows(results: Results, session_id: int) -> list[dict[str, Any]]:
 
 
 def _test_row(results: Results, test: TestResult, session_id: int, position: int) -> dict[str, Any]:
+    configuration = test.configuration.to_json() if test.configuration else None
     return {
         "session_id": session_id,
         "position": position,
@@ -52,11 +53,19 @@ def _test_row(results: Results, test: TestResult, session_id: int, position: int
         "commit": results.commit,
         "created_at": results.created_at,
         "fingerprint": test.environment.fingerprint() if test.environment else None,
-        "configuration": test.configuration.to_json() if test.configuration else None,
+        "configuration": configuration,
+        "configuration_key": configuration_key(configuration),
         "samples": {name: list(values) for name, values in test.samples.items()},
         "verdicts": verdicts(test),
         "result": test.to_json(),
     }
+
+
+def configuration_key(configuration: Mapping[str, Any] | None) -> str | None:
+    """A short digest of a ``RunConfiguration.to_json()``, equal exactly when the configurations are; None for none."""
+    if configuration is None:
+        return None
+    return hashlib.sha256(_canonical(configuration).encode()).hexdigest()[:16]
 
 
 def verdicts(test: TestResult) -> dict[str, Any]:

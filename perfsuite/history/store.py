@@ -83,7 +83,7 @@ class HistoryStore:
         return self._location.shown
 
     def append(self, results: Results) -> int:
-        """Add one session in one transaction; its id. A session stored already (``rows.session_key``) is not added again."""
+        """Add one session in one transaction; its id. A session stored already (``rows.session_key``) is not added."""
         session_id, _ = self._append(results)
         return session_id
 
@@ -102,7 +102,7 @@ class HistoryStore:
             chosen = chosen.order_by(schema.sessions.c.created_at.desc(), schema.sessions.c.id.desc()).limit(newest)
         chosen_ids = chosen.subquery()
         with self._database_errors("read"), self._transaction(write=False) as connection:
-            session_rows = connection.execute(
+            sessions = connection.execute(
                 sa.select(schema.sessions.c.id, schema.sessions.c.document)
                 .where(schema.sessions.c.id.in_(sa.select(chosen_ids.c.id)))
                 .order_by(schema.sessions.c.created_at, schema.sessions.c.id)
@@ -115,10 +115,10 @@ class HistoryStore:
         tests_of: dict[int, list[dict[str, Any]]] = {}
         for session_id, result in test_rows:
             tests_of.setdefault(session_id, []).append(result)
-        return [self._rebuilt(session_id, document, tests_of.get(session_id, [])) for session_id, document in session_rows]
+        return [self._rebuilt(session_id, document, tests_of.get(session_id, [])) for session_id, document in sessions]
 
     def import_files(self, paths: Iterable[Path]) -> ImportReport:
-        """Append the results files at ``paths`` (a directory: its ``*.json``), each on its own; older schema versions too.
+        """Append the results files at ``paths`` (a directory: its ``*.json``), each on its own, of any schema version.
 
         A file that cannot be read is a problem of the report, and the others
         are imported; a session stored already is counted, not added.
@@ -154,7 +154,8 @@ class HistoryStore:
         try:
             session = rows.session_row(results)
         except ValueError as error:  # a NaN or infinity, which JSON (and so the store) cannot hold
-            raise HistoryError(f"cannot append to {self.location}: {error}; please report this with its results") from None
+            message = f"cannot append to {self.location}: {error}; please report this with its results"
+            raise HistoryError(message) from None
         with self._database_errors("write to"):
             try:
                 return self._insert(results, session)
@@ -204,16 +205,11 @@ def _results_files(paths: Iterable[Path], problems: list[str]) -> Iterator[Path]
             continue
         found = sorted(path.glob("*.json"))
         if not found:
-            problems.append(f"{path}: no *.json files in this directory; pass results files or a reports/history folder")
+            problems.append(f"{path}: no *.json files in it; pass results files, or a folder of them (reports/history)")
         yield from found
 
 
 # -- opening: the tables, their version and migrations --------------------------------------------------------------
-
-# MIGRATIONS[i] brings a store of version i + 1 to version i + 2, inside the transaction that opens it.
-MIGRATIONS: tuple = ()
-assert schema.SCHEMA_VERSION == 1 + len(MIGRATIONS), "each schema version after the first has its migration"
-
 
 def _prepare(connection: sa.Connection, shown: str) -> None:
     """Create the tables in an empty database, migrate an older layout, refuse anything else."""
@@ -227,7 +223,7 @@ def _prepare(connection: sa.Connection, shown: str) -> None:
             f"{shown} is a history store of schema version {version}, newer than the version "
             f"{schema.SCHEMA_VERSION} this perfsuite knows; upgrade perfsuite (pip install -U perfsuite) to use it"
         )
-    for migrate in MIGRATIONS[version - 1 :]:
+    for migrate in schema.MIGRATIONS[version - 1 :]:
         migrate(connection)
     if version < schema.SCHEMA_VERSION:
         connection.execute(sa.update(schema.schema_version).values(version=schema.SCHEMA_VERSION))
@@ -343,7 +339,9 @@ class _DatabaseErrors:
             return
         reason = _first_line(getattr(error, "orig", None) or error)
         where = self._location
-        if where.sqlite_file is not None:
+        if where.sqlite_file is not None and "locked" in reason:
+            fix = f"another process held its write lock for over {BUSY_TIMEOUT_SECONDS:g} s; try again once it is done"
+        elif where.sqlite_file is not None:
             fix = f"check that {where.sqlite_file} is a perfsuite history store and writable, or {ELSEWHERE}"
         else:
             fix = "check the URL, that the database server is up and reachable, and the credentials"
