@@ -1,4 +1,5 @@
-"""``perfsuite`` command line: ``run`` measures engines on a workload; ``report`` and ``compare`` read results."""
+"""``perfsuite`` command line: ``run`` measures engines on a workload; ``report`` and ``compare`` read results;
+``history`` keeps the run history (``history import`` brings earlier results files into it)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from perfsuite.adapters.http_options import (
     endpoint_url,
 )
 from perfsuite.engine import RunResult
+from perfsuite.history import DEFAULT_LOCATION
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_commands(commands)
     _add_serve_command(commands)
     _add_init_command(commands)
+    _add_history_command(commands)
     return parser
 
 
@@ -183,18 +186,55 @@ def _add_init_command(commands) -> None:
     init.add_argument("--engine", default="my-engine", help="the name your engine is registered under (my-engine)")
 
 
+def _add_history_command(commands) -> None:
+    history = commands.add_parser(
+        "history",
+        help="the run history store that `pytest --perf` appends each session to (docs/history.md)",
+        description="The run history: a SQLite file or a database URL (--perf-history) holding every session's "
+        "results.",
+    )
+    actions = history.add_subparsers(dest="history_command", required=True, metavar="ACTION")
+    importing = actions.add_parser(
+        "import",
+        help="append earlier results.json files (and reports/history/*.json) to the store",
+        description="Append each results file (a directory: its *.json files) to the store, any schema version. A "
+        "session the store holds already is not added twice; a file that cannot be read is named and the rest "
+        "imported (exit status 2).",
+    )
+    importing.add_argument("paths", nargs="+", type=Path, metavar="FILE_OR_DIR", help="results files or folders")
+    importing.add_argument("--store", default=DEFAULT_LOCATION, metavar="LOCATION",
+                           help=f"a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         _check_run_arguments(args.command_parser, args)
-    commands = {"run": _run, "report": _report, "compare": _compare, "serve": _serve, "init": _init}
+    commands = {
+        "run": _run, "report": _report, "compare": _compare, "serve": _serve, "init": _init, "history": _history,
+    }  # fmt: skip
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
         message = _in_run_flags(str(error)) if args.command == "run" else str(error)
         print(f"perfsuite: error: {message}", file=sys.stderr)
         return 2
+
+
+def _history(args: argparse.Namespace) -> int:
+    return {"import": _history_import}[args.history_command](args)
+
+
+def _history_import(args: argparse.Namespace) -> int:
+    from perfsuite.history.store import HistoryStore
+
+    with HistoryStore.open(args.store) as store:
+        report = store.import_files(args.paths)
+    for problem in report.problems:
+        print(f"perfsuite: error: {problem}", file=sys.stderr)
+    print(f"imported {report.num_imported} sessions into {store.location} ({report.num_duplicates} already there)")
+    return 2 if report.problems else 0
 
 
 def _init(args: argparse.Namespace) -> int:

@@ -91,9 +91,9 @@ ALLOWED = {
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
     "ab": {"__init__", "engine", "adapters", "measure", "models"},
-    "plugin": {"ab", "adapters", "argtypes", "engine", "judge", "measure", "models", "report", "workload",
+    "plugin": {"ab", "adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "workload",
                "correctness"},
-    "cli": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "serve", "workload",
+    "cli": {"adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "serve", "workload",
             "correctness", "scaffold"},
     "scaffold": set(),  # perfsuite init: templates and a writer, nothing else of perfsuite
     "__main__": {"cli"},

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.history import HistoryError, HistoryStore, ImportReport
+from perfsuite.history.store import HistoryError, HistoryStore, ImportReport
 from perfsuite.history.rows import configuration_key, session_key
 from perfsuite.history.schema import SCHEMA_VERSION
 from perfsuite.judge.results import Results, read_results, write_results
@@ -328,7 +328,8 @@ WRITER = """
 import sys, time
 from pathlib import Path
 
-from perfsuite.history import HistoryStore, store as store_module
+from perfsuite.history import store as store_module
+from perfsuite.history.store import HistoryStore
 from perfsuite.judge.results import read_results
 
 location, flag, go, *documents = sys.argv[1:]

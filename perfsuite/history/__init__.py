@@ -1,6 +1,8 @@
-"""The run history: every session's results, in a SQLite file or a database, for trends that outlive the runner."""
+"""The run history: every session's results, in a SQLite file or a database, for trends that outlive the runner.
 
-from perfsuite.history.location import HistoryError
-from perfsuite.history.store import HistoryStore, ImportReport
+``perfsuite.history.store`` holds the store (``HistoryStore``, ``HistoryError``,
+``ImportReport``); this package's own import stays free of SQLAlchemy, so the
+plugin can name the default location without paying for it.
+"""
 
-__all__ = ["HistoryError", "HistoryStore", "ImportReport"]
+DEFAULT_LOCATION = "reports/history.sqlite"  # --perf-history's default and `perfsuite history import --store`'s

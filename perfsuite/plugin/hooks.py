@@ -21,7 +21,15 @@ from perfsuite.plugin.ids import perf_test_id
 from perfsuite.plugin.options import add_options, read_options
 from perfsuite.plugin.session import PerfSession
 from perfsuite.plugin.sizing import check_kv_blocks, kv_memory_failure
-from perfsuite.plugin.stash import GPU_ASSIGNMENT_KEY, OUTPUT_ERROR_KEY, REPORT_KEY, RESULTS_KEY, SESSION_KEY
+from perfsuite.plugin.stash import (
+    GPU_ASSIGNMENT_KEY,
+    HISTORY_ERROR_KEY,
+    HISTORY_KEY,
+    OUTPUT_ERROR_KEY,
+    REPORT_KEY,
+    RESULTS_KEY,
+    SESSION_KEY,
+)
 from perfsuite.plugin.terminal import WrittenFiles, write_summary
 
 WORKER_OUTPUT_KEY = "perfsuite"
@@ -109,8 +117,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     except OutputError as error:
         config.stash[OUTPUT_ERROR_KEY] = str(error)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _append_to_history(session, perf_session)
     failed_late = perf_session.late_regressions and not perf_session.options.save_baseline
     if failed_late and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _append_to_history(session: pytest.Session, perf_session: PerfSession) -> None:
+    """The finished session into --perf-history; a store that cannot take it fails the session as results.json would."""
+    if perf_session.options.history_store is None or perf_session.finished is None:
+        return
+    from perfsuite.history.store import HistoryError  # SQLAlchemy: only a session that keeps a history pays
+
+    try:
+        session.config.stash[HISTORY_KEY] = perf_session.append_to_history()
+    except HistoryError as error:
+        session.config.stash[HISTORY_ERROR_KEY] = (
+            f"{error} (this session is not in the history; --perf-history none keeps no history)"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -185,8 +209,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     if perf_session.results:
         terminalreporter.section("perfsuite")
-    written = WrittenFiles(config.stash.get(RESULTS_KEY, None), config.stash.get(REPORT_KEY, None))
-    write_summary(terminalreporter.write_line, perf_session, written, config.stash.get(OUTPUT_ERROR_KEY, None))
+    written = WrittenFiles(
+        config.stash.get(RESULTS_KEY, None), config.stash.get(REPORT_KEY, None), config.stash.get(HISTORY_KEY, None)
+    )
+    errors = (config.stash.get(OUTPUT_ERROR_KEY, None), config.stash.get(HISTORY_ERROR_KEY, None))
+    write_summary(terminalreporter.write_line, perf_session, written, *errors)
 
 
 # -- fixtures ---------------------------------------------------------------

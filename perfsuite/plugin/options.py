@@ -24,6 +24,7 @@ from perfsuite.adapters.http_options import (
 from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, number, one_of, probability
 from perfsuite.engine.types import DECODE_MODES
+from perfsuite.history import DEFAULT_LOCATION
 from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
@@ -84,6 +85,17 @@ def positive_number(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
+
+
+NO_HISTORY = "none"
+
+
+def history_location(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "expected a file path, a database URL (sqlite:///..., postgresql+psycopg://...) or none"
+        )
+    return text.strip()
 
 
 def device_name(text: str) -> str:
@@ -159,6 +171,9 @@ _OPTIONS = (
     ("perf_worker_timeout", positive_number, "600",
      "seconds a --perf-against worker may take to answer one run before it is killed as hung"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
+    ("perf_history", history_location, DEFAULT_LOCATION,
+     "the run history every --perf session (baseline recordings too) is appended to: a SQLite file (relative to the "
+     "rootdir) or a database URL such as postgresql+psycopg://user@host/db (docs/history.md); none: keep none"),
     ("perf_busy_threshold", probability, str(DEFAULT_THRESHOLD),
      "share of the machine's CPU that other work may use during a repeat before the test is noisy: inconclusive"),
 )
@@ -233,6 +248,9 @@ class PerfOptions:
     against_workers: int = option_default("perf_against_workers")  # worker processes per side
     repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
     kv_blocks: int | None = option_default("perf_kv_blocks")  # the paged engine's pool; None: its default
+    # --perf-history, resolved like report_dir: a path under the rootdir, or a URL. None (--perf-history none, and
+    # options built by hand, which have no rootdir to resolve the option's default against): no history is kept.
+    history_store: Path | str | None = None
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -291,7 +309,17 @@ def read_options(config: pytest.Config) -> PerfOptions:
         against_workers=values["perf_against_workers"],
         repeats_given=values["perf_repeats"] is not None,
         kv_blocks=values["perf_kv_blocks"],
+        history_store=_history_store(values["perf_history"], rootdir),
     )
+
+
+def _history_store(location: str, rootdir: Path) -> Path | str | None:
+    """A URL as given; a path relative to the rootdir (as --perf-report-dir is); None for none."""
+    if location.lower() == NO_HISTORY:
+        return None
+    if "://" in location:
+        return location
+    return rootdir / Path(location).expanduser()
 
 
 # Engines whose work another process does: both sides of an A/B comparison would measure the same server.

@@ -75,6 +75,7 @@ class PerfSession:
     late_regressions: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     against: Against | None = None  # --perf-against: the reference tree and the two workers
+    finished: Results | None = None  # the document finish() made: results.json's, and what the history gets
 
     @property
     def store(self) -> BaselineStore:
@@ -286,8 +287,26 @@ class PerfSession:
         self.results = self.adjusted_results()
         if not self.results and not self.unrecorded:
             return None
-        write_results(self.results_path, self.document())
+        self.finished = self.document()
+        write_results(self.results_path, self.finished)
         return self.results_path
+
+    def append_to_history(self) -> str | None:
+        """Append the finished session to ``--perf-history``; where it went, or None when there is nothing to keep.
+
+        Every measured session is kept, a ``--perf-save-baseline`` one too: its
+        samples are as much a point of the series as any other run's. Raises
+        ``perfsuite.history.HistoryError`` when the store cannot be opened or written.
+        """
+        location = self.options.history_store
+        if location is None or self.finished is None:
+            return None
+        from perfsuite.history.store import HistoryStore  # SQLAlchemy: only a --perf session that keeps a history pays
+
+        with HistoryStore.open(location) as store:
+            session_id = store.append(self.finished)
+        shown = _shown_path(location, self.rootdir) if isinstance(location, Path) else store.location
+        return f"session {session_id} in {shown}"
 
     def adjusted_results(self) -> list[TestResult]:
         """Every result with the session-wide adjustment; what it newly flags goes to ``late_regressions``."""

@@ -26,12 +26,17 @@ class WrittenFiles:
 
     results: Path | None
     report: Path | None
+    history: str | None = None  # where the session was appended to the run history
 
 
 def write_summary(
-    write: Callable[..., None], perf_session: PerfSession, written: WrittenFiles, output_error: str | None
+    write: Callable[..., None],
+    perf_session: PerfSession,
+    written: WrittenFiles,
+    output_error: str | None,
+    history_error: str | None = None,
 ) -> None:
-    """The verdict table, the warnings and late regressions, and where the results and report are."""
+    """The verdict table, the warnings and late regressions, and where the results, report and history are."""
     if perf_session.results:
         write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
         table = memory_table(perf_session.results)
@@ -41,8 +46,9 @@ def write_summary(
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
         write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
-    if output_error is not None:
-        write(f"perfsuite error: {output_error}", red=True, bold=True)
+    for error in (output_error, history_error):
+        if error is not None:
+            write(f"perfsuite error: {error}", red=True, bold=True)
     if not perf_session.results:
         return
     options = perf_session.options
@@ -58,6 +64,8 @@ def write_summary(
     )
     if written.report is not None:
         write(f"report: {written.report}")
+    if written.history is not None:
+        write(f"history: {written.history}")
 
 
 def _where_the_results_are(perf_session: PerfSession, written: WrittenFiles) -> str:
