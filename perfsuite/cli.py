@@ -233,7 +233,7 @@ def _history_import(args: argparse.Namespace) -> int:
         report = store.import_files(args.paths)
     for problem in report.problems:
         print(f"perfsuite: error: {problem}", file=sys.stderr)
-    print(f"imported {report.num_imported} sessions into {store.location} ({report.num_duplicates} already there)")
+    print(f"imported {report.num_imported} session(s) into {store.location} ({report.num_duplicates} already there)")
     return 2 if report.problems else 0
 
 

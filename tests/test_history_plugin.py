@@ -124,11 +124,11 @@ def test_history_import_fills_the_store_and_names_the_file_it_could_not_read(tmp
     store = tmp_path / "h.sqlite"
     assert main(["history", "import", str(history), "--store", str(store)]) == 2
     out, err = capsys.readouterr()
-    assert f"imported 2 sessions into {store} (0 already there)" in out
+    assert f"imported 2 session(s) into {store} (0 already there)" in out
     assert f"perfsuite: error: {history / 'broken.json'} is not a readable JSON file" in err
     (history / "broken.json").unlink()
     assert main(["history", "import", str(history / "one.json"), str(history / "two.json"), "--store", str(store)]) == 0
-    assert f"imported 0 sessions into {store} (2 already there)" in capsys.readouterr().out
+    assert f"imported 0 session(s) into {store} (2 already there)" in capsys.readouterr().out
     with HistoryStore.open(store) as opened:
         assert opened.sessions() == [first, second]
 

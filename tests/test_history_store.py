@@ -215,6 +215,16 @@ def test_a_url_sqlalchemy_cannot_use_is_refused_saying_how_to_write_one(url, mes
         HistoryStore.open(url)
 
 
+def test_a_database_that_cannot_be_reached_is_named_with_what_to_check(tmp_path):
+    # A URL SQLite must open read-only, where nothing exists: it cannot connect, as an unreachable server cannot.
+    url = f"sqlite:///file:{tmp_path / 'absent' / 'history.sqlite'}?mode=ro&uri=true"
+    with pytest.raises(HistoryError) as error:
+        HistoryStore.open(url)
+    message = str(error.value)
+    assert message.startswith("cannot open the history store sqlite:///file") and "unable to open database file" in message
+    assert message.endswith("check the URL, that the database server is up and reachable, and the credentials")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("psycopg") is not None, reason="psycopg is installed here")
 def test_a_missing_database_driver_is_named_with_how_to_install_it():
     with pytest.raises(HistoryError) as error:
