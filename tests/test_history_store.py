@@ -221,7 +221,8 @@ def test_a_database_that_cannot_be_reached_is_named_with_what_to_check(tmp_path)
     with pytest.raises(HistoryError) as error:
         HistoryStore.open(url)
     message = str(error.value)
-    assert message.startswith("cannot open the history store sqlite:///file") and "unable to open database file" in message
+    assert message.startswith("cannot open the history store sqlite:///file")
+    assert "unable to open database file" in message
     assert message.endswith("check the URL, that the database server is up and reachable, and the credentials")
 
 
@@ -328,6 +329,27 @@ def test_a_store_whose_version_table_is_damaged_is_refused(location):
     execute(location, "DELETE FROM perfsuite_schema")
     with pytest.raises(HistoryError, match="its perfsuite_schema table holds \\[\\], not one version number"):
         HistoryStore.open(location)
+
+
+def test_the_schema_compiles_for_postgresql_without_a_server():
+    """No PostgreSQL here: at least the DDL the store would send one is valid for its dialect."""
+    import sqlalchemy as sa
+
+    from perfsuite.history import schema
+
+    statements = []
+    def record(sql, *args, **kwargs):
+        statements.append(str(sql.compile(dialect=engine.dialect)))
+
+    engine = sa.create_mock_engine("postgresql+psycopg://", record)
+    schema.metadata.create_all(engine, checkfirst=False)
+    heads = sorted(statement.split("(")[0].strip() for statement in statements)
+    assert heads == [
+        "CREATE INDEX ix_perfsuite_tests_series ON perfsuite_tests",
+        "CREATE INDEX ix_perfsuite_tests_session_id ON perfsuite_tests",
+        "CREATE TABLE perfsuite_schema", "CREATE TABLE perfsuite_sessions", "CREATE TABLE perfsuite_tests",
+    ]  # fmt: skip
+    assert any("id SERIAL NOT NULL" in statement and "result JSON NOT NULL" in statement for statement in statements)
 
 
 # -- a kill, and two writers ----------------------------------------------------------------------------------------

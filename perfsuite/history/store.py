@@ -213,6 +213,8 @@ def _results_files(paths: Iterable[Path], problems: list[str]) -> Iterator[Path]
 
 def _prepare(connection: sa.Connection, shown: str) -> None:
     """Create the tables in an empty database, migrate an older layout, refuse anything else."""
+    if connection.dialect.name == "postgresql":  # two jobs opening a new database at once: one creates, one waits
+        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRESQL_LOCK_KEY})
     present = set(sa.inspect(connection).get_table_names())
     if schema.schema_version.name not in present:
         _create(connection, shown, present)
@@ -227,6 +229,10 @@ def _prepare(connection: sa.Connection, shown: str) -> None:
         migrate(connection)
     if version < schema.SCHEMA_VERSION:
         connection.execute(sa.update(schema.schema_version).values(version=schema.SCHEMA_VERSION))
+
+
+# Any fixed number: the lock is held until the opening transaction ends (SQLite's BEGIN IMMEDIATE does this there).
+_POSTGRESQL_LOCK_KEY = 0x7065726673756974  # "perfsuit"
 
 
 def _create(connection: sa.Connection, shown: str, present: set[str]) -> None:
