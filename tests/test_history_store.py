@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.history.store import HistoryError, HistoryStore, ImportReport
 from perfsuite.history.rows import configuration_key, session_key
 from perfsuite.history.schema import SCHEMA_VERSION
+from perfsuite.history.store import HistoryError, HistoryStore, ImportReport
 from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, Policy, compare

@@ -83,7 +83,13 @@ class HistoryStore:
         return self._location.shown
 
     def append(self, results: Results) -> int:
-        """Add one session in one transaction; its id. A session stored already (``rows.session_key``) is not added."""
+        """Add one session in one transaction; its id.
+
+        A session is stored once: appended again (or imported from its
+        results.json), it is found by its key, a digest of its ``created_at``,
+        commit and fingerprint and each test's id and samples
+        (``rows.session_key``), and its id is returned with nothing added.
+        """
         session_id, _ = self._append(results)
         return session_id
 
