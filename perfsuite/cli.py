@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, positive_int, probability
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
@@ -20,11 +21,15 @@ from perfsuite.adapters.http_options import (
     endpoint_url,
 )
 from perfsuite.engine import RunResult
+from perfsuite.history.series import SERIES_METRICS
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
 from perfsuite.report.table import format_table, memory_table
 from perfsuite.workload import mixed_workload
+
+if TYPE_CHECKING:
+    from perfsuite.judge.results import Results
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_client_arguments(run)
     run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
     _add_report_commands(commands)
+    _add_history_command(commands)
     _add_serve_command(commands)
     _add_init_command(commands)
     return parser
@@ -150,6 +156,27 @@ def _add_report_commands(commands) -> None:
     compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
 
 
+def _add_history_command(commands) -> None:
+    history = commands.add_parser(
+        "history",
+        help="a run history: each test's series and their change points",
+        description="Sessions' results over time, one series per test, metric, environment fingerprint and run "
+        "configuration, with the change points Apache Otava finds in each (docs/change-points.md).",
+    )
+    actions = history.add_subparsers(dest="history_command", required=True)
+    show = actions.add_parser(
+        "show",
+        help="list each series (or those of tests matching -k): its runs and its change points",
+        description="Each series: its fingerprint and configuration in short form, its runs (commit, date, the "
+        "median over the repeats, probe-normalised) and its change points (commit range, size, p, regression or "
+        "improvement).",
+    )
+    show.add_argument("--results-dir", type=Path, default=Path("reports/history"), metavar="DIR",
+                      help="a directory of results.json files, as `pytest --perf` keeps them (reports/history)")
+    show.add_argument("-k", dest="keyword", metavar="SUBSTRING", help="only tests whose id contains SUBSTRING")
+    show.add_argument("--metric", choices=sorted(SERIES_METRICS), help="only this metric (default: every one)")
+
+
 def _add_serve_command(commands) -> None:
     serve = commands.add_parser(
         "serve",
@@ -188,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         _check_run_arguments(args.command_parser, args)
-    commands = {"run": _run, "report": _report, "compare": _compare, "serve": _serve, "init": _init}
+    commands = {"run": _run, "report": _report, "compare": _compare, "history": _history, "serve": _serve,
+                "init": _init}  # fmt: skip
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
@@ -261,6 +289,47 @@ def _compare(args: argparse.Namespace) -> int:
     if args.output is not None:
         _write_output(args.output, render_report(judged))
     return 1 if verdict == "regressed" else 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    actions = {"show": _history_show}
+    return actions[args.history_command](args)
+
+
+def _history_show(args: argparse.Namespace) -> int:
+    from perfsuite.history.changes import detect
+    from perfsuite.history.series import build_series
+    from perfsuite.report.history_listing import history_listing
+
+    sessions = load_sessions(args)
+    metrics = {args.metric: SERIES_METRICS[args.metric]} if args.metric else SERIES_METRICS
+    series = [s for s in build_series(sessions, metrics=metrics) if not args.keyword or args.keyword in s.key.test_id]
+    if not series:
+        wanted = f"of tests matching -k {args.keyword!r}" if args.keyword else "of any test"
+        raise ValueError(f"no series {wanted} in the {len(sessions)} sessions of {args.results_dir}; "
+                         "`perfsuite history show` without -k lists every one")  # fmt: skip
+    print(history_listing([detect(s) for s in series]))
+    return 0
+
+
+def load_sessions(args: argparse.Namespace) -> list[Results]:
+    """The sessions ``history`` reads, oldest first: the results.json files of ``--results-dir``."""
+    from perfsuite.judge.results import ResultsFileError, read_history
+
+    directory = args.results_dir
+    if not directory.is_dir():
+        raise ResultsFileError(
+            f"{directory}: no such directory; pass --results-dir the folder where `pytest --perf` keeps each "
+            "session's results (reports/history under its --perf-report-dir)"
+        )
+    sessions, problems = read_history(directory)
+    if problems:
+        raise ResultsFileError(problems[0])
+    if not sessions:
+        raise ResultsFileError(
+            f"{directory}: no results files (*.json) in it; each `pytest --perf` session keeps one in reports/history"
+        )
+    return sessions
 
 
 def _write_output(path: Path, text: str) -> None:

@@ -46,6 +46,11 @@ PURE_MODULES = [
     "perfsuite.ab.pair",
     "perfsuite.plugin.against",
     "perfsuite.cli",
+    "perfsuite.history.series",
+    "perfsuite.history.changes",
+    "perfsuite.history.head",
+    "perfsuite.report.trend",
+    "perfsuite.plugin.change_points",
 ]
 
 
@@ -80,7 +85,8 @@ ALLOWED = {
     "measure": {"engine"},
     "adapters": {"engine", "models"},
     "judge": {"engine", "measure"},
-    "report": {"judge"},
+    "history": {"judge", "measure", "engine"},  # a run history: series of results, their change points
+    "report": {"judge", "history"},
     "correctness": {"adapters", "engine"},
     # the correctness kit for users' tests: nothing of perfsuite imports it
     "testing": {"adapters", "correctness", "engine", "models"},
@@ -88,9 +94,9 @@ ALLOWED = {
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
     "ab": {"__init__", "engine", "adapters", "measure", "models"},
-    "plugin": {"ab", "adapters", "argtypes", "engine", "judge", "measure", "models", "report", "workload",
+    "plugin": {"ab", "adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "workload",
                "correctness"},
-    "cli": {"adapters", "argtypes", "engine", "judge", "measure", "models", "report", "serve", "workload",
+    "cli": {"adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "serve", "workload",
             "correctness", "scaffold"},
     "scaffold": set(),  # perfsuite init: templates and a writer, nothing else of perfsuite
     "__main__": {"cli"},

@@ -110,7 +110,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.stash[OUTPUT_ERROR_KEY] = str(error)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     failed_late = perf_session.late_regressions and not perf_session.options.save_baseline
-    if failed_late and session.exitstatus == pytest.ExitCode.OK:
+    if (failed_late or perf_session.failing_change_points) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from perfsuite.history.head import HeadCheck
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
 from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
 from perfsuite.judge.judge import (
@@ -43,6 +44,7 @@ from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
+from perfsuite.plugin.change_points import check_session
 from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class PerfSession:
     late_regressions: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     against: Against | None = None  # --perf-against: the reference tree and the two workers
+    head_check: HeadCheck | None = None  # change points at the head of the run history, once finished
 
     @property
     def store(self) -> BaselineStore:
@@ -286,8 +289,18 @@ class PerfSession:
         self.results = self.adjusted_results()
         if not self.results and not self.unrecorded:
             return None
-        write_results(self.results_path, self.document())
+        document = self.document()
+        self.head_check = check_session(document, self.options.report_dir)
+        document = dataclasses.replace(document, warnings=(*document.warnings, *self.head_check.warnings))
+        write_results(self.results_path, document)
         return self.results_path
+
+    @property
+    def failing_change_points(self) -> tuple[str, ...]:
+        """Head change points that are regressions, when ``--perf-fail-on-change-point`` makes them fail it."""
+        if self.head_check is None or not self.options.fail_on_change_point:
+            return ()
+        return tuple(change.describe() for change in self.head_check.regressions)
 
     def adjusted_results(self) -> list[TestResult]:
         """Every result with the session-wide adjustment; what it newly flags goes to ``late_regressions``."""

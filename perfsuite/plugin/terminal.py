@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfsuite.history.head import HEAD_WARNING_PREFIX
 from perfsuite.plugin.session import PerfSession
 from perfsuite.report.table import memory_table
 from perfsuite.report.verdict_table import verdict_table
@@ -41,6 +42,7 @@ def write_summary(
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
         write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
+    _write_change_points(write, perf_session)
     if output_error is not None:
         write(f"perfsuite error: {output_error}", red=True, bold=True)
     if not perf_session.results:
@@ -58,6 +60,23 @@ def write_summary(
     )
     if written.report is not None:
         write(f"report: {written.report}")
+
+
+def _write_change_points(write: Callable[..., None], perf_session: PerfSession) -> None:
+    """Always a line: each change point at the head of the session's series, then what was searched."""
+    check = perf_session.head_check
+    if check is None:
+        return
+    failing = set(perf_session.failing_change_points)
+    for change in check.changes:
+        line = change.describe()
+        if line in failing:
+            write(f"{HEAD_WARNING_PREFIX}{line} (fails the session: --perf-fail-on-change-point)", red=True, bold=True)
+        elif change.change_point.is_regression:
+            write(f"{HEAD_WARNING_PREFIX}{line} (fails nothing: --perf-fail-on-change-point is off)", yellow=True)
+        else:
+            write(f"{HEAD_WARNING_PREFIX}{line}")
+    write(check.summary())
 
 
 def _where_the_results_are(perf_session: PerfSession, written: WrittenFiles) -> str:
