@@ -81,18 +81,16 @@ def check_head(
 ) -> HeadCheck:
     """The head change points of ``session``'s series over ``history`` (oldest first) and ``session``.
 
-    A stored copy of ``session`` itself (same ``created_at``) is left out of
-    ``history``, so it is not counted twice.
+    Only series that ``session`` is a point of are searched. A stored copy
+    of ``session`` itself (same time and commit) is left out of ``history``,
+    so it is not counted twice.
     """
     if session.against is not None:
         return HeadCheck(not_checked="an A/B session (--perf-against) is no point of a stored series")
-    earlier = [run for run in history if run.created_at != session.created_at]
-    test_ids = {test.test_id for test in session.tests}
-    own = [
-        series
-        for series in build_series([*earlier, session], test_ids)
-        if series.points and series.points[-1].created_at == session.created_at
-    ]
+    earlier = [run for run in history if (run.created_at, run.commit) != (session.created_at, session.commit)]
+    own_keys = {series.key for series in build_series([session]) if series.points}
+    test_ids = {key.test_id for key in own_keys}
+    own = [series for series in build_series([*earlier, session], test_ids) if series.key in own_keys]
     changes, num_too_short = [], 0
     for series in own:
         try:

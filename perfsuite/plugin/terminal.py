@@ -7,6 +7,11 @@ Below the verdicts, a second small table gives each test's KV cache and
 device memory (``report.table.memory_table``, when any test recorded them):
 measurements to read, not verdicts, so they get columns of their own rather
 than widening every row of the verdict table.
+
+After the warnings, the change points at the head of the session's run
+history (``perfsuite.history.head``): one line each, red where
+``--perf-fail-on-change-point`` makes it fail the session, and always a line
+saying how many series were searched.
 """
 
 from __future__ import annotations
