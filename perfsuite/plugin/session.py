@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfsuite.history.head import HeadCheck
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
 from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
 from perfsuite.judge.judge import (
@@ -44,10 +43,10 @@ from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
-from perfsuite.plugin.change_points import check_session
 from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
+    from perfsuite.history.head import HeadCheck
     from perfsuite.plugin.against import Against
 
 __all__ = ["SERVER_DECODE_MODE", "SERVER_PRECISION", "PerfSession", "Repeats"]
@@ -289,6 +288,8 @@ class PerfSession:
         self.results = self.adjusted_results()
         if not self.results and not self.unrecorded:
             return None
+        from perfsuite.plugin.change_points import check_session  # only a --perf session's end pays for it
+
         document = self.document()
         self.head_check = check_session(document, self.options.report_dir)
         document = dataclasses.replace(document, warnings=(*document.warnings, *self.head_check.warnings))

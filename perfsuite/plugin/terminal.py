@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfsuite.history.head import HEAD_WARNING_PREFIX
 from perfsuite.plugin.session import PerfSession
 from perfsuite.report.table import memory_table
 from perfsuite.report.verdict_table import verdict_table
@@ -72,6 +71,8 @@ def _write_change_points(write: Callable[..., None], perf_session: PerfSession) 
     check = perf_session.head_check
     if check is None:
         return
+    from perfsuite.history.head import HEAD_WARNING_PREFIX  # loaded already: the session's end made the check
+
     failing = set(perf_session.failing_change_points)
     for change in check.changes:
         line = change.describe()
