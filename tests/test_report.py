@@ -147,7 +147,9 @@ def test_counters_show_the_exact_change(html, judged):
 def test_history_needs_two_runs_of_this_machine(judged):
     assert "Fewer than two stored runs" in render_report(judged)
     elsewhere = dataclasses.replace(ENVIRONMENT, cpu_model="elsewhere")
-    other_machine = dataclasses.replace(earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9), environment=elsewhere)
+    earlier = earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9)
+    tests = tuple(dataclasses.replace(test, environment=elsewhere) for test in earlier.tests)
+    other_machine = dataclasses.replace(earlier, environment=elsewhere, tests=tests)
     assert "Fewer than two stored runs" in render_report(judged, [other_machine])
 
 

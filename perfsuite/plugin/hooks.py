@@ -113,13 +113,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             config.stash[RESULTS_KEY] = results_path
             from perfsuite.report.render import write_report  # jinja2 and matplotlib: only a --perf run pays
 
-            config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir)
+            kept = perf_session.options.history_store is not None  # else the report keeps its own, in history/
+            history = perf_session.earlier_sessions if kept else None
+            config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir, history)
     except OutputError as error:
         config.stash[OUTPUT_ERROR_KEY] = str(error)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _append_to_history(session, perf_session)
     failed_late = perf_session.late_regressions and not perf_session.options.save_baseline
-    if failed_late and session.exitstatus == pytest.ExitCode.OK:
+    if (failed_late or perf_session.failing_change_points) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

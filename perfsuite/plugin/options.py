@@ -119,6 +119,13 @@ _SWITCHES = (
      "a usage error, instead of a warning, when the session is too large for a lone regression to be flagged"),
 )
 
+# name, help: on/off switches, off unless given on the command line or turned on by the ini key of the same name
+_INI_SWITCHES = (
+    ("perf_fail_on_change_point",
+     "fail the session when a change point at the head of a test's run history (the report's history/) is a "
+     "regression; shown either way. Off until its thresholds are calibrated (docs/change-points.md)"),
+)
+
 # openai-http's defaults are its client's, --perf-alpha's the judge's Policy's (neither layer imports the plugin).
 _HTTP_DEFAULTS = HttpClientOptions()
 
@@ -183,6 +190,9 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("perf", "perfsuite: LLM inference performance regression tests")
     for name, help_text in _SWITCHES:
         group.addoption(_flag(name), dest=name, action="store_true", default=False, help=help_text)
+    for name, help_text in _INI_SWITCHES:
+        group.addoption(_flag(name), dest=name, action="store_true", default=False, help=f"{help_text} (default: off)")
+        parser.addini(name, help=f"{help_text} (default: false)", type="bool", default=False)
     for name, parse, default, help_text in _OPTIONS:
         group.addoption(_flag(name), dest=name, type=parse, default=None, help=f"{help_text} (default: {default})")
         parser.addini(name, help=f"{help_text} (default: {default})", default=default)
@@ -199,7 +209,8 @@ class OptionSpec:
     name: str  # the argparse dest, and for an option that takes a value its ini key
     help: str
     default: str | None  # as written on the command line; None: unset (a switch: off)
-    takes_value: bool  # False: an on/off switch, command line only
+    takes_value: bool  # False: an on/off switch
+    has_ini_key: bool = False  # also settable in [tool.pytest.ini_options], under ``name``
 
     @property
     def flag(self) -> str:
@@ -209,7 +220,10 @@ class OptionSpec:
 def option_specs() -> tuple[OptionSpec, ...]:
     """Every ``--perf-*`` option, the switches first, in the order ``pytest --help`` lists them."""
     switches = tuple(OptionSpec(name, help_text, None, False) for name, help_text in _SWITCHES)
-    return switches + tuple(OptionSpec(name, help_text, default, True) for name, _, default, help_text in _OPTIONS)
+    switches += tuple(OptionSpec(name, help_text, None, False, True) for name, help_text in _INI_SWITCHES)
+    return switches + tuple(
+        OptionSpec(name, help_text, default, True, True) for name, _, default, help_text in _OPTIONS
+    )
 
 
 def option_default(name: str):
@@ -251,6 +265,7 @@ class PerfOptions:
     # --perf-history, resolved like report_dir: a path under the rootdir, or a URL. None (--perf-history none, and
     # options built by hand, which have no rootdir to resolve the option's default against): no history is kept.
     history_store: Path | str | None = None
+    fail_on_change_point: bool = False  # a regression at the head of a test's run history fails the session
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -310,6 +325,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         repeats_given=values["perf_repeats"] is not None,
         kv_blocks=values["perf_kv_blocks"],
         history_store=_history_store(values["perf_history"], rootdir),
+        fail_on_change_point=_ini_switch(config, "perf_fail_on_change_point"),
     )
 
 
@@ -320,6 +336,16 @@ def _history_store(location: str, rootdir: Path) -> Path | str | None:
     if "://" in location:
         return location
     return rootdir / Path(location).expanduser()
+
+
+def _ini_switch(config: pytest.Config, name: str) -> bool:
+    """On when given on the command line, else as its ini key says (true/false, yes/no, 1/0)."""
+    if config.getoption(name):
+        return True
+    try:
+        return bool(config.getini(name))
+    except ValueError as error:
+        raise pytest.UsageError(f"[tool.pytest.ini_options] {name}: {error}; write true or false") from None
 
 
 # Engines whose work another process does: both sides of an A/B comparison would measure the same server.

@@ -46,6 +46,7 @@ from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, sum
 from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
+    from perfsuite.history.head import HeadCheck
     from perfsuite.plugin.against import Against
 
 __all__ = ["SERVER_DECODE_MODE", "SERVER_PRECISION", "PerfSession", "Repeats"]
@@ -76,6 +77,8 @@ class PerfSession:
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     against: Against | None = None  # --perf-against: the reference tree and the two workers
     finished: Results | None = None  # the document finish() made: results.json's, and what the history gets
+    head_check: HeadCheck | None = None  # change points at the head of the run history, once finished
+    earlier_sessions: list[Results] = field(default_factory=list)  # the run history before this session, once finished
 
     @property
     def store(self) -> BaselineStore:
@@ -287,9 +290,21 @@ class PerfSession:
         self.results = self.adjusted_results()
         if not self.results and not self.unrecorded:
             return None
-        self.finished = self.document()
+        from perfsuite.plugin.change_points import check_session, history_sessions  # only a --perf session's end pays
+
+        document = self.document()
+        self.earlier_sessions = history_sessions(self.options, document.fingerprint)
+        self.head_check = check_session(document, self.earlier_sessions)
+        self.finished = dataclasses.replace(document, warnings=(*document.warnings, *self.head_check.warnings))
         write_results(self.results_path, self.finished)
         return self.results_path
+
+    @property
+    def failing_change_points(self) -> tuple[str, ...]:
+        """Head change points that are regressions, when ``--perf-fail-on-change-point`` makes them fail it."""
+        if self.head_check is None or not self.options.fail_on_change_point:
+            return ()
+        return tuple(change.describe() for change in self.head_check.regressions)
 
     def append_to_history(self) -> str | None:
         """Append the finished session to ``--perf-history``; where it went, or None when there is nothing to keep.

@@ -7,6 +7,11 @@ Below the verdicts, a second small table gives each test's KV cache and
 device memory (``report.table.memory_table``, when any test recorded them):
 measurements to read, not verdicts, so they get columns of their own rather
 than widening every row of the verdict table.
+
+After the warnings, the change points at the head of the session's run
+history (``perfsuite.history.head``): one line each, red where
+``--perf-fail-on-change-point`` makes it fail the session, and always a line
+saying how many series were searched.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ def write_summary(
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
         write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
+    _write_change_points(write, perf_session)
     for error in (output_error, history_error):
         if error is not None:
             write(f"perfsuite error: {error}", red=True, bold=True)
@@ -66,6 +72,25 @@ def write_summary(
         write(f"report: {written.report}")
     if written.history is not None:
         write(f"history: {written.history}")
+
+
+def _write_change_points(write: Callable[..., None], perf_session: PerfSession) -> None:
+    """Always a line: each change point at the head of the session's series, then what was searched."""
+    check = perf_session.head_check
+    if check is None:
+        return
+    from perfsuite.history.head import HEAD_WARNING_PREFIX  # loaded already: the session's end made the check
+
+    failing = set(perf_session.failing_change_points)
+    for change in check.changes:
+        line = change.describe()
+        if line in failing:
+            write(f"{HEAD_WARNING_PREFIX}{line} (fails the session: --perf-fail-on-change-point)", red=True, bold=True)
+        elif change.change_point.is_regression:
+            write(f"{HEAD_WARNING_PREFIX}{line} (fails nothing: --perf-fail-on-change-point is off)", yellow=True)
+        else:
+            write(f"{HEAD_WARNING_PREFIX}{line}")
+    write(check.summary())
 
 
 def _where_the_results_are(perf_session: PerfSession, written: WrittenFiles) -> str:

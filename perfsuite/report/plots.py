@@ -24,6 +24,7 @@ PADDING_COLOUR = "#b0b0b0"
 EMPTY_COLOUR = "#ececec"
 KV_COLOUR = "#66a61e"
 PREEMPTION_COLOUR = "#e41a1c"
+STEP_COLOURS = {True: "#d62728", False: "#1b9e77"}  # a change point: is it a regression?
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,24 @@ class Series:
     y: tuple[float, ...]
     colour: str | None = None
     style: str = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A change point on a trend: between run ``x - 0.5`` and run ``x + 0.5``."""
+
+    x: float
+    label: str  # e.g. "-9.8%"
+    is_regression: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Trend:
+    """One panel of the history figure: a series over runs, its change points, and whether its last run is this one."""
+
+    line: Series
+    steps: tuple[Step, ...] = ()
+    last_is_this_run: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,25 +139,33 @@ def distribution_figure(
         axes.grid(alpha=0.3)
         if index == 0:
             axes.set_ylabel("fraction of requests")
-            axes.legend(fontsize=8, loc="lower right")
+            if axes.get_legend_handles_labels()[0]:  # a test without request samples draws no line to name
+                axes.legend(fontsize=8, loc="lower right")
     return figure_to_svg(figure)
 
 
-def history_figure(series: Sequence[Series]) -> str:
-    """Small multiples: one metric per stored run, one panel per test."""
-    columns = min(3, len(series))
-    rows = -(-len(series) // columns)
+def history_figure(trends: Sequence[Trend], y_label: str = "median output tokens / s") -> str:
+    """Small multiples: one series per panel, a point per stored run; a dashed line at each change point."""
+    columns = min(3, len(trends))
+    rows = -(-len(trends) // columns)
     figure = _figure(3.6 * columns, 2.0 * rows)
-    for index, line in enumerate(series):
+    for index, trend in enumerate(trends):
+        line = trend.line
         axes = figure.add_subplot(rows, columns, index + 1)
         axes.plot(line.x, line.y, "-o", markersize=3, color=line.colour or "#1f77b4")
-        axes.plot(line.x[-1:], line.y[-1:], "o", color="#d62728", markersize=5)
+        if trend.last_is_this_run:
+            axes.plot(line.x[-1:], line.y[-1:], "o", color="#d62728", markersize=5)
+        for number, step in enumerate(trend.steps):
+            colour = STEP_COLOURS[step.is_regression]
+            axes.axvline(step.x, color=colour, linestyle="--", linewidth=1, gid=f"change-point-{index}-{number}")
+            axes.annotate(step.label, (step.x, 1.0), xycoords=("data", "axes fraction"), fontsize=6, color=colour,
+                          ha="left", va="top", xytext=(2, -2), textcoords="offset points")  # fmt: skip
         axes.set_title(line.label, fontsize=8)
         axes.set_xticks(line.x)
         axes.tick_params(labelsize=7)
         axes.grid(alpha=0.3)
-    figure.supxlabel("run (oldest first; red: this run)", fontsize=8)
-    figure.supylabel("median output tokens / s", fontsize=8)
+    figure.supxlabel("run (oldest first; red: this run; dashed: change points)", fontsize=8)
+    figure.supylabel(y_label, fontsize=8)
     return figure_to_svg(figure)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from perfsuite.judge.results import (
 from perfsuite.report import plots
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import send_lag as send_lag_view
+from perfsuite.report.trend import history_section
 from perfsuite.report.verdict_table import (
     PAIRED_HEADERS,
     STORED_HEADERS,
@@ -162,7 +162,7 @@ def render_report(results: Results, history: Sequence[Results] = ()) -> str:
         verdict_filters=VERDICT_FILTERS,
         throughput_figures=_throughput_figures(tests),
         timeline=_timeline_figure(tests, results.against),
-        history=_history_figure(results, history),
+        history=history_section(results, history, MAX_HISTORY_RUNS),
         sections=[_section(test, rows, results) for test in tests],
     )
 
@@ -172,14 +172,20 @@ def sides_of(results: Results) -> Sides:
     return STORED_SIDES if results.against is None else PAIRED_SIDES
 
 
-def write_report(report_dir: Path) -> Path:
-    """Render ``report_dir/results.json`` into ``report_dir/report.html``, keeping it in ``history/``."""
+def write_report(report_dir: Path, history: Sequence[Results] | None = None) -> Path:
+    """Render ``report_dir/results.json`` into ``report_dir/report.html``.
+
+    ``history``: the earlier sessions its trends draw (the run history store's,
+    ``perfsuite.history``). None: the report keeps its own, a copy of each
+    results.json in ``report_dir/history/``, and draws those.
+    """
     report_dir = Path(report_dir)
     results = read_results(report_dir / "results.json")
-    archive_results(results, report_dir / "history")
-    history, problems = read_history(report_dir / "history", newest=MAX_HISTORY_RUNS)
-    if problems:
-        results = dataclasses.replace(results, warnings=(*results.warnings, *problems))
+    if history is None:
+        archive_results(results, report_dir / "history")
+        history, problems = read_history(report_dir / "history", newest=MAX_HISTORY_RUNS)
+        if problems:
+            results = dataclasses.replace(results, warnings=(*results.warnings, *problems))
     path = report_dir / "report.html"
     write_text_atomic(path, render_report(results, history))
     return path
@@ -374,36 +380,6 @@ def _slot_spans(steps: Sequence[TimelineStep], num_slots: int) -> list[plots.Spa
                 done.append(span)
             open_spans[slot] = plots.Span(slot, step.start, step.end, kind, request_id)
     return done + list(open_spans.values())
-
-
-def _history_figure(results: Results, history: Sequence[Results]) -> Figure | None:
-    """Median output throughput per stored run of this machine, up to this run, per test."""
-    created = results.created_at or ""
-    runs = {
-        run.created_at or "": run
-        for run in history
-        if run.fingerprint == results.fingerprint and (run.created_at or "") < created
-    }
-    ordered = [runs[key] for key in sorted(runs)][-(MAX_HISTORY_RUNS - 1) :] + [results]
-    series = []
-    for test in results.tests:
-        values = [_median_throughput(run, test.test_id) for run in ordered]
-        values = [v for v in values if v is not None]
-        if len(values) >= 2:
-            x = tuple(float(i) for i in range(1, len(values) + 1))
-            series.append(plots.Series(_test_name(test.test_id), x, tuple(values)))
-    if not series:
-        return None
-    caption = f"{len(ordered)} runs on this machine ({ordered[0].created_at} to {created})"
-    return Figure(caption, plots.history_figure(series))
-
-
-def _median_throughput(results: Results, test_id: str) -> float | None:
-    test = results.test(test_id)
-    if test is None:
-        return None
-    samples = test.samples.get("output_throughput")
-    return statistics.median(samples) if samples else test.summary.output_throughput
 
 
 # -- one test ----------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""A session's own change-point verdict: did its runs step away from the history before them?
+
+After a ``pytest --perf`` session, each series its tests belong to
+(``perfsuite.history.series``: same test, metric, fingerprint and run
+configuration) is searched over the earlier sessions and this one; a change
+point whose "after" segment is this session and at most a few before it
+(``perfsuite.history.changes.head_change``) is reported. A single run
+compared with a baseline cannot see a slow creep; this verdict can. It is
+shown always; ``--perf-fail-on-change-point`` makes a regression among them
+fail the session (off until the thresholds are calibrated).
+
+An A/B session (``--perf-against``) is no point of any series
+(``perfsuite.history.series`` says why): nothing is checked for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from perfsuite.history.changes import ChangePoint, ChangePointPolicy, ChangePointsUnavailable, detect
+from perfsuite.history.series import SeriesKey, build_series
+from perfsuite.judge.results import Results
+
+# results.json keeps each head change point among its warnings, after this prefix.
+HEAD_WARNING_PREFIX = "change point at the head: "
+
+
+@dataclass(frozen=True, slots=True)
+class HeadChange:
+    """A change point at the head of one of the session's series."""
+
+    key: SeriesKey
+    change_point: ChangePoint
+    num_runs: int  # points in the series, this session's included
+
+    def describe(self) -> str:
+        key = self.key
+        return (
+            f"{key.test_id} {key.metric} (fingerprint {key.fingerprint_label}, {key.configuration_label}, "
+            f"{self.num_runs} runs): {self.change_point.describe()}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeadCheck:
+    """What the head search over one session's series found, and what it could not search."""
+
+    changes: tuple[HeadChange, ...] = ()
+    num_series: int = 0  # series with this session's point
+    num_too_short: int = 0  # of them, with too few runs to search
+    num_earlier_sessions: int = 0
+    not_checked: str | None = None  # why nothing was searched: an A/B session (the terminal says so)
+    unavailable: str | None = None  # Otava is missing: a warning, with the command that installs it
+
+    @property
+    def regressions(self) -> tuple[HeadChange, ...]:
+        return tuple(change for change in self.changes if change.change_point.is_regression)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What results.json records among its warnings: each head change point, or why none was searched."""
+        found = tuple(HEAD_WARNING_PREFIX + change.describe() for change in self.changes)
+        return found + ((f"change points not checked: {self.unavailable}",) if self.unavailable else ())
+
+    def summary(self) -> str:
+        """One line for the terminal, whatever was found."""
+        if self.not_checked or self.unavailable:
+            return f"change points: not checked: {self.not_checked or self.unavailable}"
+        searched = self.num_series - self.num_too_short
+        short = f"; {self.num_too_short} with too few runs to search" if self.num_too_short else ""
+        found = f"{len(self.changes)} at the head" if self.changes else "none at the head"
+        return (
+            f"change points: {found} of {searched} series searched{short} "
+            f"({self.num_earlier_sessions} earlier sessions in the history)"
+        )
+
+
+def check_head(
+    history: Sequence[Results], session: Results, policy: ChangePointPolicy = ChangePointPolicy()
+) -> HeadCheck:
+    """The head change points of ``session``'s series over ``history`` (oldest first) and ``session``.
+
+    Only series that ``session`` is a point of are searched. A stored copy
+    of ``session`` itself (same time and commit) is left out of ``history``,
+    so it is not counted twice.
+    """
+    if session.against is not None:
+        return HeadCheck(not_checked="an A/B session (--perf-against) is no point of a stored series")
+    earlier = [run for run in history if (run.created_at, run.commit) != (session.created_at, session.commit)]
+    own_keys = {series.key for series in build_series([session]) if series.points}
+    test_ids = {key.test_id for key in own_keys}
+    own = [series for series in build_series([*earlier, session], test_ids) if series.key in own_keys]
+    changes, num_too_short = [], 0
+    for series in own:
+        try:
+            detection = detect(series, policy)
+        except ChangePointsUnavailable as error:
+            return HeadCheck(num_series=len(own), num_earlier_sessions=len(earlier), unavailable=str(error))
+        num_too_short += detection.not_searched is not None
+        if detection.head is not None:
+            changes.append(HeadChange(series.key, detection.head, len(series.points)))
+    return HeadCheck(tuple(changes), len(own), num_too_short, len(earlier))

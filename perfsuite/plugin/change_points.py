@@ -1,0 +1,47 @@
+"""The session's change-point verdict (``perfsuite.history.head``): where its run history comes from.
+
+The history is ``--perf-history``'s store (``perfsuite.history.store``): the
+sessions before this one, read before this one is appended. With the store
+off (``--perf-history none``), the report directory's ``history/`` folder
+(one results.json per earlier session, kept by
+``perfsuite.report.render.write_report``) stands in. ``history_sessions`` is
+the one place that reads either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from perfsuite.history.changes import ChangePointPolicy
+from perfsuite.history.head import HeadCheck, check_head
+from perfsuite.judge.results import Results, read_history
+from perfsuite.plugin.options import PerfOptions
+
+POLICY = ChangePointPolicy()
+
+
+def history_sessions(options: PerfOptions, fingerprint: str | None) -> list[Results]:
+    """Earlier sessions of this machine, oldest first: as many as one search window holds (older ones cannot move
+    the head).
+
+    A store that cannot be read gives no history here: appending this
+    session to it fails the same way, and that error is the one reported.
+    """
+    if options.history_store is None:
+        sessions, _ = read_history(Path(options.report_dir) / "history", newest=POLICY.window_len)
+        return sessions  # an unreadable file is named among the report's warnings (write_report)
+    location = options.history_store
+    if isinstance(location, Path) and not location.exists():
+        return []  # the first session: appending creates the store
+    from perfsuite.history.store import HistoryError, HistoryStore
+
+    try:
+        with HistoryStore.open(location) as store:
+            return store.sessions(fingerprint=fingerprint, newest=POLICY.window_len)
+    except HistoryError:
+        return []
+
+
+def check_session(document: Results, earlier: list[Results]) -> HeadCheck:
+    """The head change points of the session that ``document`` (its results.json) describes."""
+    return check_head(earlier, document, POLICY)

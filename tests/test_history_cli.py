@@ -1,0 +1,76 @@
+"""``perfsuite history show``: each series of a folder of results files, its runs and its change points."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from history_builders import TEST_ID, commit_of, session, sessions, step_values
+from perfsuite.cli import main
+from perfsuite.judge.results import archive_results, write_results
+
+OTHER_TEST = "tests/perf/test_latency.py::test_latency[inflight]"
+
+
+@pytest.fixture
+def history_dir(tmp_path):
+    """22 sessions of TEST_ID whose throughput drops 12% at the 21st, and 3 of another test."""
+    folder = tmp_path / "history"
+    for run in sessions(step_values(20, 2, step=-0.12)):
+        archive_results(run, folder)
+    for index in range(3):
+        archive_results(session(30 + index, 50.0, test_id=OTHER_TEST), folder)
+    return folder
+
+
+def test_show_lists_each_series_with_its_runs_and_change_points(history_dir, capsys):
+    assert main(["history", "show", "--results-dir", str(history_dir), "-k", "throughput"]) == 0
+    out = capsys.readouterr().out
+    assert OTHER_TEST not in out
+    lines = out.splitlines()
+    assert lines[0] == f"{TEST_ID}  output_throughput (higher is better)"
+    assert lines[1].startswith("fingerprint ") and ", ci static packed x3 (" in lines[1] and "22 runs;" in lines[1]
+    assert lines[2].split() == ["commit", "date", "value"]
+    assert lines[4].split()[:2] == [commit_of(0)[:7], "2026-01-01T00:00:00+00:00"]
+    assert "change points: 1" in lines
+    (change,) = [line for line in lines if line.startswith(f"  {commit_of(19)[:7]}..{commit_of(20)[:7]}")]
+    assert "regression" in change and "(at the head)" in change and "p=" in change and "-1" in change
+
+
+def test_show_without_a_filter_lists_every_series_and_says_which_were_too_short(history_dir, capsys):
+    assert main(["history", "show", "--results-dir", str(history_dir), "--metric", "output_throughput"]) == 0
+    out = capsys.readouterr().out
+    assert f"{TEST_ID}  output_throughput" in out and f"{OTHER_TEST}  output_throughput" in out
+    assert "change points: not searched (3 runs, fewer than the 6 a search needs)" in out
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing", "no such directory; pass --results-dir"),
+        ("empty", "no results files (*.json) in it"),
+        ("corrupt", "broken.json is not a readable JSON file"),
+    ],
+)
+def test_a_missing_empty_or_unreadable_history_is_one_line_and_exit_2(tmp_path, capsys, setup, message):
+    folder = tmp_path / "history"
+    if setup != "missing":
+        folder.mkdir()
+    if setup == "corrupt":
+        write_results(folder / "a.json", session(0, 100.0))
+        (folder / "broken.json").write_text("{")
+    assert main(["history", "show", "--results-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfsuite: error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_filter_that_matches_nothing_says_so(history_dir, capsys):
+    assert main(["history", "show", "--results-dir", str(history_dir), "-k", "nonesuch"]) == 2
+    assert "no series of tests matching -k 'nonesuch' in the 25 sessions" in capsys.readouterr().err
+
+
+def test_without_otava_show_names_the_pip_command(history_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "otava.analysis", None)
+    assert main(["history", "show", "--results-dir", str(history_dir), "-k", "throughput"]) == 2
+    assert 'pip install --no-deps "apache-otava==0.8.0"' in capsys.readouterr().err
