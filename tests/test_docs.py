@@ -50,8 +50,9 @@ def test_every_option_is_on_the_generated_page_once_with_its_default_and_help(op
 
 def test_an_option_that_takes_a_value_names_its_ini_key(options_rows):
     for spec in option_specs():
-        expected = f"`{spec.name}`" if spec.takes_value else "(command line only)"
+        expected = f"`{spec.name}`" if spec.has_ini_key else "(command line only)"
         assert f"| {expected} |" in options_rows[spec.flag]
+    assert {spec.name for spec in option_specs() if spec.has_ini_key and not spec.takes_value} == {"perf_strict"}
 
 
 def test_the_options_page_keeps_the_markers_the_hook_fills():

@@ -34,7 +34,7 @@ def options_table() -> str:
 
     rows = ["| option | ini key | default | what it does |", "|---|---|---|---|"]
     for spec in option_specs():
-        ini = f"`{spec.name}`" if spec.takes_value else "(command line only)"
+        ini = f"`{spec.name}`" if spec.has_ini_key else "(command line only)"
         rows.append(f"| `{spec.flag}` | {ini} | {_default(spec)} | {_escape(spec.help)} |")
     return "\n".join(rows)
 
