@@ -200,10 +200,11 @@ class OptionSpec:
 
 def option_specs() -> tuple[OptionSpec, ...]:
     """Every ``--perf-*`` option, the switches first, in the order ``pytest --help`` lists them."""
-    switches = tuple(OptionSpec(name, help_text, None, False, name in _SWITCHES_IN_INI) for name, help_text in _SWITCHES)
-    return switches + tuple(
-        OptionSpec(name, help_text, default, True, True) for name, _, default, help_text in _OPTIONS
+    switches = tuple(
+        OptionSpec(name, help_text, None, False, name in _SWITCHES_IN_INI) for name, help_text in _SWITCHES
     )
+    values = tuple(OptionSpec(name, help_text, default, True, True) for name, _, default, help_text in _OPTIONS)
+    return switches + values
 
 
 def option_default(name: str):
