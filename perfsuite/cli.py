@@ -147,7 +147,8 @@ def _add_report_commands(commands) -> None:
         "compare",
         help="judge NEW against OLD and print the verdict table",
         description="Compare every test present in both files per metric (one-sided Mann-Whitney U on the "
-        "per-repeat samples, Benjamini-Hochberg-adjusted over all comparisons). Exit status 1 when a metric regressed.",
+        "per-repeat samples, Benjamini-Hochberg-adjusted over all comparisons). Exit status 1 when a metric regressed "
+        "(with --strict, also when not every comparison was judged). The last line says how many were.",
     )
     compare.add_argument("old", type=Path, help="results.json of the baseline run")
     compare.add_argument("new", type=Path, help="results.json of the run to judge")
@@ -156,6 +157,11 @@ def _add_report_commands(commands) -> None:
         "--alpha", type=probability, help="significance level after Benjamini-Hochberg (default: NEW's policy)"
     )
     compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
+    compare.add_argument(
+        "--strict", action="store_true",
+        help="exit status 1 when fewer than all comparisons were judged (a test not in OLD or of another "
+        "configuration, noisy, inconclusive), as pytest's --perf-strict",
+    )  # fmt: skip
 
 
 def _add_serve_command(commands) -> None:
@@ -299,7 +305,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from perfsuite.judge.compare import policy_of, rejudge
+    from perfsuite.judge.compare import judged_tally, policy_of, rejudge
     from perfsuite.report.render import render_report
     from perfsuite.report.verdict_table import overall_verdict, verdict_table
     from perfsuite.judge.results import read_results
@@ -317,7 +323,12 @@ def _compare(args: argparse.Namespace) -> int:
     print(f"overall: {verdict}")
     if args.output is not None:
         _write_output(args.output, render_report(judged))
-    return 1 if verdict == "regressed" else 0
+    tally = judged_tally(judged)
+    if args.strict and not tally.all_judged:
+        print(f"perfsuite compare --strict: {tally.num_planned - tally.num_judged} of {tally.num_planned} "
+              "comparisons were not judged: exit status 1")  # fmt: skip
+    print(tally.line())
+    return 1 if verdict == "regressed" or (args.strict and not tally.all_judged) else 0
 
 
 def _history(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ PURE_MODULES = [
     "perfsuite.judge.results",
     "perfsuite.judge.compare",
     "perfsuite.judge.paired",
+    "perfsuite.judge.tally",
     "perfsuite.ab.wire",
     "perfsuite.ab.pair",
     "perfsuite.plugin.against",

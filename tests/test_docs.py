@@ -53,6 +53,9 @@ def test_an_option_that_takes_a_value_names_its_ini_key(options_rows):
         assert spec.has_ini_key or not spec.takes_value, spec.name
         expected = f"`{spec.name}`" if spec.has_ini_key else "(command line only)"
         assert f"| {expected} |" in options_rows[spec.flag]
+    assert {spec.name for spec in option_specs() if spec.has_ini_key and not spec.takes_value} == {
+        "perf_strict", "perf_fail_on_change_point"
+    }
 
 
 def test_a_switch_with_an_ini_key_names_it_and_reads_off(options_rows):

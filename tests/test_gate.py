@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 
 import pytest
@@ -106,9 +107,12 @@ def baseline_files(pytester, baseline_dir="baselines"):
 def test_a_run_of_another_configuration_is_not_compared(project, monkeypatch, changed, difference):
     project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
     monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")  # would regress if it were compared
-    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, *changed)
-    result.assert_outcomes(passed=1, deselected=3)
-    result.stdout.fnmatch_lines([f"*warning: *the baseline measured another configuration (*{difference}*); not compared*"])
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST, *changed, "-rs")
+    result.assert_outcomes(skipped=1, deselected=3)  # judged nothing: skipped, not failed
+    result.stdout.fnmatch_lines([
+        f"*warning: *the baseline measured another configuration (*{difference}*); not compared*",
+        "*perfsuite: judged 0 of 4 comparisons: its baseline measured another configuration; re-record it*",
+    ])  # fmt: skip
     [test] = results_json(project)["tests"]
     assert test["baseline"] == "other configuration" and test["comparisons"] == []
 
@@ -128,7 +132,7 @@ def test_a_session_too_large_to_flag_a_lone_regression_is_warned_before_running(
     # 5 repeats a side: the smallest p is 1/252, so at most 12 comparisons (3 tests of 4 metrics).
     args = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "5", "-p", "no:randomly"]
     result = project.runpytest_subprocess(*args)
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(skipped=4)  # no baselines: each test judged nothing
     result.stdout.fnmatch_lines(["*perfsuite warning: *16 comparisons*--perf-repeats 6*--perf-engines*-k*", "*test_speed*"])
     assert any("16 comparisons" in w for w in results_json(project)["warnings"])
 
@@ -140,9 +144,15 @@ def test_a_session_too_large_to_flag_a_lone_regression_is_warned_before_running(
 def test_deselected_tests_are_not_planned(project):
     args = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "5", "-p", "no:randomly", "-k", "not 5"]
     result = project.runpytest_subprocess(*args, "--perf-strict")
-    result.assert_outcomes(passed=3, deselected=1)
+    result.assert_outcomes(skipped=3, deselected=1)
     assert "warning" not in result.stdout.str()
     assert results_json(project)["policy"]["num_planned_comparisons"] == 12
+    # ran (no usage error), but with no baselines it judged nothing, which --perf-strict fails
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "perfsuite: --perf-strict fails this session: 12 of 12 planned comparisons were not judged",
+        "perfsuite: judged 0 of 12 planned comparisons (12 without a baseline for this environment): *",
+    ])  # fmt: skip
 
 
 def test_each_comparison_reports_its_minimum_detectable_effect(project):
@@ -162,9 +172,12 @@ def test_a_busy_machine_makes_a_slow_run_noisy_not_regressed(project, monkeypatc
     monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")
     monkeypatch.setenv("FAKE_BUSY_SHARE", "0.5")
     result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
-    result.assert_outcomes(passed=1, deselected=3)
+    result.assert_outcomes(skipped=1, deselected=3)  # judged nothing: skipped, never failed
     assert result.ret == pytest.ExitCode.OK
-    result.stdout.fnmatch_lines(["*output_throughput*noisy: inconclusive*", "*warning: *noisy, judges nothing: the machine was busy*"])
+    result.stdout.fnmatch_lines([
+        "*output_throughput*noisy: inconclusive*", "*warning: *noisy, judges nothing: the machine was busy*",
+        "perfsuite: judged 0 of 4 planned comparisons (4 noisy (the machine was busy)): run on a quiet runner",
+    ])  # fmt: skip
     [test] = results_json(project)["tests"]
     assert test["noisy"] and {c["verdict"] for c in test["comparisons"]} == {"noisy"}
     assert all(share == 0.5 for share in test["samples"]["cpu_busy_share"])
@@ -189,7 +202,7 @@ def test_the_machine_probe_runs_outside_the_timed_target(project, monkeypatch):
     monkeypatch.setenv("FAKE_PROBE_SECONDS", "0.5")
     quiet_or_not = ["--perf-busy-threshold", "0.99"]  # this test is about the probe, whatever else runs
     result = project.runpytest_subprocess(*ARGS, *ONE_TEST, *quiet_or_not, "--benchmark-json=bench.json")
-    result.assert_outcomes(passed=1, deselected=3)
+    result.assert_outcomes(skipped=1, deselected=3)  # measured, then skipped: no baseline to judge it by
     [bench] = json.loads((project.path / "bench.json").read_text())["benchmarks"]
     assert bench["stats"]["rounds"] == 6
     assert bench["stats"]["max"] < 0.5, "pytest-benchmark timed the probe"
@@ -203,7 +216,7 @@ def test_each_repeat_gets_the_probes_just_before_and_just_after_it(project, monk
     monkeypatch.setenv("FAKE_PROBE_COUNTS", "1")
     # The meter reads a quiet machine whatever else runs here: a repeat re-run as disturbed would add readings.
     monkeypatch.setenv("FAKE_BUSY_SHARE", "0")
-    project.runpytest_subprocess(*ARGS, *ONE_TEST).assert_outcomes(passed=1, deselected=3)
+    project.runpytest_subprocess(*ARGS, *ONE_TEST).assert_outcomes(skipped=1, deselected=3)  # no baseline
     probes = results_json(project)["tests"][0]["samples"][PROBE]
     # Readings 1..7 around 6 repeats: repeat i sits between reading i and reading i + 1.
     assert probes == pytest.approx([math.sqrt(i * (i + 1)) for i in range(1, 7)])
@@ -298,7 +311,14 @@ def test_the_shipped_smoke_suite_runs_under_xdist(pytester):
     pytest.importorskip("xdist")
     from smoke_session import run_shipped_smoke_session
 
-    result = run_shipped_smoke_session(pytester, "-n", "2")
-    # skipped: the sweep test (no config) and the two capacity tests (no SLO)
-    result.assert_outcomes(passed=8, skipped=3)
+    result = run_shipped_smoke_session(pytester, "-n", "2", "-rs")
+    # skipped: the sweep test (no config), the two capacity tests (no SLO), and on the workers the 8 measured
+    # tests, which judged nothing (no baselines)
+    result.assert_outcomes(skipped=11)
     assert len(results_json(pytester)["tests"]) == 8
+    judged_nothing = [re.match(r"SKIPPED \[(\d+)\] .*: perfsuite: judged 0 of 4 comparisons: no baseline", line)
+                      for line in result.stdout.lines]  # fmt: skip
+    assert sum(int(match.group(1)) for match in judged_nothing if match) == 8, result.stdout.str()
+    # the capacity tests skipped themselves on the workers: their comparisons are not counted as planned
+    last = [line for line in result.stdout.lines if line.startswith("perfsuite")][-1]
+    assert last.startswith("perfsuite: judged 0 of 32 planned comparisons (32 without a baseline for this environment)")

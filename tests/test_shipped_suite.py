@@ -128,6 +128,7 @@ def test_a_project_runs_the_shipped_suite_on_its_own_engine_into_its_own_reports
     assert not (SUITES_DIR / "reports").exists() and not (SUITES_DIR / "baselines").exists()
 
     compared = run_shipped_smoke_session(pytester, *engine, "-k", "test_throughput and fixed")
-    compared.assert_outcomes(passed=1)
+    # compared with its baseline, but 2 repeats a side are too few for a verdict: skipped for judging nothing
+    compared.assert_outcomes(skipped=1)
     [test] = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
     assert (test["test_id"], test["baseline"]) == (THROUGHPUT_FIXED, "compared")

@@ -19,6 +19,7 @@ from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
 from perfsuite.judge.judge import Reference, adjust_family, judge, not_compared, sequential_policy
 from perfsuite.judge.results import Results, TestResult
 from perfsuite.judge.stats import STORED_MIN_EFFECT, Policy
+from perfsuite.judge.tally import Tally, tally
 
 
 def policy_of(results: Results, alpha: float | None = None, min_effect: float | None = None) -> Policy:
@@ -58,6 +59,12 @@ def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old
         warnings=tuple(warnings),
         against=None,
     )
+
+
+def judged_tally(judged: Results) -> Tally:
+    """Of the comparisons ``rejudge`` planned (each test of NEW, every metric, a capacity test its capacity), how
+    many were judged, and why the rest were not."""
+    return tally(judged.tests, len(ALL_METRICS if judged.slo is not None else METRICS))
 
 
 def _without_reference_side(test: TestResult) -> TestResult:

@@ -99,6 +99,32 @@ def _will_run(item: pytest.Item) -> bool:
     return not any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A perf test that judged none of its comparisons is reported skipped, saying why and what to do.
+
+    Decided where the test ran (a pytest-xdist worker too), once its result
+    is recorded: results.json and the report keep it. The session-end
+    adjustment cannot undo the decision (``perfsuite.judge.tally`` says why).
+    A planned test that skipped itself before recording anything (a capacity
+    test without --perf-slo) is counted, so the session's judged line leaves
+    its comparisons out of those planned.
+    """
+    report = yield
+    perf_session = item.config.stash.get(SESSION_KEY, None)
+    if perf_session is None or not perf_session.options.enabled or report.when == "teardown":
+        return report
+    if report.when == "call" and report.passed and not hasattr(report, "wasxfail"):
+        reason = perf_session.judged_nothing(perf_test_id(item))
+        if reason is not None:
+            path, lineno, _ = item.reportinfo()
+            report.outcome = "skipped"
+            report.longrepr = (str(path), (lineno or 0) + 1, f"Skipped: {reason}")  # as pytest.skip writes it
+    elif report.skipped and _will_run(item) and not perf_session.has_recorded(perf_test_id(item)):
+        perf_session.num_self_skipped_tests += 1
+    return report
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     perf_session = config.stash.get(SESSION_KEY, None)
@@ -121,7 +147,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _append_to_history(session, perf_session)
     failed_late = perf_session.late_regressions and not perf_session.options.save_baseline
-    if (failed_late or perf_session.failing_change_points) and session.exitstatus == pytest.ExitCode.OK:
+    failed = failed_late or perf_session.failing_change_points or perf_session.fails_strict
+    if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -209,13 +236,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     perf_session = config.stash.get(SESSION_KEY, None)
     if perf_session is None or not perf_session.options.enabled or _is_xdist_worker(config):
         return
-    if perf_session.results:
+    ran = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+    if perf_session.results or (ran and perf_session.tally().num_planned):
         terminalreporter.section("perfsuite")
     written = WrittenFiles(
         config.stash.get(RESULTS_KEY, None), config.stash.get(REPORT_KEY, None), config.stash.get(HISTORY_KEY, None)
     )
     errors = (config.stash.get(OUTPUT_ERROR_KEY, None), config.stash.get(HISTORY_ERROR_KEY, None))
-    write_summary(terminalreporter.write_line, perf_session, written, *errors)
+    write_summary(terminalreporter.write_line, perf_session, written, *errors, ran)
 
 
 # -- fixtures ---------------------------------------------------------------

@@ -107,7 +107,7 @@ def device_name(text: str) -> str:
 # The one source of every --perf-* option's name, default and help: pytest's --help, the ini keys,
 # PerfOptions' defaults and the docs' options page (docs/hooks/options_page.py) are all made from these.
 
-# name, help: on/off switches, command line only, off unless given
+# name, help: on/off switches, off unless given; command line only, except those in _SWITCHES_IN_INI
 _SWITCHES = (
     ("perf", "run the tests marked perf"),
     ("perf_save_baseline",
@@ -116,15 +116,15 @@ _SWITCHES = (
     ("perf_send_request_ids",
      "openai-http sends perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)"),
     ("perf_strict",
-     "a usage error, instead of a warning, when the session is too large for a lone regression to be flagged"),
-)
-
-# name, help: on/off switches, off unless given on the command line or turned on by the ini key of the same name
-_INI_SWITCHES = (
+     "fail the session (exit status 1) when fewer than all planned comparisons were judged (no baseline, "
+     "noisy, inconclusive), and make it a usage error, instead of a warning, when the session is too large for a "
+     "lone regression to be flagged; a --perf-save-baseline session records and is not failed for judging nothing"),
     ("perf_fail_on_change_point",
-     "fail the session when a change point at the head of a test's run history (the report's history/) is a "
+     "fail the session when a change point at the head of a test's run history (--perf-history) is a "
      "regression; shown either way. Off until its thresholds are calibrated (docs/change-points.md)"),
 )
+# Switches an ini file may turn on too (true/false): a CI's configuration can make every perf session strict.
+_SWITCHES_IN_INI = ("perf_strict", "perf_fail_on_change_point")
 
 # openai-http's defaults are its client's, --perf-alpha's the judge's Policy's (neither layer imports the plugin).
 _HTTP_DEFAULTS = HttpClientOptions()
@@ -190,9 +190,8 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("perf", "perfsuite: LLM inference performance regression tests")
     for name, help_text in _SWITCHES:
         group.addoption(_flag(name), dest=name, action="store_true", default=False, help=help_text)
-    for name, help_text in _INI_SWITCHES:
-        group.addoption(_flag(name), dest=name, action="store_true", default=False, help=f"{help_text} (default: off)")
-        parser.addini(name, help=f"{help_text} (default: false)", type="bool", default=False)
+        if name in _SWITCHES_IN_INI:
+            parser.addini(name, type="bool", default=False, help=f"{help_text} (default: false)")
     for name, parse, default, help_text in _OPTIONS:
         group.addoption(_flag(name), dest=name, type=parse, default=None, help=f"{help_text} (default: {default})")
         parser.addini(name, help=f"{help_text} (default: {default})", default=default)
@@ -210,7 +209,7 @@ class OptionSpec:
     help: str
     default: str | None  # as written on the command line; None: unset (a switch: off)
     takes_value: bool  # False: an on/off switch
-    has_ini_key: bool = False  # also settable in [tool.pytest.ini_options], under ``name``
+    has_ini_key: bool  # its name is also an ini key: every option that takes a value, and a few switches
 
     @property
     def flag(self) -> str:
@@ -219,11 +218,11 @@ class OptionSpec:
 
 def option_specs() -> tuple[OptionSpec, ...]:
     """Every ``--perf-*`` option, the switches first, in the order ``pytest --help`` lists them."""
-    switches = tuple(OptionSpec(name, help_text, None, False) for name, help_text in _SWITCHES)
-    switches += tuple(OptionSpec(name, help_text, None, False, True) for name, help_text in _INI_SWITCHES)
-    return switches + tuple(
-        OptionSpec(name, help_text, default, True, True) for name, _, default, help_text in _OPTIONS
+    switches = tuple(
+        OptionSpec(name, help_text, None, False, name in _SWITCHES_IN_INI) for name, help_text in _SWITCHES
     )
+    values = tuple(OptionSpec(name, help_text, default, True, True) for name, _, default, help_text in _OPTIONS)
+    return switches + values
 
 
 def option_default(name: str):
@@ -317,7 +316,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         baseline_dir=rootdir / values["perf_baseline_dir"],
         report_dir=rootdir / values["perf_report_dir"],
         policy=Policy(alpha=values["perf_alpha"], min_effect=min_effect),
-        strict=config.getoption("perf_strict"),
+        strict=_ini_switch(config, "perf_strict"),
         busy_threshold=values["perf_busy_threshold"],
         against=against,
         worker_timeout=values["perf_worker_timeout"],

@@ -41,6 +41,7 @@ from perfsuite.judge.power import PowerPlan, plan_power
 from perfsuite.judge.results import CapacityRecord, Results, TestResult, write_results
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
+from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally, skip_reason, tally
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
 from perfsuite.plugin.options import PerfOptions
@@ -71,6 +72,7 @@ class PerfSession:
     environment: Environment | None = None
     commit: str | None = None
     num_planned_tests: int = 0
+    num_self_skipped_tests: int = 0  # planned tests that skipped themselves before recording a result
     results: list[TestResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     late_regressions: list[str] = field(default_factory=list)
@@ -220,7 +222,7 @@ class PerfSession:
                 f"{result.test_id}: the baseline measured another configuration ({'; '.join(differences)}); "
                 "not compared. If the change is intended, re-record it with --perf-save-baseline"
             )
-            return not_compared(result, "other configuration")
+            return not_compared(result, OTHER_CONFIGURATION)
         policy = self.options.policy
         judgement = judge(
             result, Reference.of_baseline(baseline), status="compared", slo=self.slo_label, policy=policy,
@@ -252,7 +254,7 @@ class PerfSession:
             f"not compared. This one is {result.environment.fingerprint()}{label}: "
             "record its baseline with --perf-save-baseline (docs/baselines-and-ci.md)"
         )
-        return not_compared(result, "other environment only")
+        return not_compared(result, OTHER_ENVIRONMENT)
 
     def _save(self, result: TestResult) -> TestResult:
         if result.noisy:
@@ -272,6 +274,27 @@ class PerfSession:
             )
         )
         return dataclasses.replace(result, baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
+
+    def has_recorded(self, test_id: str) -> bool:
+        return any(result.test_id == test_id for result in self.results)
+
+    def judged_nothing(self, test_id: str) -> str | None:
+        """Why the test ``test_id`` judged none of its comparisons, in one line; None when it judged one, or
+        recorded nothing, or the session records baselines (which is what it was asked to do)."""
+        if self.options.save_baseline:
+            return None
+        results = [result for result in self.results if result.test_id == test_id]
+        return skip_reason(results, len(self.compared_metrics))
+
+    def tally(self) -> Tally:
+        """The session's planned comparisons, less those of tests that skipped themselves, and how many were judged."""
+        num_tests = max(0, self.num_planned_tests - self.num_self_skipped_tests)
+        return tally(self.results, len(self.compared_metrics), num_tests)
+
+    @property
+    def fails_strict(self) -> bool:
+        """``--perf-strict`` and not every planned comparison judged (a --perf-save-baseline session records)."""
+        return self.options.strict and not self.options.save_baseline and not self.tally().all_judged
 
     def note_unrecorded(self, test_id: str, reason: str) -> None:
         """A test failed before its result was recorded (a corrupt baseline): results.json names it."""
@@ -336,6 +359,7 @@ class PerfSession:
                 "environment": dataclasses.asdict(self.environment) if self.environment else None,
                 "commit": self.commit,
                 "num_planned_tests": self.num_planned_tests,
+                "num_self_skipped_tests": self.num_self_skipped_tests,
                 "results": [r.to_json() for r in self.results],
                 "warnings": self.warnings,
                 "unrecorded": self.unrecorded,
@@ -347,7 +371,8 @@ class PerfSession:
         if data["environment"] is not None and self.environment is None:
             self.environment = environment_from_json(data["environment"])
         self.commit = self.commit or data["commit"]
-        self.num_planned_tests = max(self.num_planned_tests, data["num_planned_tests"])
+        self.num_planned_tests = max(self.num_planned_tests, data["num_planned_tests"])  # each worker collects all
+        self.num_self_skipped_tests += data["num_self_skipped_tests"]  # each worker counts the tests it ran
         self.results.extend(TestResult.from_json(r) for r in data["results"])
         self.results.sort(key=lambda r: r.test_id)
         self.warnings.extend(w for w in data["warnings"] if w not in self.warnings)

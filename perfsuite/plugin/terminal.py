@@ -3,6 +3,10 @@
 The verdict table is ``report.verdict_table``'s, the one ``perfsuite compare``
 prints and the HTML report shows.
 
+The section's last line says how many of the planned comparisons were
+judged and, when not all were, why and what to do (``judge.tally``): on a
+machine without matching baselines, the one line to read.
+
 Below the verdicts, a second small table gives each test's KV cache and
 device memory (``report.table.memory_table``, when any test recorded them):
 measurements to read, not verdicts, so they get columns of their own rather
@@ -40,8 +44,36 @@ def write_summary(
     written: WrittenFiles,
     output_error: str | None,
     history_error: str | None = None,
+    ran: bool = True,
 ) -> None:
-    """The verdict table, the warnings and late regressions, and where the results, report and history are."""
+    """The verdict table, the warnings and late regressions, where the results, report and history are; last, what
+    was judged.
+
+    ``ran``: the session ran its tests (its exit status is "passed" or "failed"); one stopped by a usage error or
+    an interruption has no judged line, which would count its tests as not measured.
+    """
+    _write_results(write, perf_session, written, output_error, history_error)
+    tally = perf_session.tally()
+    if not ran or not tally.num_planned:
+        return
+    if perf_session.options.save_baseline:
+        write(f"perfsuite: --perf-save-baseline: judged {tally.num_judged} of {tally.num_planned} planned comparisons "
+              "against the earlier baselines (shown, failing nothing)")  # fmt: skip
+    elif perf_session.fails_strict:
+        write(f"perfsuite: --perf-strict fails this session: {tally.num_planned - tally.num_judged} of "
+              f"{tally.num_planned} planned comparisons were not judged", red=True, bold=True)  # fmt: skip
+        write(tally.line(), red=True, bold=True)
+    else:
+        write(tally.line(), **({"green": True} if tally.all_judged else {"yellow": True, "bold": True}))
+
+
+def _write_results(
+    write: Callable[..., None],
+    perf_session: PerfSession,
+    written: WrittenFiles,
+    output_error: str | None,
+    history_error: str | None,
+) -> None:
     if perf_session.results:
         write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
         table = memory_table(perf_session.results)
