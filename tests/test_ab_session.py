@@ -21,6 +21,8 @@ from perfsuite.ab.trees import extract_commit
 from perfsuite.judge.paired import pairs_with_room_for_disagreement
 from perfsuite.workload.profiles import PROFILES
 
+pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
+
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1]

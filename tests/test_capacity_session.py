@@ -12,6 +12,8 @@ import pytest
 from capacity_fakes import ConcurrencyLatencyEngine, known_capacity
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
+pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
+
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).parent

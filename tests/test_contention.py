@@ -26,6 +26,8 @@ from perfsuite.measure.contention import (
     read_sample,
 )
 
+pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
+
 PROC_STAT_TEXT = """\
 cpu  4705 150 1120 16250 520 30 45 12 0 0
 cpu0 2350 75 560 8125 260 15 22 6 0 0

@@ -17,9 +17,8 @@ import pytest
 pytest_plugins = ["pytester"]
 
 # Each takes from tenths of a second (jinja2, matplotlib's first import) to seconds (torch, transformers).
-HEAVY_MODULES = ("scipy", "numpy", "torch", "transformers", "matplotlib", "jinja2", "aiohttp")
-IDLE_IMPORT_BUDGET_S = 0.3
-TRIES = 5  # the best of several, so a busy moment on a shared 2-core machine does not fail the test
+# The run history's SQLAlchemy and Otava too: only a --perf session's end needs them.
+HEAVY_MODULES = ("scipy", "numpy", "torch", "transformers", "matplotlib", "jinja2", "aiohttp", "sqlalchemy", "otava")
 
 
 def _run_python(code: str) -> str:
@@ -34,20 +33,6 @@ def _loaded_after(statement: str, modules: tuple[str, ...]) -> list[str]:
 
 def test_importing_the_plugin_imports_no_heavy_module():
     assert _loaded_after("import perfsuite.plugin.hooks", HEAVY_MODULES) == []
-
-
-def test_importing_the_plugin_takes_under_a_third_of_a_second():
-    # pytest is imported first: it is loaded already when pytest loads the plugin.
-    code = (
-        "import time, pytest; started = time.perf_counter(); import perfsuite.plugin.hooks; "
-        "print(time.perf_counter() - started)"
-    )
-    timings = []
-    for _ in range(TRIES):
-        timings.append(float(_run_python(code)))
-        if timings[-1] < IDLE_IMPORT_BUDGET_S:
-            break
-    assert min(timings) < IDLE_IMPORT_BUDGET_S, f"import perfsuite.plugin.hooks took {timings} s"
 
 
 def test_a_pytest_run_without_perf_imports_no_heavy_module(pytester: pytest.Pytester):

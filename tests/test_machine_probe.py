@@ -9,6 +9,8 @@ torch = pytest.importorskip("torch")
 import perfsuite.measure.probe as measure  # noqa: E402
 from perfsuite.measure.probe import CUDA_PROBE_BYTES, compute_probe, machine_probe, memory_probe  # noqa: E402
 
+pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
+
 
 def test_the_cpu_probe_is_seconds_per_iteration():
     one, five = machine_probe("cpu", iterations=1), machine_probe("cpu", iterations=5)

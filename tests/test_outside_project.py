@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.outside_project
+pytestmark = [pytest.mark.outside_project, pytest.mark.timing]  # its A/B must see a slowdown: run alone
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTSIDE_PROJECT = ROOT / "examples" / "outside-project"

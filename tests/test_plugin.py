@@ -14,6 +14,8 @@ import pytest
 
 from perfsuite.judge.catalogue import PROBE
 
+pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
+
 pytest_plugins = ["pytester"]
 
 CONFTEST = """

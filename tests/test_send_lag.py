@@ -24,6 +24,8 @@ from perfsuite.measure.send_lag import (
 )
 from perfsuite.measure.summaries import Repeats, summarise
 
+pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
+
 
 class FakeTime:
     """A clock whose sleep oversleeps by ``overshoot`` and whose model steps take ``step_seconds``."""
