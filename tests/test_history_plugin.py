@@ -21,22 +21,13 @@ from perfsuite.plugin.options import _history_store, option_default
 from perfsuite.plugin.session import PerfSession
 from perfsuite.plugin.stash import HISTORY_ERROR_KEY, HISTORY_KEY
 from perfsuite.plugin.terminal import WrittenFiles, write_summary
+from fake_backend import FAKE_BACKEND_CONFTEST
 from report_fixtures import fake_session
 from results_builders import make_result, make_results
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = """
-import time, pytest
-from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.adapters import Backend
-
-@pytest.fixture(scope="session")
-def perf_backend():
-    runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(0.002))
-    tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
-    return Backend(runner=runner, tokenize=tokenize, eos_token_id=None, max_context=512, device="cpu", probe=None)
-"""
+CONFTEST = FAKE_BACKEND_CONFTEST
 
 PERF_TEST = """
 import pytest

@@ -36,6 +36,7 @@ from perfsuite.judge.tally import (
 )
 from perfsuite.measure.capacity import Capacity
 from perfsuite.plugin.terminal import WrittenFiles, write_summary
+from fake_backend import FAKE_BACKEND_CONFTEST
 from report_fixtures import fake_session
 from results_builders import ENVIRONMENT, make_result, make_results
 
@@ -228,17 +229,7 @@ def test_perfsuite_compare_ends_with_the_judged_line_and_strict_fails_when_not_a
 
 # -- pytest sessions: the outcome, the -rs reason, the last line and the exit status ---------------------------------
 
-CONFTEST = """
-import time, pytest
-from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.adapters import Backend
-
-@pytest.fixture(scope="session")
-def perf_backend():
-    runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(0.002))
-    tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
-    return Backend(runner=runner, tokenize=tokenize, eos_token_id=None, max_context=512, device="cpu", probe=None)
-
+CONFTEST = FAKE_BACKEND_CONFTEST + """
 @pytest.fixture(scope="session")
 def _perf_environment(perf_session):
     # The environment a fake backend would be fingerprinted by, without importing torch to describe it (seconds).

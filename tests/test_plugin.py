@@ -12,25 +12,14 @@ import textwrap
 
 import pytest
 
+from fake_backend import FAKE_BACKEND_CONFTEST
 from perfsuite.judge.catalogue import PROBE
 
 pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = """
-import os, time, pytest
-from perfsuite.engine.fake_runner import FakeRunner
-from perfsuite.adapters import Backend
-
-@pytest.fixture(scope="session")
-def perf_backend():
-    delay = float(os.environ.get("FAKE_STEP_SECONDS", "0.004"))
-    runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(delay))
-    tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
-    # Sleeping steps do not follow the machine's speed, so no machine probe.
-    return Backend(runner=runner, tokenize=tokenize, eos_token_id=None, max_context=512, device="cpu", probe=None)
-"""
+CONFTEST = FAKE_BACKEND_CONFTEST
 
 PERF_TEST = """
 import pytest
