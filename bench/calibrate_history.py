@@ -228,19 +228,33 @@ def replay(sessions: Sequence[Results], policy: ChangePointPolicy) -> list[Repla
     return [Replay(*key, len(sessions), searched.get(key, 0), tuple(found.get(key, ()))) for key in seen]
 
 
-def replay_values(values: Sequence[float], series: Series, policy: ChangePointPolicy) -> tuple[int, int]:
-    """(head change points, prefixes searched) for ``values`` in place of ``series``' own, prefix by prefix.
+def replay_series(series: Series, policy: ChangePointPolicy) -> Replay:
+    """``replay`` for one series already built over all sessions: each prefix searched as one session's head.
 
-    What ``replay`` does for a series of these values, without rebuilding sessions:
-    each prefix (at most ``window_len`` long) is searched as one session's head.
+    The same search as ``replay``, without rebuilding the sessions' series
+    after each one (much faster, for the grid and the resampling); the one
+    difference is that each point stays rescaled by the whole series' median
+    probe rather than by that of the sessions up to it.
     """
+    index_of = {point.commit: index for index, point in enumerate(series.points)}
+    reports = []
+    for end in range(policy.min_points, len(series.points) + 1):
+        prefix = replace(series, points=series.points[max(0, end - policy.window_len - 1) : end])
+        head = detect(prefix, policy).head
+        if head is not None:
+            reports.append(
+                HeadReport(end - 1, index_of[head.first_after.commit], head.relative_change, head.p_value,
+                           head.is_regression)  # fmt: skip
+            )
+    num_searched = max(0, len(series.points) - policy.min_points + 1)
+    return Replay(series.key.test_id, series.key.metric, len(series.points), num_searched, tuple(reports))
+
+
+def replay_values(values: Sequence[float], series: Series, policy: ChangePointPolicy) -> tuple[int, int]:
+    """(head change points, prefixes searched) for ``values`` in place of ``series``' own (``replay_series``)."""
     points = tuple(replace(point, value=value) for point, value in zip(series.points, values, strict=True))
-    flagged = searched = 0
-    for end in range(policy.min_points, len(points) + 1):
-        prefix = replace(series, points=points[max(0, end - policy.window_len - 1) : end])
-        searched += 1
-        flagged += detect(prefix, policy).head is not None
-    return flagged, searched
+    run = replay_series(replace(series, points=points), policy)
+    return len(run.reports), run.num_searched
 
 
 def lag1_autocorrelation(values: Sequence[float]) -> float:
@@ -291,11 +305,14 @@ class Resampled:
         return 100 * self.flagged / self.searched if self.searched else math.nan
 
 
-def resample_aa(sessions: Sequence[Results], policy: ChangePointPolicy, count: int, seed: int) -> list[Resampled]:
-    """Synthetic A/A series drawn from each measured A/A series' values, each replayed prefix by prefix."""
+def resample_aa(
+    sessions: Sequence[Results], policy: ChangePointPolicy, count: int, seed: int, metrics: Sequence[str] = (HEADLINE,)
+) -> list[Resampled]:
+    """Synthetic A/A series drawn from each measured A/A series' values (of ``metrics``), each replayed prefix by
+    prefix."""
     out = []
     for series in build_series(sessions):
-        if len(series.points) < policy.min_points:
+        if len(series.points) < policy.min_points or series.key.metric not in metrics:
             continue
         rng = random.Random(f"{seed}-{series.key.test_id}-{series.key.metric}")
         method, draw = resampler(list(series.values), rng)
@@ -445,6 +462,26 @@ def verdict_line(analysis: dict[str, Any], metric: str = HEADLINE) -> str:
     )
 
 
+def spread(values: Sequence[float]) -> str:
+    """How far a series' points scatter: median, median absolute deviation over the median, range."""
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    deviations = sorted(abs(v - median) for v in values)
+    mad = deviations[len(deviations) // 2]
+    return f"median {median:.4g}, MAD {mad / median:.1%} of it, range {ordered[0]:.4g}..{ordered[-1]:.4g}"
+
+
+def _aa_spread(data: dict[str, Any]) -> list[list[str]]:
+    runs = [Results.from_json(doc) for doc in data["stores"].get("aa", [])]
+    return [
+        [f"A/A {HEADLINE} per session, {_short(series.key.test_id)}", spread(series.values)]
+        for series in build_series(runs)
+        if series.key.metric == HEADLINE
+    ]
+
+
 def setup_table(data: dict[str, Any], policy: ChangePointPolicy) -> str:
     meta = data["sessions"]
     walls = [s["wall_s"] for s in meta]
@@ -461,6 +498,7 @@ def setup_table(data: dict[str, Any], policy: ChangePointPolicy) -> str:
                   f"{slowdown_for(data['sessions_per_series'] - 1, every):.1%}"],  # fmt: skip
         ["load", _loads(meta)],
         ["other work's CPU share in a repeat", _busy_summary(meta)],
+        *_aa_spread(data),
         ["policy", ", ".join(f"{f.name}={getattr(policy, f.name)}" for f in fields(policy))],
     ]
     return _markdown(["setup", ""], rows)
@@ -471,15 +509,27 @@ def report(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed
     return "\n\n".join([setup_table(data, policy), figures_table(analysis), verdict_line(analysis)])
 
 
-def grid_report(data: dict[str, Any], resamples: int, seed: int = 0) -> str:
-    """The verdict line for every combination of GRID's thresholds, on the same recorded data."""
+def grid_report(data: dict[str, Any], resamples: int = 0, seed: int = 0) -> str:
+    """The verdict line for every combination of GRID's thresholds, on the same recorded data (output throughput,
+    replayed with ``replay_series``)."""
+    runs = {name: [Results.from_json(doc) for doc in data["stores"].get(name, [])] for name in SERIES_NAMES}
+    series = {name: [s for s in build_series(runs[name]) if s.key.metric == HEADLINE] for name in SERIES_NAMES}
     lines = []
     for p in GRID["max_p_value"]:
         for m in GRID["min_magnitude"]:
             for h in GRID["head_runs"]:
                 policy = replace(ChangePointPolicy(), max_p_value=p, min_magnitude=m, head_runs=h)
-                lines.append(f"max_p_value={p} min_magnitude={m} head_runs={h}: "
-                             + verdict_line(analyse(data, policy, resamples, seed)))  # fmt: skip
+                creep = {(s.key.test_id, s.key.metric): replay_series(s, policy) for s in series["creep"]}
+                aa = {(s.key.test_id, s.key.metric): replay_series(s, policy) for s in series["aa"]}
+                resampled = {}
+                if resamples:
+                    resampled = {(r.test_id, r.metric): r for r in resample_aa(runs["aa"], policy, resamples, seed)}
+                rows = [
+                    {"key": key, "creep": creep.get(key), "aa": aa.get(key), "resampled": resampled.get(key)}
+                    for key in sorted(set(creep) | set(aa))
+                ]
+                analysis = {"rows": rows, "every": data["every"]}
+                lines.append(f"max_p_value={p} min_magnitude={m} head_runs={h}: {verdict_line(analysis)}")
     return "\n".join(lines)
 
 
@@ -573,7 +623,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--load", type=Path, help="re-print the table of a --save file, without measuring")
     parser.add_argument("--policy", help="thresholds other than the defaults: max_p_value=0.01,head_runs=3")
     parser.add_argument("--grid", action="store_true", help="with --load: the verdict for a grid of thresholds")
-    parser.add_argument("--resamples", type=int, default=200, help="synthetic A/A series per test and metric (200)")
+    parser.add_argument(
+        "--resamples", type=int, help="synthetic A/A series per test, of output throughput (100; with --grid: 0)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the resampling (0)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (stores, reports)")
     args = parser.parse_args(argv)
@@ -581,6 +633,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--sessions must be at least 2 and --every at least 1")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.resamples is None:
+        args.resamples = 0 if args.grid else 100
     if args.resamples < 0:
         parser.error("--resamples must be 0 or more")
     if args.grid and not args.load:

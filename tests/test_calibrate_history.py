@@ -142,6 +142,8 @@ def test_the_table_and_the_verdict_line():
     text = calibrate.report(data, POLICY, resamples=2)
     assert "| machine | cpu, 2 cores |" in text and "policy | max_p_value=0.001" in text
     assert "first exceeds 10% at session 10 (10.4%)" in text
+    spread = r"\| A/A output_throughput per session, test_throughput\[static-B4-uniform\] \| median 10\d\.?\d*, MAD 0\.\d%"
+    assert re.search(spread, text)
     row = next(line for line in text.splitlines() if line.startswith("| test_throughput"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[1] == "output_throughput"
@@ -163,9 +165,15 @@ def test_a_flagging_aa_series_misses_the_target():
     assert "A/A <= 1 per 100 runs: no" in line and line.endswith("both targets: missed")
 
 
+def test_spread():
+    assert calibrate.spread([100.0, 90.0, 110.0, 300.0, 100.0]) == "median 100, MAD 10.0% of it, range 90..300"
+    assert calibrate.spread([]) == "n/a"
+
+
 def test_parse_args():
     args = calibrate.parse_args(["--sessions", "10", "--every", "2", "--policy", "head_runs=3"])
     assert (args.sessions, args.every, args.policy.head_runs, args.select) == (10, 2, 3, calibrate.DEFAULT_SELECT)
+    assert args.resamples == 100 and calibrate.parse_args(["--load", "x.json", "--grid"]).resamples == 0
     for bad in (["--sessions", "1"], ["--every", "0"], ["--grid"], ["--policy", "nope=1"]):
         with pytest.raises(SystemExit):
             calibrate.parse_args(bad)
