@@ -604,8 +604,14 @@ def read_stores(work: Path) -> dict[str, list[dict[str, Any]]]:
         path = work / f"{name}.sqlite"
         if path.exists():
             with HistoryStore.open(path) as store:
-                stores[name] = [session.to_json() for session in store.sessions()]
+                stores[name] = [lean(session.to_json()) for session in store.sessions()]
     return stores
+
+
+def lean(document: dict[str, Any]) -> dict[str, Any]:
+    """A results document without its tests' step timelines: most of its size, and no series reads them."""
+    tests = [{**test, "timeline": None} for test in document["tests"]]
+    return {**document, "tests": tests}
 
 
 # ---------------------------------------------------------------------------------------------------- main

@@ -193,3 +193,14 @@ def test_fake_commit_parsing_and_install():
     finally:
         slowdown.restore_git_commit(original)
     assert environment.git_commit is original
+
+
+def test_saved_documents_drop_only_the_timelines():
+    (document,) = [s.to_json() for s in sessions([100.0])]
+    document["tests"][0]["timeline"] = {"steps": []}
+    lean = calibrate.lean(document)
+    assert lean["tests"][0]["timeline"] is None and document["tests"][0]["timeline"] == {"steps": []}
+    assert {k: v for k, v in lean["tests"][0].items() if k != "timeline"} == {
+        k: v for k, v in document["tests"][0].items() if k != "timeline"
+    }
+    assert calibrate.Results.from_json(lean).tests[0].samples["output_throughput"] == (99.0, 100.0, 101.0)
