@@ -16,12 +16,18 @@ not a number in range is a usage error (pytest exits 4).
 If ``PERFSUITE_SLOWDOWN_REPORT`` names a file, the plugin writes
 ``{"fraction": f, "calls": n, "added_s": s}`` there at the end of the session,
 so a caller can check that the slowdown was really injected.
+
+With ``PERFSUITE_FAKE_COMMIT=<hex>`` the session records that commit instead
+of the repository's (bench/calibrate_history.py gives each session of a
+series a commit of its own, so change points have commit ranges). A value
+that is not 7 to 40 hex digits is a usage error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -30,6 +36,8 @@ import pytest
 ENV_FRACTION = "PERFSUITE_SLOWDOWN"
 ENV_REPORT = "PERFSUITE_SLOWDOWN_REPORT"
 MAX_FRACTION = 10.0
+ENV_COMMIT = "PERFSUITE_FAKE_COMMIT"
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 class _Slowdown:
@@ -38,6 +46,7 @@ class _Slowdown:
         self.calls = 0
         self.added_s = 0.0
         self.original = None  # the unwrapped ModelRunner.execute while wrapped
+        self.original_git_commit = None  # perfsuite's git_commit while a fake commit stands in
 
 
 _STATE_KEY = pytest.StashKey[_Slowdown]()
@@ -56,9 +65,36 @@ def parse_fraction(text: str | None) -> float:
     return fraction
 
 
+def parse_commit(text: str | None) -> str | None:
+    """The fake commit in ``text`` (the env var's value); None or blank: the repository's own."""
+    if text is None or not text.strip():
+        return None
+    if not _COMMIT.fullmatch(text.strip()):
+        raise pytest.UsageError(f"{ENV_COMMIT}={text!r} is not a commit: give 7 to 40 lowercase hex digits")
+    return text.strip()
+
+
+def install_fake_commit(commit: str):
+    """Make perfsuite's ``git_commit`` return ``commit``; returns the original, for ``restore_git_commit``."""
+    from perfsuite.measure import environment
+
+    original = environment.git_commit
+    environment.git_commit = lambda cwd: commit
+    return original
+
+
+def restore_git_commit(original) -> None:
+    from perfsuite.measure import environment
+
+    environment.git_commit = original
+
+
 def pytest_configure(config: pytest.Config) -> None:
     state = _Slowdown(parse_fraction(os.environ.get(ENV_FRACTION)))
     config.stash[_STATE_KEY] = state
+    commit = parse_commit(os.environ.get(ENV_COMMIT))
+    if commit is not None:
+        state.original_git_commit = install_fake_commit(commit)
     if not state.fraction:
         return
     from perfsuite.engine.model_runner import ModelRunner
@@ -93,6 +129,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_STATE_KEY, None)
     if state is None:
         return
+    if state.original_git_commit is not None:
+        restore_git_commit(state.original_git_commit)
+        state.original_git_commit = None
     if state.original is not None:
         from perfsuite.engine.model_runner import ModelRunner
 
