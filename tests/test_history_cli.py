@@ -74,3 +74,29 @@ def test_without_otava_show_names_the_pip_command(history_dir, capsys, monkeypat
     monkeypatch.setitem(sys.modules, "otava.analysis", None)
     assert main(["history", "show", "--results-dir", str(history_dir), "-k", "throughput"]) == 2
     assert 'pip install --no-deps "apache-otava==0.8.0"' in capsys.readouterr().err
+
+
+# -- the store: what `pytest --perf` appends each session to, and what `history show` reads by default ------------
+
+
+def test_show_reads_the_store_that_import_filled_from_a_results_folder(history_dir, tmp_path, capsys):
+    store = tmp_path / "history.sqlite"
+    assert main(["history", "import", str(history_dir), "--store", str(store)]) == 0
+    assert "imported 25 session(s)" in capsys.readouterr().out
+    assert main(["history", "show", "--store", str(store), "-k", "throughput"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "22 runs;" in lines[1] and "change points: 1" in lines
+    assert any(line.startswith(f"  {commit_of(19)[:7]}..{commit_of(20)[:7]}") for line in lines)
+
+
+@pytest.mark.parametrize(("setup", "message"), [("missing", "no history store there"), ("empty", "holds no session")])
+def test_a_missing_or_empty_store_is_one_line_and_exit_2(tmp_path, capsys, setup, message):
+    store = tmp_path / "history.sqlite"
+    if setup == "empty":
+        from perfsuite.history.store import HistoryStore
+
+        HistoryStore.open(store).close()
+    assert main(["history", "show", "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfsuite: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert setup != "missing" or not store.exists(), "showing a history must not create a store"

@@ -16,6 +16,7 @@ import pytest
 
 from perfsuite.cli import main
 from perfsuite.judge.catalogue import METRICS, PROBE
+from perfsuite.history.store import HistoryStore
 from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
@@ -223,7 +224,9 @@ def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
     reports = pytester.path / "reports"
     written = (reports / "report.html").read_text()
     assert 'id="verdict-table"' in written and 'id="timeline-figure"' in written
-    assert len(list((reports / "history").glob("*.json"))) == 1
+    with HistoryStore.open(reports / "history.sqlite") as store:  # kept in the run history, not in history/
+        assert [len(session.tests) for session in store.sessions()] == [8]
+    assert not (reports / "history").exists()
     page = render_report(read_results(reports / "results.json"))
     assert external_references(page) == []
     assert 'id="overall-verdict">no baseline<' in page
