@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from perfsuite.engine.types import EngineCounters
-from perfsuite.judge.results import PolicyDescription, ProbeDescription, Results, TestResult
+from perfsuite.judge.results import (
+    Judgement,
+    Measurement,
+    PolicyDescription,
+    ProbeDescription,
+    ReferenceSide,
+    Results,
+    TestResult,
+)
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.measure.environment import Environment
 from perfsuite.measure.summaries import LatencySummary, RunSummary, SizingParameters
@@ -35,10 +46,37 @@ def make_result(
         "samples": {"output_throughput": tuple(output_throughput)},
         "counters": EngineCounters(num_forward_passes=10),
         "summary": summary,
-        "baseline_status": "no baseline",
         "environment": ENVIRONMENT,
+        "configuration": configuration,
     }
-    return TestResult(test_id=test_id, configuration=configuration, **{**fields, **changes})
+    measured = {name: value for name, value in changes.items() if name in MEASUREMENT_FIELDS}
+    result = TestResult(test_id, Measurement(**{**fields, **measured}))
+    return changed(result, **{name: value for name, value in changes.items() if name not in measured})
+
+
+MEASUREMENT_FIELDS = {f.name for f in dataclasses.fields(Measurement)}
+JUDGEMENT_FIELDS = {f.name for f in dataclasses.fields(Judgement)}
+REFERENCE_FIELDS = {"reference_samples": "samples", "reference_timeline": "timeline", "pair_order": "pair_order"}
+
+
+def changed(result: TestResult, **fields: Any) -> TestResult:
+    """``result`` with fields of its measurement, its judgement or its REF side replaced, each named as the
+    field is (the REF side's with ``reference_`` before ``samples`` and ``timeline``), or its ``capacity``."""
+    unknown = set(fields) - MEASUREMENT_FIELDS - JUDGEMENT_FIELDS - set(REFERENCE_FIELDS) - {"capacity"}
+    assert not unknown, f"no such field of a test's result: {sorted(unknown)}"
+    measured = {name: value for name, value in fields.items() if name in MEASUREMENT_FIELDS}
+    judged = {name: value for name, value in fields.items() if name in JUDGEMENT_FIELDS}
+    reference = {REFERENCE_FIELDS[name]: value for name, value in fields.items() if name in REFERENCE_FIELDS}
+    if reference:
+        side = result.reference or ReferenceSide(samples={}, timeline=None, pair_order=())
+        result = dataclasses.replace(result, reference=dataclasses.replace(side, **reference))
+    if "capacity" in fields:
+        result = dataclasses.replace(result, capacity=fields["capacity"])
+    return dataclasses.replace(
+        result,
+        measurement=dataclasses.replace(result.measurement, **measured),
+        judgement=dataclasses.replace(result.judgement, **judged),
+    )
 
 
 def make_results(*tests: TestResult, **changes) -> Results:

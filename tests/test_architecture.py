@@ -100,7 +100,7 @@ ALLOWED = {
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
     "ab": {"__init__", "codec", "engine", "adapters", "measure", "models"},
-    "plugin": {"ab", "adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "workload",
+    "plugin": {"ab", "adapters", "argtypes", "codec", "engine", "history", "judge", "measure", "models", "report", "workload",
                "correctness"},
     "cli": {"adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "serve", "workload",
             "correctness", "scaffold"},
