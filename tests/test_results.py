@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from perfsuite.codec import encode
-from perfsuite.judge.baselines import recorded_counters
 from perfsuite.judge.results import (
     KV_COUNTERS,
     RESULTS_SCHEMA_VERSION,
@@ -33,7 +32,7 @@ from perfsuite.measure.summaries import (
     TimelineRequest,
     TimelineStep,
 )
-from results_builders import changed, make_result, make_results
+from results_builders import changed, make_result, make_results, version_4_document
 
 VERSION_4_FILE = Path(__file__).with_name("data") / "results_v4.json"  # written by perfsuite's version 4 writer
 
@@ -118,7 +117,7 @@ def without_kv_counters(results: Results) -> Results:
 def test_a_version_1_file_is_converted_on_reading(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(version_1(version_4(results))))
+    path.write_text(json.dumps(version_1(version_4_document(results))))
     assert read_results(path) == without_kv_counters(results)
 
 
@@ -147,7 +146,7 @@ def timeline_v3(timeline: dict | None) -> dict | None:
 def test_a_version_3_file_reads_its_kv_counters_as_not_recorded_and_writes_them_back_so(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(version_3(version_4(results))))
+    path.write_text(json.dumps(version_3(version_4_document(results))))
     read = read_results(path)
     assert read == without_kv_counters(results)
     assert read.tests[0].measurement.counters.num_preemptions == 0 and read.tests[0].memory is None
@@ -169,7 +168,7 @@ def version_2(document: dict) -> dict:
 def test_a_version_2_file_is_converted_on_reading(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(version_2(version_4(results))))
+    path.write_text(json.dumps(version_2(version_4_document(results))))
     assert read_results(path) == without_kv_counters(results)
 
 
@@ -335,63 +334,6 @@ def test_an_environment_that_is_not_one_names_the_file_and_the_test(tmp_path, wh
 # -- version 4: each test flat, its summary as vLLM's keys; and every mode through the codec ---------------------
 
 
-def version_4(results: Results) -> dict:
-    """``results`` as perfsuite's version 4 wrote them (``every_mode`` checks this against such a file)."""
-    return {
-        "schema_version": 4, "created_at": results.created_at, "commit": results.commit,
-        "environment": _asdict(results.environment), "fingerprint": results.fingerprint,
-        "servers": [{**dataclasses.asdict(s), "fingerprint": s.fingerprint()} for s in results.servers],
-        "profile": results.profile, "repeats": results.repeats, "decode_mode": results.decode_mode,
-        "policy": dataclasses.asdict(results.policy), "probe": dataclasses.asdict(results.probe), "slo": results.slo,
-        "tests": [_test_version_4(test) for test in results.tests], "late_regressions": list(results.late_regressions),
-        "warnings": list(results.warnings), "against": _asdict(results.against),
-    }  # fmt: skip
-
-
-def _test_version_4(test) -> dict:
-    measured, judged, reference = test.measurement, test.judgement, test.reference
-    return {
-        "test_id": test.test_id,
-        "engine": measured.engine_name,
-        "parameters": dataclasses.asdict(measured.parameters),
-        "configuration": measured.configuration.to_json() if measured.configuration else None,
-        "arrival_rate": measured.arrival_rate,
-        **{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in measured.summary.vllm_keys().items()},
-        **measured.summary.interval_keys(),
-        "samples": _lists(measured.samples),
-        "request_samples": _lists(measured.request_samples),
-        "baseline_request_samples": _lists(judged.baseline_request_samples),
-        "timeline": _asdict(measured.timeline),
-        "counters": recorded_counters(measured.counters, measured.unrecorded_counters),
-        "baseline_unrecorded_counters": list(judged.baseline_unrecorded_counters),
-        "memory": _asdict(test.memory),
-        "baseline": judged.baseline_status,
-        "noisy": measured.noisy,
-        "comparisons": [
-            {**dataclasses.asdict(c), **{k: None for k in ("change", "ci_low", "ci_high") if getattr(c, k) == math.inf},
-             "direction": c.direction.value, "verdict": c.verdict.value}
-            for c in judged.comparisons
-        ],  # fmt: skip
-        "counter_changes": [dataclasses.asdict(c) for c in judged.counter_changes],
-        "environment": _asdict(measured.environment),
-        "fingerprint": test.fingerprint,
-        "normalization": test.normalization,
-        "reference_samples": _lists(reference.samples) if reference else {},
-        "reference_timeline": _asdict(reference.timeline) if reference else None,
-        "pair_order": list(reference.pair_order) if reference else [],
-        "send_lag": _asdict(measured.send_lag),
-        "capacity": test.capacity.to_json() if test.capacity else None,
-    }
-
-
-def _asdict(value):
-    return dataclasses.asdict(value) if value is not None else None
-
-
-def _lists(samples: dict) -> dict:
-    return {name: list(values) for name, values in samples.items()}
-
-
 KV_TIMELINE_OF_TWO = RunTimeline(
     duration=0.5, num_slots=2,
     steps=(TimelineStep(0.0, 0.2, 1, (TimelineChunk(0, "r0", 5, True, False),), 1, 5, ()),
@@ -471,7 +413,7 @@ def test_a_version_4_file_written_by_version_4_is_converted_on_reading():
 
 
 def test_the_version_4_fixture_of_these_tests_writes_what_version_4_wrote():
-    assert json.loads(json.dumps(version_4(every_mode()))) == json.loads(VERSION_4_FILE.read_text())
+    assert json.loads(json.dumps(version_4_document(every_mode()))) == json.loads(VERSION_4_FILE.read_text())
 
 
 def test_a_version_4_test_with_a_malformed_field_names_it(tmp_path):

@@ -399,7 +399,7 @@ class PerfSession:
             created_at=_now(),
             commit=self.commit,
             environment=self.shown_environment,
-            servers=tuple(dict.fromkeys(r.environment for r in self.results if r.is_remote)),
+            servers=tuple(dict.fromkeys(r.measurement.environment for r in self.results if r.is_remote)),
             profile=options.profile.name,
             repeats=self.repeats,
             decode_mode=options.decode_mode,
