@@ -54,6 +54,7 @@ from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     GOODPUT,
     LATENCIES,
+    PERCENTILES,
     Measured,
     MemoryUse,
     RunSummary,
@@ -200,6 +201,7 @@ class TestResult:
         return {
             "test_id": self.test_id,
             **_nan_as_null(self.measurement.summary.vllm_keys()),  # at the top of each test, as vLLM writes them
+            **self.measurement.summary.interval_keys(),  # each percentile's interval beside it
             **encode(self, nan_as_null=True),
             "memory": encode(memory, nan_as_null=True) if memory else None,
             "fingerprint": self.fingerprint,
@@ -212,10 +214,14 @@ class TestResult:
 
 
 # What results.json writes beside the codec's fields of a test, for readers outside perfsuite; read back from
-# the fields, never from these: vLLM's figures (``RunSummary.vllm_keys``), memory, fingerprint, normalization.
+# the fields, never from these: vLLM's figures (``RunSummary.vllm_keys``) and each percentile's interval
+# (``RunSummary.interval_keys``), memory, fingerprint, normalization.
 READER_KEYS = frozenset({
     "request_throughput", "output_throughput", "completed", "total_output_tokens", GOODPUT,
     *(f"{statistic}_{name}_ms" for name in LATENCIES for statistic in ("mean", "median", "std", "p90", "p99")),
+    *(f"{statistic}_{name}_ms_{part}" for name in LATENCIES for statistic in PERCENTILES
+      for part in ("ci", "supported")),
+    *(f"{name}_num_values" for name in LATENCIES),
     "memory", "fingerprint", "normalization",
 })  # fmt: skip
 
