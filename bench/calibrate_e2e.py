@@ -126,16 +126,21 @@ def session_order(conditions: Sequence[str], sessions: int) -> list[tuple[str, i
 
 
 def outcome_of_test(test: dict[str, Any]) -> dict[str, Any]:
-    """One results.json ``tests[]`` entry: judged, flagged, noisy, and its comparisons' verdicts."""
-    comparisons = test.get("comparisons") or []
+    """One results.json ``tests[]`` entry: judged, flagged, noisy, and its comparisons' verdicts.
+
+    Schema version 5 keeps comparisons under ``judgement`` and ``noisy`` under ``measurement``; older
+    versions kept both on the test itself.
+    """
+    judged, measured = test.get("judgement") or test, test.get("measurement") or test
+    comparisons = judged.get("comparisons") or []
     verdicts = [c.get("verdict") for c in comparisons]
-    noisy = bool(test.get("noisy")) or "noisy" in verdicts
+    noisy = bool(measured.get("noisy")) or "noisy" in verdicts
     return {
         "test_id": test.get("test_id"),
         "judged": bool(comparisons) or noisy,  # noisy: judged inconclusive, whether or not comparisons are kept
         "flagged": "regressed" in verdicts,
         "noisy": noisy,
-        "noisy_reason": test.get("noisy") if isinstance(test.get("noisy"), str) else None,
+        "noisy_reason": measured.get("noisy") if isinstance(measured.get("noisy"), str) else None,
         "comparisons": [{key: c.get(key) for key in COMPARISON_FIELDS} for c in comparisons],
     }
 

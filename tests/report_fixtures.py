@@ -27,6 +27,7 @@ from perfsuite.plugin.session import PerfSession
 from perfsuite.workload.profiles import PROFILES
 from perfsuite.measure.environment import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
+from results_builders import changed
 
 ENVIRONMENT = Environment(
     device_name="cpu",
@@ -75,15 +76,17 @@ def with_verdicts(results: Results) -> Results:
     for (verdict, _), comparison in zip(chosen.items(), adjust(raw, Policy())):
         assert comparison.verdict.value == verdict, comparison
         test = tests[VERDICT_TESTS[verdict]]
-        tests[test.test_id] = dataclasses.replace(
+        tests[test.test_id] = changed(
             test,
             comparisons=(comparison,),
             baseline_status="compared",
-            baseline_request_samples={k: tuple(0.8 * v for v in vs) for k, vs in test.request_samples.items()},
+            baseline_request_samples={
+                k: tuple(0.8 * v for v in vs) for k, vs in test.measurement.request_samples.items()
+            },
         )
     regressed = tests[VERDICT_TESTS["regressed"]]
-    passes = regressed.counters.num_forward_passes
-    tests[regressed.test_id] = dataclasses.replace(
+    passes = regressed.measurement.counters.num_forward_passes
+    tests[regressed.test_id] = changed(
         regressed, counter_changes=(CounterChange("num_forward_passes", passes - 2, passes),)
     )
     return dataclasses.replace(results, tests=tuple(tests.values()))
@@ -113,8 +116,8 @@ def as_ab_session(results: Results, ratios: tuple[float, ...] = PAIR_RATIOS) -> 
     """
     policy = Policy(min_effect=PAIRED_MIN_EFFECT)
     tests = [_paired_test(test, ratios, policy) for test in results.tests]
-    adjusted = iter(adjust([c for t in tests for c in t.comparisons], policy))
-    tests = [dataclasses.replace(t, comparisons=tuple(next(adjusted) for _ in t.comparisons)) for t in tests]
+    adjusted = iter(adjust([c for t in tests for c in t.judgement.comparisons], policy))
+    tests = [t.with_judgement(comparisons=tuple(next(adjusted) for _ in t.judgement.comparisons)) for t in tests]
     described = dataclasses.replace(results.policy, test=PAIRED_TEST, min_effect=PAIRED_MIN_EFFECT)
     return dataclasses.replace(results, tests=tuple(tests), against=AGAINST, policy=described)
 
@@ -123,20 +126,20 @@ def _paired_test(test: TestResult, ratios: tuple[float, ...], policy: Policy) ->
     reference = {
         metric: tuple(v / r if METRICS.get(metric) is Direction.HIGHER_IS_BETTER else v * r
                       for v, r in zip(values, ratios))
-        for metric, values in test.samples.items()
+        for metric, values in test.measurement.samples.items()
     }  # fmt: skip
     comparisons = tuple(
-        compare_paired(metric, reference[metric], test.samples[metric], direction, policy)
+        compare_paired(metric, reference[metric], test.measurement.samples[metric], direction, policy)
         for metric, direction in METRICS.items()
-        if test.samples.get(metric)
+        if test.measurement.samples.get(metric)
     )
-    return dataclasses.replace(
+    return changed(
         test,
         reference_samples=reference,
-        reference_timeline=test.timeline,
+        reference_timeline=test.measurement.timeline,
         pair_order=tuple("AB" if i % 2 == 0 else "BA" for i in range(len(ratios))),
         baseline_status=f"A/B against {AGAINST.ref} ({AGAINST.commit[:12]})",
-        baseline_request_samples={k: tuple(0.9 * v for v in vs) for k, vs in test.request_samples.items()},
+        baseline_request_samples={k: tuple(0.9 * v for v in vs) for k, vs in test.measurement.request_samples.items()},
         comparisons=comparisons,
     )
 
@@ -144,7 +147,7 @@ def _paired_test(test: TestResult, ratios: tuple[float, ...], policy: Policy) ->
 def earlier_run(results: Results, created_at: str, throughput_factor: float) -> Results:
     """A stored earlier run of the same tests, as ``reports/history/*.json`` holds."""
     tests = tuple(
-        dataclasses.replace(test, samples=with_samples(test.samples, "output_throughput", throughput_factor))
+        changed(test, samples=with_samples(test.measurement.samples, "output_throughput", throughput_factor))
         for test in results.tests
     )
     return dataclasses.replace(results, created_at=created_at, tests=tests)
@@ -157,7 +160,7 @@ def with_samples(samples: dict, metric: str, factor: float) -> dict:
 def with_test_samples(results: Results, index: int, metric: str, values: list[float]) -> Results:
     """``results`` with one test's samples of ``metric`` replaced."""
     tests = list(results.tests)
-    tests[index] = dataclasses.replace(tests[index], samples={**tests[index].samples, metric: tuple(values)})
+    tests[index] = changed(tests[index], samples={**tests[index].measurement.samples, metric: tuple(values)})
     return dataclasses.replace(results, tests=tuple(tests))
 
 

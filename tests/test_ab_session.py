@@ -164,11 +164,13 @@ def test_against_head_measures_both_trees_and_passes(pytester, repo):
     document = results_json(repo)
     assert document["against"]["ref"] == "HEAD" and document["against"]["commit"] == head
     (test,) = document["tests"]
-    assert test["pair_order"] == ["AB", "BA", "AB", "BA"]
-    assert len(test["reference_samples"]["output_throughput"]) == len(test["samples"]["output_throughput"]) == 4
+    assert test["reference"]["pair_order"] == ["AB", "BA", "AB", "BA"]
+    reference, current = test["reference"]["samples"], test["measurement"]["samples"]
+    assert len(reference["output_throughput"]) == len(current["output_throughput"]) == 4
     assert document["policy"]["smallest_p"] == 1 / 16, "the paired floor, 2^-pairs"
-    assert test["baseline"] == f"A/B against HEAD ({head[:12]})"
-    assert test["comparisons"] and all(c["verdict"] != "regressed" for c in test["comparisons"])
+    assert test["judgement"]["baseline_status"] == f"A/B against HEAD ({head[:12]})"
+    comparisons = test["judgement"]["comparisons"]
+    assert comparisons and all(c["verdict"] != "regressed" for c in comparisons)
     assert "Wilcoxon" in document["policy"]["test"]
     assert not (repo / "baselines").exists(), "an A/B session neither reads nor writes baselines"
     assert not worker_processes(repo) and not snapshots_of(head)
@@ -181,7 +183,7 @@ def test_unless_given_the_pairs_leave_room_for_disagreement_and_rotate_over_the_
     policy = document["policy"]
     pairs = pairs_with_room_for_disagreement(policy["num_planned_comparisons"], policy["alpha"])
     assert pairs > PROFILES["smoke"].repeats, "more pairs than the profile's repeats: the floor is what sets them"
-    assert len(test["pair_order"]) == pairs
+    assert len(test["reference"]["pair_order"]) == pairs
     assert "rotate two at a time over 3 worker processes a side" in document["against"]["order"]
     result.stdout.fnmatch_lines([f"*{pairs} pairs per test in ABBA order over 3 worker(s) a side*"])
     assert not worker_processes(repo)
@@ -204,7 +206,7 @@ def test_a_current_tree_slower_than_ref_fails_with_the_documented_message(pytest
         "*output_throughput: REF (A) median *, current (B) median * -> regressed*",
     ])  # fmt: skip
     (test,) = results_json(repo)["tests"]
-    throughput = next(c for c in test["comparisons"] if c["metric"] == "output_throughput")
+    throughput = next(c for c in test["judgement"]["comparisons"] if c["metric"] == "output_throughput")
     assert throughput["verdict"] == "regressed" and throughput["change"] < -0.1
 
 

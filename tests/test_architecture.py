@@ -44,6 +44,7 @@ PURE_MODULES = [
     "perfsuite.judge.paired",
     "perfsuite.judge.tally",
     "perfsuite.ab.wire",
+    "perfsuite.codec",
     "perfsuite.ab.pair",
     "perfsuite.plugin.against",
     "perfsuite.history",
@@ -87,7 +88,8 @@ ALLOWED = {
     "workload": {"engine"},
     "measure": {"engine"},
     "adapters": {"engine", "models"},
-    "judge": {"engine", "measure"},
+    "codec": set(),  # the structural codec of the A/B wire and results.json: the standard library only
+    "judge": {"codec", "engine", "measure"},
     # the run history: the store (results in, results out), each test's series, their change points
     "history": {"engine", "judge", "measure"},
     "report": {"judge", "history"},
@@ -97,8 +99,8 @@ ALLOWED = {
     "serve": {"adapters", "engine", "measure", "models"},
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
-    "ab": {"__init__", "engine", "adapters", "measure", "models"},
-    "plugin": {"ab", "adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "workload",
+    "ab": {"__init__", "codec", "engine", "adapters", "measure", "models"},
+    "plugin": {"ab", "adapters", "argtypes", "codec", "engine", "history", "judge", "measure", "models", "report", "workload",
                "correctness"},
     "cli": {"adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "serve", "workload",
             "correctness", "scaffold"},

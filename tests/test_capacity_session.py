@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from capacity_fakes import ConcurrencyLatencyEngine, known_capacity
+from perfsuite.judge.results import Results, read_results
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
 pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
@@ -60,6 +61,10 @@ def results(project) -> dict:
     return json.loads((project.path / "reports" / "results.json").read_text())
 
 
+def typed_results(project) -> Results:
+    return read_results(project.path / "reports" / "results.json")
+
+
 def test_without_an_slo_the_capacity_test_says_how_to_run_it(project):
     result = project.runpytest_subprocess(*ARGS, "-rs")
     result.assert_outcomes(skipped=1)
@@ -70,15 +75,15 @@ def test_a_capacity_is_recorded_then_a_slower_engine_fails_against_it(project, m
     saved = project.runpytest_subprocess(*ARGS, *SLO, "--perf-save-baseline")
     saved.assert_outcomes(passed=1)
     saved.stdout.fnmatch_lines(["*test_capacity[[]load-latency[]]*capacity_under_slo*saved to baselines*"])
-    test = results(project)["tests"][0]
-    capacity = test["capacity"]
+    test = typed_results(project).tests[0]
+    capacity, measured = test.capacity, test.measurement
     # the fake at mu = 40/s, TTFT 10 ms / (1 - load) under a 50 ms SLO: 32/s offered, within the 10% tolerance
     known = known_capacity(40.0, 0.010, 0.050, Workload(16, OutputLengths(), Arrivals(1.0)).requests(tokenize))
-    assert known / 1.1 <= capacity["requests_per_second"] <= known
-    assert len(test["samples"]["capacity_under_slo"]) == 5 and len(capacity["searches"]) == 5
-    assert capacity["slo_ttft_ms"] == 50 and capacity["searches"][0]["probes"]
-    assert test["parameters"]["concurrency"] == 2 and test["parameters"]["model"] == "smollm2-135m"  # --perf-model
-    assert "capacity_slo" in test["configuration"]["engine_knobs"]
+    assert known / 1.1 <= capacity.requests_per_second <= known
+    assert len(measured.samples["capacity_under_slo"]) == 5 and len(capacity.searches) == 5
+    assert capacity.slo_ttft_ms == 50 and capacity.searches[0].probes
+    assert measured.parameters.concurrency == 2 and measured.parameters.model == "smollm2-135m"  # --perf-model
+    assert "capacity_slo" in dict(measured.configuration.engine_knobs)
 
     same = project.runpytest_subprocess(*ARGS, *SLO)
     same.assert_outcomes(passed=1)
@@ -116,19 +121,19 @@ def test_a_search_by_concurrency_and_a_sweep_configs_capacity_case_run_in_one_se
                                           "--perf-config", "sweep.toml", "-v")  # fmt: skip
     result.assert_outcomes(skipped=3)  # each measured, then skipped for judging nothing: no baselines here
     result.stdout.fnmatch_lines(["*test_sweep_capacity[[]concurrency-latency-B2-*-out4[]] SKIPPED*"])
-    tests = {test["test_id"].split("::")[-1].split("[")[0]: test for test in results(project)["tests"]}
+    tests = {test.test_id.split("::")[-1].split("[")[0]: test for test in typed_results(project).tests}
 
-    by_concurrency = tests["test_capacity"]["capacity"]
+    by_concurrency = tests["test_capacity"].capacity
     # 10 ms + 4 ms per other request in flight under a 50 ms TTFT SLO: 11 in flight, within a probe of 16
     known = ConcurrencyLatencyEngine(40.0, 0.010, ttft_per_request=0.004).known_concurrency(0.050, 16)
-    assert by_concurrency["by"] == "concurrency" and by_concurrency["concurrency"] == known == 11
-    assert [s["concurrency"] for s in by_concurrency["searches"]] == [11, 11]
-    at_known = [p for p in by_concurrency["searches"][0]["probes"] if p["concurrency"] == known]
-    assert by_concurrency["requests_per_second"] == at_known[0]["rate"] > 0
-    knobs = dict(tests["test_capacity"]["configuration"]["engine_knobs"])
+    assert by_concurrency.by == "concurrency" and by_concurrency.concurrency == known == 11
+    assert [s.concurrency for s in by_concurrency.searches] == [11, 11]
+    at_known = [p for p in by_concurrency.searches[0].probes if p.concurrency == known]
+    assert by_concurrency.requests_per_second == at_known[0].rate > 0
+    knobs = dict(tests["test_capacity"].measurement.configuration.engine_knobs)
     assert knobs["capacity_search"] == "by=concurrency,share>=0.9,tolerance=0.1"
 
-    by_rate = tests["test_sweep_capacity"]["capacity"]
-    assert "by" not in by_rate and "concurrency" not in by_rate["searches"][0] and by_rate["requests_per_second"] > 0
-    assert dict(tests["test_sweep_capacity"]["configuration"]["engine_knobs"])["capacity_search"] == (
+    by_rate = tests["test_sweep_capacity"].capacity
+    assert by_rate.by == "rate" and by_rate.searches[0].concurrency is None and by_rate.requests_per_second > 0
+    assert dict(tests["test_sweep_capacity"].measurement.configuration.engine_knobs)["capacity_search"] == (
         "share>=0.9,tolerance=0.1")  # the rate label stored baselines carry

@@ -18,6 +18,7 @@ import sqlalchemy  # noqa: F401
 from perfsuite.history.head import HEAD_WARNING_PREFIX
 from perfsuite.history.store import HistoryStore
 from perfsuite.judge.results import read_results
+from results_builders import changed
 
 # pytester drops what an in-process run imported, and numpy cannot load twice in one process: what the sessions
 # use it through (Otava, the report's figures; SQLAlchemy for the store) is loaded here, before pytester's snapshot
@@ -106,8 +107,8 @@ def test_a_regression_at_the_head_is_shown_and_fails_the_session_under_the_optio
     with HistoryStore.open(reports / "history.sqlite") as store:  # where the first session was appended
         assert len(store.sessions()) == 1
         for index, factor in enumerate(NOISE):  # ten more stored sessions, earlier ones, within 2% of the first
-            tests = tuple(dataclasses.replace(t, samples={k: tuple(v * factor for v in vs)
-                                                          for k, vs in t.samples.items()})
+            tests = tuple(changed(t, samples={k: tuple(v * factor for v in vs)
+                                              for k, vs in t.measurement.samples.items()})
                           for t in stored.tests)  # fmt: skip
             earlier = f"2025-06-{index + 1:02d}T00:00:00+00:00"
             store.append(dataclasses.replace(stored, created_at=earlier, commit=f"{index:07d}", tests=tests))

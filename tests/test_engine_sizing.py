@@ -65,6 +65,6 @@ def test_a_static_engine_decodes_over_its_own_max_seq_len_not_the_sessions_longe
     assert widths["test_sweep[static-B2-in120-out3-offline]"] == [128]
     assert widths["test_throughput[static-B2-fixed]"] == widths["test_throughput[static-B2-uniform]"] == [64]
     tests = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
-    sizes = {t["test_id"].split("::")[-1]: t["configuration"]["max_seq_len"] for t in tests}
+    sizes = {t["test_id"].split("::")[-1]: t["measurement"]["configuration"]["max_seq_len"] for t in tests}
     assert sizes == {"test_throughput[static-B2-fixed]": 64, "test_throughput[static-B2-uniform]": 64,
                      "test_sweep[static-B2-in120-out3-offline]": 128}, "the baseline identity follows the engine"

@@ -116,7 +116,7 @@ def test_a_run_of_another_configuration_is_not_compared(project, monkeypatch, ch
         "*perfsuite: judged 0 of 4 comparisons: its baseline measured another configuration; re-record it*",
     ])  # fmt: skip
     [test] = results_json(project)["tests"]
-    assert test["baseline"] == "other configuration" and test["comparisons"] == []
+    assert test["judgement"]["baseline_status"] == "other configuration" and test["judgement"]["comparisons"] == []
 
 
 def test_another_workload_under_the_same_test_id_is_not_compared(project):
@@ -162,7 +162,7 @@ def test_each_comparison_reports_its_minimum_detectable_effect(project):
     result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
     result.stdout.fnmatch_lines(["*MDE*verdict*", "*output_throughput*%*unchanged*"])
     [test] = results_json(project)["tests"]
-    for comparison in test["comparisons"]:
+    for comparison in test["judgement"]["comparisons"]:
         assert comparison["min_detectable_effect"] >= 0.10, comparison  # never below the minimum effect
 
 
@@ -181,8 +181,8 @@ def test_a_busy_machine_makes_a_slow_run_noisy_not_regressed(project, monkeypatc
         "perfsuite: judged 0 of 4 planned comparisons (4 noisy (the machine was busy)): run on a quiet runner",
     ])  # fmt: skip
     [test] = results_json(project)["tests"]
-    assert test["noisy"] and {c["verdict"] for c in test["comparisons"]} == {"noisy"}
-    assert all(share == 0.5 for share in test["samples"]["cpu_busy_share"])
+    assert test["measurement"]["noisy"] and {c["verdict"] for c in test["judgement"]["comparisons"]} == {"noisy"}
+    assert all(share == 0.5 for share in test["measurement"]["samples"]["cpu_busy_share"])
 
     monkeypatch.delenv("FAKE_BUSY_SHARE")  # the same slowdown on a quiet machine is caught
     quiet = project.runpytest_subprocess(*ARGS, *ONE_TEST)
@@ -210,7 +210,7 @@ def test_the_machine_probe_runs_outside_the_timed_target(project, monkeypatch):
     assert bench["stats"]["max"] < 0.5, "pytest-benchmark timed the probe"
     data = results_json(project)
     assert data["probe"]["unit"] == "seconds" and "matmul" in data["probe"]["measures"]
-    assert len(data["tests"][0]["samples"][PROBE]) == 6
+    assert len(data["tests"][0]["measurement"]["samples"][PROBE]) == 6
 
 
 def test_each_repeat_gets_the_probes_just_before_and_just_after_it(project, monkeypatch):
@@ -219,7 +219,7 @@ def test_each_repeat_gets_the_probes_just_before_and_just_after_it(project, monk
     # The meter reads a quiet machine whatever else runs here: a repeat re-run as disturbed would add readings.
     monkeypatch.setenv("FAKE_BUSY_SHARE", "0")
     project.runpytest_subprocess(*ARGS, *ONE_TEST).assert_outcomes(skipped=1, deselected=3)  # no baseline
-    probes = results_json(project)["tests"][0]["samples"][PROBE]
+    probes = results_json(project)["tests"][0]["measurement"]["samples"][PROBE]
     # Readings 1..7 around 6 repeats: repeat i sits between reading i and reading i + 1.
     assert probes == pytest.approx([math.sqrt(i * (i + 1)) for i in range(1, 7)])
     assert "before and just after" in results_json(project)["probe"]["measures"]
@@ -247,17 +247,17 @@ def test_save_baseline_replaces_a_corrupt_baseline_as_its_error_advises(project)
     fixed.assert_outcomes(passed=1, deselected=3)
     fixed.stdout.fnmatch_lines(["*warning: *baseline*--perf-save-baseline replaces it with this run*"])
     project.runpytest_subprocess(*ARGS, *ONE_TEST).assert_outcomes(passed=1, deselected=3)
-    assert results_json(project)["tests"][0]["baseline"] == "compared"
+    assert results_json(project)["tests"][0]["judgement"]["baseline_status"] == "compared"
 
 
 def test_a_baseline_directory_outside_the_rootdir_works(project, tmp_path_factory):
     outside = tmp_path_factory.mktemp("elsewhere") / "baselines"
     saved = project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline", f"--perf-baseline-dir={outside}")
     saved.assert_outcomes(passed=1, deselected=3)
-    assert results_json(project)["tests"][0]["baseline"].startswith(f"saved to {outside}")
+    assert results_json(project)["tests"][0]["judgement"]["baseline_status"].startswith(f"saved to {outside}")
     again = project.runpytest_subprocess(*ARGS, *ONE_TEST, f"--perf-baseline-dir={outside}")
     again.assert_outcomes(passed=1, deselected=3)
-    assert results_json(project)["tests"][0]["baseline"] == "compared"
+    assert results_json(project)["tests"][0]["judgement"]["baseline_status"] == "compared"
 
 
 def test_an_unwritable_report_directory_is_one_line_and_the_table_still_prints(project):
@@ -305,7 +305,7 @@ def test_under_xdist_the_controller_alone_adjusts_and_writes(project, monkeypatc
     data = results_json(project)
     assert sorted(t["test_id"] for t in data["tests"]) == [f"test_speed.py::test_speed[{b}]" for b in (2, 3, 4, 5)]
     assert data["policy"]["num_planned_comparisons"] == 16
-    assert all(t["baseline"] == "compared" for t in data["tests"])
+    assert all(t["judgement"]["baseline_status"] == "compared" for t in data["tests"])
     assert (project.path / "reports" / "report.html").exists()
 
 

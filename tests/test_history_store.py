@@ -27,7 +27,7 @@ from perfsuite.history.store import HistoryError, HistoryStore, ImportReport
 from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, Policy, compare
-from results_builders import ENVIRONMENT, make_result, make_results
+from results_builders import ENVIRONMENT, make_result, make_results, version_4_document
 from test_results import version_1
 
 CONFIGURATION = RunConfiguration(
@@ -256,10 +256,11 @@ INSERT INTO perfsuite_schema (version) VALUES (1);
 
 
 def version_1_store(path: Path, *stored: Results) -> None:
+    """A store of schema version 1, its rows holding ``stored`` as results.json version 4 (of that time) did."""
     with contextlib.closing(sqlite3.connect(path)) as connection, connection:
         connection.executescript(VERSION_1_TABLES)
         for session_id, results in enumerate(stored, start=1):
-            document = results.to_json()
+            document = version_4_document(results)
             tests = document.pop("tests")
             connection.execute(
                 "INSERT INTO perfsuite_sessions VALUES (?, ?, ?, ?, ?, ?)",
@@ -280,10 +281,13 @@ def test_a_version_1_store_is_migrated_when_opened_and_keeps_its_rows(tmp_path):
     stored = [session("2026-03-01T10:00:00+00:00", "c1"), session("2026-03-02T10:00:00+00:00", "c2")]
     version_1_store(path, *stored)
     with HistoryStore.open(path) as store:
-        assert store.sessions() == stored
+        assert store.sessions() == stored, "rows of results.json version 4 are converted on reading"
         newer = session("2026-03-03T10:00:00+00:00", "c3")
         store.append(newer)
         assert store.sessions() == [*stored, newer]
+    [(document,)] = rows_of(path, "SELECT document FROM perfsuite_sessions WHERE \"commit\" = 'c3'")
+    [(result,)] = rows_of(path, "SELECT result FROM perfsuite_tests ORDER BY id DESC LIMIT 1")
+    assert json.loads(document)["schema_version"] == 5 and "measurement" in json.loads(result)
     assert rows_of(path, "SELECT version FROM perfsuite_schema") == [(SCHEMA_VERSION,)] == [(2,)]
     keys = rows_of(path, "SELECT configuration_key FROM perfsuite_tests ORDER BY id")
     expected = configuration_key(CONFIGURATION.to_json())
@@ -483,7 +487,7 @@ def test_import_reads_older_versions_skips_what_is_stored_and_names_a_corrupt_fi
     history.mkdir(parents=True)
     current, older = session("2026-03-02T10:00:00+00:00", "c2"), session("2026-03-01T10:00:00+00:00", "c1")
     write_results(history / "2026-03-02T10-00-00+00-00.json", current)
-    (history / "2026-03-01T10-00-00+00-00.json").write_text(json.dumps(version_1(older.to_json())))
+    (history / "2026-03-01T10-00-00+00-00.json").write_text(json.dumps(version_1(version_4_document(older))))
     (history / "2026-02-28T10-00-00+00-00.json").write_text('{"schema_version": 4, "tests": [')
     results_json = tmp_path / "reports" / "results.json"
     write_results(results_json, current)  # the same session as its history copy

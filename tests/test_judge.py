@@ -17,7 +17,7 @@ from perfsuite.judge.results import read_results
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy, Verdict
 from perfsuite.workload import OutputLengths, Workload
 from report_fixtures import as_ab_session, fake_session, record_fake_test, tokenize
-from results_builders import make_result, make_results
+from results_builders import changed, make_result, make_results, version_4_document
 
 BASE = [100.0, 101, 99, 100, 102, 98]
 SLOWER = [70.0, 71, 69, 70, 72, 68]
@@ -33,18 +33,18 @@ def judged(result, ref, slo=None, num_comparisons=4):
 
 def test_a_slower_run_regresses_and_carries_its_minimum_detectable_effect():
     judgement = judged(make_result("t.py::t", output_throughput=SLOWER), reference({"output_throughput": BASE}))
-    [comparison] = judgement.result.comparisons
+    [comparison] = judgement.result.judgement.comparisons
     assert comparison.verdict is Verdict.REGRESSED and comparison.min_detectable_effect >= 0.10
-    assert judgement.result.baseline_status == "compared"
-    assert judgement.result.baseline_request_samples == {"ttft_ms": (1.0,)}
+    assert judgement.result.judgement.baseline_status == "compared"
+    assert judgement.result.judgement.baseline_request_samples == {"ttft_ms": (1.0,)}
 
 
 def test_counters_are_compared_exactly_unless_arrivals_follow_the_clock():
     result = make_result("t.py::t", counters=EngineCounters(num_forward_passes=12))
-    [change] = judged(result, reference({})).result.counter_changes
+    [change] = judged(result, reference({})).result.judgement.counter_changes
     assert (change.name, change.baseline, change.current) == ("num_forward_passes", 10, 12)
-    timed = dataclasses.replace(result, arrival_rate=4.0)
-    assert judged(timed, reference({})).result.counter_changes == ()
+    timed = changed(result, arrival_rate=4.0)
+    assert judged(timed, reference({})).result.judgement.counter_changes == ()
 
 
 KV = EngineCounters(num_forward_passes=10, num_preemptions=2, num_recomputed_tokens=40, peak_kv_blocks_used=7)
@@ -54,23 +54,23 @@ def test_a_counter_the_reference_did_not_record_is_not_compared_and_is_said():
     """A baseline or results file older than the KV counters reads them as 0: that is no measurement."""
     older = dataclasses.replace(reference({}), unrecorded_counters=KV_NAMES)
     judged_result = judged(make_result("t.py::t", counters=KV), older).result
-    assert judged_result.counter_changes == ()
-    assert judged_result.baseline_unrecorded_counters == KV_NAMES
+    assert judged_result.judgement.counter_changes == ()
+    assert judged_result.judgement.baseline_unrecorded_counters == KV_NAMES
     # the same counters, recorded as 0 by the reference, are a change
-    changes = judged(make_result("t.py::t", counters=KV), reference({})).result.counter_changes
+    changes = judged(make_result("t.py::t", counters=KV), reference({})).result.judgement.counter_changes
     assert {c.name for c in changes} == {"num_preemptions", "num_recomputed_tokens", "peak_kv_blocks_used"}
 
 
 def test_a_counter_this_result_did_not_record_is_not_compared():
     result = make_result("t.py::t", counters=EngineCounters(num_forward_passes=10), unrecorded_counters=KV_NAMES)
-    assert judged(result, reference({}, counters=KV)).result.counter_changes == ()
-    changed = dataclasses.replace(result, counters=EngineCounters(num_forward_passes=11))
-    [change] = judged(changed, reference({}, counters=KV)).result.counter_changes
+    assert judged(result, reference({}, counters=KV)).result.judgement.counter_changes == ()
+    fewer_passes = changed(result, counters=EngineCounters(num_forward_passes=11))
+    [change] = judged(fewer_passes, reference({}, counters=KV)).result.judgement.counter_changes
     assert change.name == "num_forward_passes", "the counters both recorded are still compared"
 
 
 def test_perfsuite_compare_of_a_file_older_than_the_kv_counters_reports_no_counter_change(tmp_path):
-    old_document = make_results(make_result("t.py::t", output_throughput=BASE)).to_json()
+    old_document = version_4_document(make_results(make_result("t.py::t", output_throughput=BASE)))
     old_document["schema_version"] = 3
     for test in old_document["tests"]:
         test["counters"] = {k: v for k, v in test["counters"].items() if k not in KV_NAMES}
@@ -79,32 +79,32 @@ def test_perfsuite_compare_of_a_file_older_than_the_kv_counters_reports_no_count
     old = read_results(tmp_path / "old.json")
     new = make_results(make_result("t.py::t", output_throughput=BASE, counters=KV))
     [test] = rejudge(old, new, Policy()).tests
-    assert test.counter_changes == () and test.baseline_unrecorded_counters == KV_NAMES
+    assert test.judgement.counter_changes == () and test.judgement.baseline_unrecorded_counters == KV_NAMES
     [test] = rejudge(new, new, Policy()).tests
-    assert test.baseline_unrecorded_counters == ()
+    assert test.judgement.baseline_unrecorded_counters == ()
 
 
 def test_goodput_against_another_slo_is_skipped_and_said():
     samples = {"output_throughput": BASE, GOODPUT: BASE}
     result = make_result("t.py::t", samples={k: tuple(v) for k, v in samples.items()})
     other = judged(result, reference(samples, slo="ttft=1ms"), slo="ttft=2ms")
-    assert other.goodput_skipped and [c.metric for c in other.result.comparisons] == ["output_throughput"]
+    assert other.goodput_skipped and [c.metric for c in other.result.judgement.comparisons] == ["output_throughput"]
     same = judged(result, reference(samples, slo="ttft=2ms"), slo="ttft=2ms")
-    assert not same.goodput_skipped and {c.metric for c in same.result.comparisons} == {"output_throughput", GOODPUT}
+    assert not same.goodput_skipped and {c.metric for c in same.result.judgement.comparisons} == {"output_throughput", GOODPUT}
 
 
 def test_a_noisy_result_judges_nothing():
     result = make_result("t.py::t", output_throughput=SLOWER, noisy="the machine was busy")
-    [comparison] = judged(result, reference({"output_throughput": BASE})).result.comparisons
+    [comparison] = judged(result, reference({"output_throughput": BASE})).result.judgement.comparisons
     assert comparison.verdict is Verdict.NOISY
 
 
 def test_adjusting_a_family_names_what_it_newly_flags():
     raw = judged(make_result("t.py::t", output_throughput=SLOWER), reference({"output_throughput": BASE})).result
-    bounded = dataclasses.replace(raw, comparisons=tuple(dataclasses.replace(c, verdict=Verdict.UNCHANGED)
-                                                          for c in raw.comparisons))  # fmt: skip
+    bounded = raw.with_judgement(comparisons=tuple(dataclasses.replace(c, verdict=Verdict.UNCHANGED)
+                                                   for c in raw.judgement.comparisons))  # fmt: skip
     [final], newly = adjust_family([bounded], Policy())
-    assert final.comparisons[0].verdict is Verdict.REGRESSED and len(newly) == 1 and newly[0].startswith("t.py::t:")
+    assert final.judgement.comparisons[0].verdict is Verdict.REGRESSED and len(newly) == 1 and newly[0].startswith("t.py::t:")
 
 
 def test_the_session_and_perfsuite_compare_reach_the_same_comparisons(tmp_path):
@@ -123,17 +123,17 @@ def test_the_session_and_perfsuite_compare_reach_the_same_comparisons(tmp_path):
     saved, compared = run_session(save_baseline=True), run_session(save_baseline=False)
     rejudged = rejudge(saved, compared, Policy())
     for by_session, by_compare in zip(compared.tests, rejudged.tests, strict=True):
-        assert by_session.baseline_status == "compared" and by_compare.baseline_status == "compared with the old run"
-        assert len(by_session.comparisons) == len(METRICS)
-        assert by_session.comparisons == by_compare.comparisons
-        assert by_session.counter_changes == by_compare.counter_changes
-        assert by_session.baseline_request_samples == by_compare.baseline_request_samples
+        assert by_session.judgement.baseline_status == "compared" and by_compare.judgement.baseline_status == "compared with the old run"
+        assert len(by_session.judgement.comparisons) == len(METRICS)
+        assert by_session.judgement.comparisons == by_compare.judgement.comparisons
+        assert by_session.judgement.counter_changes == by_compare.judgement.counter_changes
+        assert by_session.judgement.baseline_request_samples == by_compare.judgement.baseline_request_samples
 
 
 def test_perfsuite_compare_applies_the_sessions_noisy_rule_and_minimum_detectable_effect():
     old = make_results(make_result("t.py::t", output_throughput=BASE))
     noisy = make_results(make_result("t.py::t", output_throughput=SLOWER, noisy="the machine was busy"))
-    [comparison] = rejudge(old, noisy, Policy()).tests[0].comparisons
+    [comparison] = rejudge(old, noisy, Policy()).tests[0].judgement.comparisons
     assert comparison.verdict is Verdict.NOISY and comparison.min_detectable_effect is not None
 
 
@@ -142,7 +142,7 @@ def test_perfsuite_compare_says_when_goodput_counted_another_slo():
     old = make_results(make_result("t.py::t", samples=samples), slo="ttft=1ms")
     new = make_results(make_result("t.py::t", samples=samples), slo="ttft=2ms")
     judged = rejudge(old, new, Policy())
-    assert [c.metric for c in judged.tests[0].comparisons] == ["output_throughput"]
+    assert [c.metric for c in judged.tests[0].judgement.comparisons] == ["output_throughput"]
     assert any("SLO ttft=1ms" in w and "not compared" in w for w in judged.warnings)
 
 
@@ -157,8 +157,8 @@ def test_perfsuite_compare_takes_an_ab_session_as_a_separate_run_not_as_pairs():
     assert judged.against is None and "Mann-Whitney" in judged.policy.test
     assert judged.policy.min_effect == STORED_MIN_EFFECT
     [test] = judged.tests
-    assert not test.is_paired and not test.reference_samples and test.reference_timeline is None
-    [comparison] = test.comparisons
+    assert not test.is_paired and test.reference is None
+    [comparison] = test.judgement.comparisons
     assert comparison.baseline_median == statistics.median(BASE)  # the old run's, not side A's
     assert comparison.verdict is Verdict.REGRESSED
 
@@ -182,7 +182,7 @@ def test_an_ab_reference_tree_older_than_the_kv_counters_has_them_not_recorded()
     def changes(reference):
         judged = judge_paired(result, Reference.of_reference_side(reference, current, None), status="A/B",
                               policy=Policy(), num_comparisons=4)  # fmt: skip
-        return {c.name for c in judged.counter_changes}, judged.baseline_unrecorded_counters
+        return {c.name for c in judged.judgement.counter_changes}, judged.judgement.baseline_unrecorded_counters
 
     assert changes(older_tree) == (set(), KV_NAMES)
     same_tree_fewer_blocks = dataclasses.replace(current, counters=old_counters)  # names its pool: KV recorded as 0

@@ -83,13 +83,13 @@ def test_a_first_perf_run_writes_results_with_vllm_keys_and_skips_its_test_for_j
         assert key in test and test[key] > 0, key
     low, high = test["p99_ttft_ms_ci"]  # the smoke profile's few requests cannot bound p99 from above
     assert low > 0 and high is None and test["p99_ttft_ms_supported"] is False
-    assert set(test["parameters"]) == {
+    assert set(test["measurement"]["parameters"]) == {
         "model", "precision", "input_length", "output_length", "concurrency", "tensor_parallelism"
     }
-    assert len(test["samples"]["output_throughput"]) == 3  # the smoke profile's repeats
-    assert PROBE not in test["samples"], "a backend without a probe is compared as measured"
+    assert len(test["measurement"]["samples"]["output_throughput"]) == 3  # the smoke profile's repeats
+    assert PROBE not in test["measurement"]["samples"], "a backend without a probe is compared as measured"
     assert data["environment"]["num_threads"] >= 1
-    assert test["baseline"] == "no baseline"
+    assert test["judgement"]["baseline_status"] == "no baseline"
     assert not (project.path / "baselines").exists(), "a normal run never writes a baseline"
 
 
@@ -116,7 +116,7 @@ def test_save_baseline_round_trip_then_a_50_percent_slower_engine_fails(project,
             "*output_throughput: baseline median *, current median * (-*%), ratio CI [[]*], adjusted p=* -> regressed*",
         ]
     )
-    verdicts = {c["metric"]: c["verdict"] for c in results_json(project)["tests"][0]["comparisons"]}
+    verdicts = {c["metric"]: c["verdict"] for c in results_json(project)["tests"][0]["judgement"]["comparisons"]}
     assert verdicts["output_throughput"] == "regressed"
 
     # Accepting the slower engine: the regression is shown, nothing fails, the baseline is replaced.
@@ -226,7 +226,7 @@ def test_shipped_perf_tests_run_unchanged_against_an_engine_registered_in_confte
     # nothing (no baselines in this project)
     result.assert_outcomes(skipped=6)
     tests = results_json(pytester)["tests"]
-    assert len(tests) == 4 and {t["engine"] for t in tests} == {"reversed-static"}
+    assert len(tests) == 4 and {t["measurement"]["engine_name"] for t in tests} == {"reversed-static"}
 
 
 SWEEP = """
@@ -255,11 +255,12 @@ def test_a_sweep_config_expands_into_perf_tests_with_goodput(pytester):
     sweep_tests = [t for t in data["tests"] if "test_sweep" in t["test_id"]]
     assert len(sweep_tests) == 4
     for test in sweep_tests:
-        assert test["parameters"]["input_length"] == 6 and test["parameters"]["output_length"] == 3
-        assert len(test["samples"]["request_goodput"]) == 2, "the sweep's own repeats"
+        parameters = test["measurement"]["parameters"]
+        assert parameters["input_length"] == 6 and parameters["output_length"] == 3
+        assert len(test["measurement"]["samples"]["request_goodput"]) == 2, "the sweep's own repeats"
         assert test["request_goodput"] == pytest.approx(test["request_throughput"]), "every request meets a loose SLO"
     closed = [t for t in sweep_tests if t["test_id"].endswith("c1]")]
-    assert all(t["parameters"]["concurrency"] == 1 for t in closed)
+    assert all(t["measurement"]["parameters"]["concurrency"] == 1 for t in closed)
 
 
 @pytest.mark.parametrize(

@@ -164,7 +164,7 @@ def run_phase(pytester, monkeypatch, phase: str) -> pytest.RunResult:
 def verdicts(pytester) -> dict[str, dict[str, str]]:
     """test id -> metric -> verdict, from reports/results.json."""
     data = json.loads((pytester.path / "reports" / "results.json").read_text())
-    return {t["test_id"]: {c["metric"]: c["verdict"] for c in t["comparisons"]} for t in data["tests"]}
+    return {t["test_id"]: {c["metric"]: c["verdict"] for c in t["judgement"]["comparisons"]} for t in data["tests"]}
 
 
 def test_control_a_moderate_regression_alone_passes_the_session(project, monkeypatch):

@@ -21,7 +21,7 @@ from perfsuite.judge.results import Results, read_results, write_results
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
 from report_fixtures import ENVIRONMENT, VERDICT_TESTS, earlier_run, fake_results, with_test_samples, with_verdicts
-from results_builders import make_result, make_results
+from results_builders import changed, make_result, make_results
 from smoke_session import run_shipped_smoke_session
 
 pytest_plugins = ["pytester"]
@@ -105,7 +105,8 @@ def test_overall_verdict_without_baselines_says_so(measured):
 
 
 def test_figures_cover_throughput_distributions_timeline_and_history(html, judged):
-    num_open_loop = sum(1 for t in judged.tests if t.send_lag is not None and t.send_lag.target_rate is not None)
+    lags = [t.measurement.send_lag for t in judged.tests]
+    num_open_loop = sum(1 for lag in lags if lag is not None and lag.target_rate is not None)
     assert num_open_loop == 2, "the Poisson tests' send lag figures"
     assert html.count("<svg") == 1 + len(judged.tests) + 1 + 1 + num_open_loop, (
         "throughput, one per test, timeline, history, one send lag per Poisson test"
@@ -137,7 +138,7 @@ def test_a_report_against_stored_baselines_names_no_ab_sides(html):
 
 
 def test_counters_show_the_exact_change(html, judged):
-    passes = judged.test(VERDICT_TESTS["regressed"]).counters.num_forward_passes
+    passes = judged.test(VERDICT_TESTS["regressed"]).measurement.counters.num_forward_passes
     assert re.search(
         rf'<tr class="changed">\s*<td class="text">num_forward_passes</td>\s*<td>{passes - 2}</td>'
         rf"\s*<td>{passes}</td>\s*<td>\+2</td>",
@@ -149,7 +150,7 @@ def test_history_needs_two_runs_of_this_machine(judged):
     assert "Fewer than two stored runs" in render_report(judged)
     elsewhere = dataclasses.replace(ENVIRONMENT, cpu_model="elsewhere")
     earlier = earlier_run(judged, "2025-12-30T00:00:00+00:00", 0.9)
-    tests = tuple(dataclasses.replace(test, environment=elsewhere) for test in earlier.tests)
+    tests = tuple(changed(test, environment=elsewhere) for test in earlier.tests)
     other_machine = dataclasses.replace(earlier, environment=elsewhere, tests=tests)
     assert "Fewer than two stored runs" in render_report(judged, [other_machine])
 
@@ -211,13 +212,15 @@ def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
     # the sweep test waits for --perf-config, capacity for --perf-slo, and the 8 measured tests judged nothing (no
     # baselines): skipped after recording their results
     result.assert_outcomes(skipped=11)
-    tests = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
-    assert len(tests) == 8 and {t["engine"] for t in tests} == {"static", "inflight"}
-    assert all(t["output_throughput"] > 0 and t["parameters"]["model"] == "tiny-random" for t in tests)
-    assert all(len(t["samples"][PROBE]) == 3 for t in tests), "one machine probe per repeat"
-    poisson = [t for t in tests if t["arrival_rate"]]
-    assert poisson and all(t["arrival_rate"] == 50.0 for t in poisson)
-    static_padding = [t["counters"]["num_padding_tokens"] for t in tests if t["engine"] == "static"]
+    stored = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
+    assert len(stored) == 8 and all(t["output_throughput"] > 0 for t in stored), "vLLM's figures for any reader"
+    tests = [test.measurement for test in read_results(pytester.path / "reports" / "results.json").tests]
+    assert {t.engine_name for t in tests} == {"static", "inflight"}
+    assert all(t.parameters.model == "tiny-random" for t in tests)
+    assert all(len(t.samples[PROBE]) == 3 for t in tests), "one machine probe per repeat"
+    poisson = [t for t in tests if t.arrival_rate]
+    assert poisson and all(t.arrival_rate == 50.0 for t in poisson)
+    static_padding = [t.counters.num_padding_tokens for t in tests if t.engine_name == "static"]
     assert any(static_padding), "uneven lengths leave static slots idle"
 
     result.stdout.fnmatch_lines(["*; results in */reports/results.json", "report: */reports/report.html"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from capacity_fakes import LoadLatencyEngine
-from perfsuite.judge.results import CapacityRecord, TestResult
+from perfsuite.judge.results import CapacityRecord, Measurement, TestResult
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.measure.capacity import CapacitySearch, probe_outcome, search_capacity
 from perfsuite.measure.metrics import SLO
 from perfsuite.measure.summaries import Repeats, sizing_parameters, summarise
 from perfsuite.report.capacity import capacity_facts, capacity_svg
 from perfsuite.workload import Arrivals, OutputLengths, Workload
+from results_builders import changed
 
 SLO_ = SLO(ttft=0.050, tpot=0.005)
 
@@ -24,10 +25,10 @@ def capacity_test(capacity: CapacityRecord | None) -> TestResult:
     engine = LoadLatencyEngine(40.0)
     run = engine.run(requests_at(8.0))
     configuration = RunConfiguration("smoke", "d", 40, "load-latency", (), "packed", 64, 2)
-    result = TestResult.measured("test_capacity[load-latency]", summarise(Repeats((run,)), (), SLO_),
+    measurement = Measurement.of(summarise(Repeats((run,)), (), SLO_),
                                  sizing_parameters(requests_at(1.0), "fake", "float32", 4), configuration, 8.0,
                                  None)  # fmt: skip
-    return dataclasses.replace(result, capacity=capacity)
+    return TestResult("test_capacity[load-latency]", measurement, capacity=capacity)
 
 
 def search(service_rate: float):
@@ -56,7 +57,7 @@ def test_the_html_report_shows_a_capacity_tests_figure(tmp_path):
 
     results = fake_results(tmp_path)
     record = CapacityRecord.of([search(40.0)], SLO_)
-    tests = (*results.tests, dataclasses.replace(capacity_test(record), environment=results.tests[0].environment))
+    tests = (*results.tests, changed(capacity_test(record), environment=results.tests[0].measurement.environment))
     html = render_report(dataclasses.replace(results, tests=tests))
     assert html.count('class="plot capacity"') == 1 and "capacity under SLO" in html
 
@@ -68,16 +69,16 @@ def test_perfsuite_compare_judges_capacities_higher_is_better(tmp_path):
     from perfsuite.judge.stats import Policy, Verdict
 
     results = fake_results(tmp_path)
-    environment = results.tests[0].environment
+    environment = results.tests[0].measurement.environment
     record = CapacityRecord.of([search(40.0)], SLO_)
 
     def run_with(capacities):
-        test = dataclasses.replace(capacity_test(record), environment=environment, samples={CAPACITY: capacities})
+        test = changed(capacity_test(record), environment=environment, samples={CAPACITY: capacities})
         return dataclasses.replace(results, tests=(test,), slo=SLO_.label)
 
     old, new = run_with((30.0, 31.0, 29.5, 30.5, 30.2)), run_with((25.0, 25.5, 24.8, 25.2, 25.1))
     (judged,) = rejudge(old, new, Policy()).tests
-    (comparison,) = judged.comparisons
+    (comparison,) = judged.judgement.comparisons
     assert comparison.metric == CAPACITY and comparison.verdict is Verdict.REGRESSED
 
 

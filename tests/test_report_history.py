@@ -9,7 +9,7 @@ import sys
 from history_builders import TEST_ID, commit_of, session, sessions, step_values
 from perfsuite.judge.results import AgainstDescription
 from perfsuite.report.render import render_report
-from results_builders import ENVIRONMENT
+from results_builders import ENVIRONMENT, changed
 
 
 def history_section(html: str) -> str:
@@ -47,7 +47,7 @@ def test_only_runs_of_this_tests_fingerprint_and_configuration_make_its_trend():
 
 def test_an_ab_session_draws_the_stored_series_without_claiming_a_point_of_them():
     *history, current = sessions(step_values(8, 1, step=0.0))
-    paired = dataclasses.replace(current.tests[0], pair_order=("AB", "BA", "AB"))
+    paired = changed(current.tests[0], pair_order=("AB", "BA", "AB"))
     against = AgainstDescription(ref="origin/main", commit=None, current_commit=None, order="ABBA")
     section = history_section(render_report(dataclasses.replace(current, tests=(paired,), against=against), history))
     assert "8 runs on this machine" in section and "This A/B session is not a point of them" in section

@@ -11,6 +11,7 @@ from perfsuite.judge.results import KV_COUNTERS, Results
 from perfsuite.measure.summaries import DEVICE_MEMORY
 from perfsuite.report.render import render_report
 from report_fixtures import THROUGHPUT, fake_results
+from results_builders import changed
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +31,16 @@ def section(html: str, test_name: str) -> str:
 def with_paged_test(results: Results) -> Results:
     """The in-flight B4 uniform test again as a paged engine's, whose third step preempted two requests."""
     inflight = results.test(THROUGHPUT.format(engine="inflight", batch=4, lengths="uniform"))
-    steps = list(inflight.timeline.steps)
+    steps = list(inflight.measurement.timeline.steps)
     steps[2] = dataclasses.replace(steps[2], preempted_request_ids=("req-5", "req-6"))
     steps[5] = dataclasses.replace(steps[5], preempted_request_ids=("req-6",))
-    paged = dataclasses.replace(
-        inflight,
-        test_id=THROUGHPUT.format(engine="paged", batch=4, lengths="uniform"),
+    measured = inflight.measurement
+    paged = changed(
+        dataclasses.replace(inflight, test_id=THROUGHPUT.format(engine="paged", batch=4, lengths="uniform")),
         engine_name="paged",
-        timeline=dataclasses.replace(inflight.timeline, steps=tuple(steps), num_kv_blocks=12, kv_block_size=16),
-        counters=dataclasses.replace(inflight.counters, num_preemptions=3, num_recomputed_tokens=21),
-        samples={**inflight.samples, DEVICE_MEMORY: (300 * 2**20, 310 * 2**20, 305 * 2**20)},
+        timeline=dataclasses.replace(measured.timeline, steps=tuple(steps), num_kv_blocks=12, kv_block_size=16),
+        counters=dataclasses.replace(measured.counters, num_preemptions=3, num_recomputed_tokens=21),
+        samples={**measured.samples, DEVICE_MEMORY: (300 * 2**20, 310 * 2**20, 305 * 2**20)},
     )
     return dataclasses.replace(results, tests=(*results.tests, paged))
 
@@ -61,7 +62,7 @@ def test_the_timeline_sets_static_in_flight_and_paged_side_by_side_with_a_kv_lan
 
 
 def test_a_timeline_without_kv_figures_has_no_kv_lane(measured):
-    tests = tuple(dataclasses.replace(t, timeline=dataclasses.replace(t.timeline, num_kv_blocks=None))
+    tests = tuple(changed(t, timeline=dataclasses.replace(t.measurement.timeline, num_kv_blocks=None))
                   for t in measured.tests)  # fmt: skip
     svg = timeline_svg(render_report(dataclasses.replace(measured, tests=tests)))
     assert "queue" in svg and "KV blocks" not in svg and "preemption" not in svg
@@ -74,16 +75,16 @@ def test_each_test_shows_its_kv_cache_and_cuda_peak(html, measured):
     assert "<dt>CUDA peak allocated</dt><dd>310.0 MiB</dd>" in paged
     inflight = measured.test(THROUGHPUT.format(engine="inflight", batch=4, lengths="uniform"))
     shown = section(html, inflight.test_id)
-    assert f"<dt>max concurrent requests</dt><dd>{inflight.counters.peak_num_running}</dd>" in shown
+    assert f"<dt>max concurrent requests</dt><dd>{inflight.measurement.counters.peak_num_running}</dd>" in shown
     assert "<dt>KV pool</dt><dd>4 blocks of 64 tokens</dd>" in shown, "a slot engine: its slots, max_seq_len each"
     assert "CUDA peak" not in shown, "nothing measured on CPU"
 
 
 def test_counters_a_file_did_not_record_say_so_instead_of_a_change(measured):
     test = measured.tests[0]
-    older_run = dataclasses.replace(test, unrecorded_counters=KV_COUNTERS)
-    older_baseline = dataclasses.replace(test, baseline_status="compared", comparisons=measured.tests[1].comparisons,
-                                         baseline_unrecorded_counters=KV_COUNTERS)  # fmt: skip
+    older_run = changed(test, unrecorded_counters=KV_COUNTERS)
+    older_baseline = changed(test, baseline_status="compared", comparisons=measured.tests[1].judgement.comparisons,
+                             baseline_unrecorded_counters=KV_COUNTERS)  # fmt: skip
     for judged, current, baseline in ((older_run, "not recorded", "-"), (older_baseline, "0", "not recorded")):
         page = render_report(dataclasses.replace(measured, tests=(judged,)))
         cells = r"\s*<td>([^<]*)</td>" * 3

@@ -1,13 +1,15 @@
-"""results.json: typed values written and read in one place, its schema version, and a version 1 file."""
+"""results.json: typed values written and read through the codec, its schema version, and files of versions 1 to 4."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+from perfsuite.codec import encode
 from perfsuite.judge.results import (
     KV_COUNTERS,
     RESULTS_SCHEMA_VERSION,
@@ -19,6 +21,9 @@ from perfsuite.judge.results import (
 )
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.stats import CounterChange, Direction, Policy, compare
+from perfsuite.measure.capacity import Capacity, CapacityRecord, ProbeOutcome
+from perfsuite.measure.environment import ServerEnvironment
+from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     DEVICE_MEMORY,
     LatencySummary,
@@ -27,7 +32,9 @@ from perfsuite.measure.summaries import (
     TimelineRequest,
     TimelineStep,
 )
-from results_builders import make_result, make_results
+from results_builders import changed, make_result, make_results, version_4_document
+
+VERSION_4_FILE = Path(__file__).with_name("data") / "results_v4.json"  # written by perfsuite's version 4 writer
 
 TIMELINE = RunTimeline(
     duration=0.5,
@@ -59,13 +66,13 @@ def test_results_written_are_read_back_equal(tmp_path):
     write_results(tmp_path / "results.json", results)
     assert read_results(tmp_path / "results.json") == results
     stored = json.loads((tmp_path / "results.json").read_text())
-    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 4
+    assert stored["schema_version"] == RESULTS_SCHEMA_VERSION == 5
     assert stored["fingerprint"] == results.environment.fingerprint()
 
 
 def test_a_timeline_is_stored_with_named_fields(tmp_path):
     write_results(tmp_path / "results.json", judged_results())
-    step = json.loads((tmp_path / "results.json").read_text())["tests"][0]["timeline"]["steps"][1]
+    step = json.loads((tmp_path / "results.json").read_text())["tests"][0]["measurement"]["timeline"]["steps"][1]
     assert step["num_waiting"] == 0
     padding = {"slot": 1, "request_id": "r1", "num_tokens": 1, "is_prefill": False, "is_padding": True}
     assert step["chunks"][1] == padding
@@ -103,14 +110,14 @@ def version_1(document: dict) -> dict:
 
 def without_kv_counters(results: Results) -> Results:
     """``results`` as a file older than the KV counters reads: those counters not recorded."""
-    tests = [dataclasses.replace(t, unrecorded_counters=KV_COUNTERS) for t in results.tests]
+    tests = [changed(t, unrecorded_counters=KV_COUNTERS) for t in results.tests]
     return dataclasses.replace(results, tests=tuple(tests))
 
 
 def test_a_version_1_file_is_converted_on_reading(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(version_1(results.to_json())))
+    path.write_text(json.dumps(version_1(version_4_document(results))))
     assert read_results(path) == without_kv_counters(results)
 
 
@@ -139,13 +146,14 @@ def timeline_v3(timeline: dict | None) -> dict | None:
 def test_a_version_3_file_reads_its_kv_counters_as_not_recorded_and_writes_them_back_so(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(version_3(results.to_json())))
+    path.write_text(json.dumps(version_3(version_4_document(results))))
     read = read_results(path)
     assert read == without_kv_counters(results)
-    assert read.tests[0].counters.num_preemptions == 0 and read.tests[0].memory is None
+    assert read.tests[0].measurement.counters.num_preemptions == 0 and read.tests[0].memory is None
     write_results(tmp_path / "again.json", read)
-    counters = json.loads((tmp_path / "again.json").read_text())["tests"][0]["counters"]
-    assert "num_preemptions" not in counters and counters["num_forward_passes"] == 10
+    measurement = json.loads((tmp_path / "again.json").read_text())["tests"][0]["measurement"]
+    assert set(KV_COUNTERS) == set(measurement["unrecorded_counters"]) and "num_preemptions" in KV_COUNTERS
+    assert measurement["counters"]["num_forward_passes"] == 10
     assert read_results(tmp_path / "again.json") == read
 
 
@@ -160,12 +168,12 @@ def version_2(document: dict) -> dict:
 def test_a_version_2_file_is_converted_on_reading(tmp_path):
     results = judged_results()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(version_2(results.to_json())))
+    path.write_text(json.dumps(version_2(version_4_document(results))))
     assert read_results(path) == without_kv_counters(results)
 
 
 def paired_results() -> Results:
-    test = dataclasses.replace(
+    test = changed(
         judged_results().tests[0],
         reference_samples={"output_throughput": (99.0, 101.0, 100.0)},
         reference_timeline=TIMELINE,
@@ -182,19 +190,20 @@ def test_an_ab_session_keeps_both_sides_and_its_reference(tmp_path):
     assert read_results(tmp_path / "results.json") == results
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["against"]["commit"] == "0123456789abcdef"
-    assert stored["tests"][0]["reference_samples"]["output_throughput"] == [99.0, 101.0, 100.0]
-    assert stored["tests"][0]["pair_order"] == ["AB", "BA", "AB"]
+    assert stored["tests"][0]["reference"]["samples"]["output_throughput"] == [99.0, 101.0, 100.0]
+    assert stored["tests"][0]["reference"]["pair_order"] == ["AB", "BA", "AB"]
+    assert "reference" not in judged_results().to_json()["tests"][0], "a test judged against baselines has no REF"
     assert results.tests[0].is_paired and not judged_results().tests[0].is_paired
 
 
-@pytest.mark.parametrize("version", [0, 5, None, "4"])
+@pytest.mark.parametrize("version", [0, 6, None, "5"])
 def test_a_file_of_another_version_names_the_file_its_version_and_the_fix(tmp_path, version):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({**judged_results().to_json(), "schema_version": version}))
     with pytest.raises(ResultsFileError) as error:
         read_results(path)
     message = str(error.value)
-    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2, 3, 4", "pytest --perf"):
+    for part in (str(path), f"schema_version {version!r}", "reads versions 1, 2, 3, 4, 5", "pytest --perf"):
         assert part in message
 
 
@@ -230,8 +239,8 @@ def test_kv_figures_and_the_device_peak_are_stored_and_read_back(tmp_path):
     write_results(tmp_path / "results.json", make_results(test))
     assert read_results(tmp_path / "results.json").tests[0] == test
     stored = json.loads((tmp_path / "results.json").read_text())["tests"][0]
-    assert stored["timeline"]["steps"][1]["preempted_request_ids"] == ["r2"]
-    assert stored["counters"]["num_preemptions"] == 1
+    assert stored["measurement"]["timeline"]["steps"][1]["preempted_request_ids"] == ["r2"]
+    assert stored["measurement"]["counters"]["num_preemptions"] == 1
     assert stored["memory"] == {
         "num_kv_blocks": 8, "kv_block_size": 4, "peak_kv_blocks_used": 2, "mean_kv_blocks_used": 1.5,
         "kv_utilisation": 0.75, "num_preemptions": 1, "num_recomputed_tokens": 3, "peak_num_running": 2,
@@ -247,7 +256,7 @@ def test_a_test_without_a_kv_pool_or_a_device_peak_has_no_memory_figures(tmp_pat
 
 def test_a_counter_this_perfsuite_does_not_know_is_a_malformed_field(tmp_path):
     document = judged_results().to_json()
-    document["tests"][0]["counters"]["num_teleports"] = 3
+    document["tests"][0]["measurement"]["counters"]["num_teleports"] = 3
     path = tmp_path / "results.json"
     path.write_text(json.dumps(document))
     with pytest.raises(ResultsFileError, match="num_teleports.*pytest --perf"):
@@ -265,17 +274,20 @@ def test_the_files_written_are_standard_json_with_undefined_figures_as_null(tmp_
     undefined = LatencySummary.of([])
     unbounded = compare("request_goodput", [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], Direction.HIGHER_IS_BETTER, Policy())
     test = make_result("t.py::t", comparisons=(unbounded,))
-    test = dataclasses.replace(test, summary=dataclasses.replace(test.summary, tpot=undefined, itl=undefined))
+    summary = test.measurement.summary
+    test = changed(test, summary=dataclasses.replace(summary, tpot=undefined, itl=undefined))
     path = tmp_path / "results.json"
     write_results(path, make_results(test))
     stored = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
     assert stored["tests"][0]["median_tpot_ms"] is None and stored["tests"][0]["p99_itl_ms"] is None
-    stored_comparison = stored["tests"][0]["comparisons"][0]
-    assert stored_comparison["change"] is None and stored_comparison["ci_high"] is None
+    assert stored["tests"][0]["measurement"]["summary"]["tpot"]["median_ms"] is None
+    stored_comparison = stored["tests"][0]["judgement"]["comparisons"][0]
+    assert stored_comparison["change"] == {"float": "inf"} == stored_comparison["ci_high"]
     [back] = read_results(path).tests
-    assert math.isnan(back.summary.tpot.median_ms) and math.isnan(back.summary.itl.p99_ms)
-    assert back.summary.ttft == test.summary.ttft
-    assert back.comparisons[0].change == math.inf == unbounded.change and back.comparisons[0] == unbounded
+    assert math.isnan(back.measurement.summary.tpot.median_ms) and math.isnan(back.measurement.summary.itl.p99_ms)
+    assert back.measurement.summary.ttft == test.measurement.summary.ttft
+    assert back.judgement.comparisons[0].change == math.inf == unbounded.change
+    assert back.judgement.comparisons[0] == unbounded
 
 
 @pytest.mark.parametrize(
@@ -310,10 +322,113 @@ def test_unusable_measurements_name_the_file_the_test_the_field_and_the_value(tm
 )
 def test_an_environment_that_is_not_one_names_the_file_and_the_test(tmp_path, where, shown):
     document = make_results(make_result("t.py::a"), make_result("t.py::b")).to_json()
-    holder = document["tests"][where[1]] if where else document
+    holder = document["tests"][where[1]]["measurement"] if where else document
     holder["environment"] = "cpu"
     path = tmp_path / "results.json"
     path.write_text(json.dumps(document))
     with pytest.raises(ResultsFileError) as error:
         read_results(path)
     assert str(error.value).startswith(f"{path}: {shown}") and "pytest --perf" in str(error.value)
+
+
+# -- version 4: each test flat, its summary as vLLM's keys; and every mode through the codec ---------------------
+
+
+KV_TIMELINE_OF_TWO = RunTimeline(
+    duration=0.5, num_slots=2,
+    steps=(TimelineStep(0.0, 0.2, 1, (TimelineChunk(0, "r0", 5, True, False),), 1, 5, ()),
+           TimelineStep(0.2, 0.5, 0, (TimelineChunk(0, "r0", 1, False, False), TimelineChunk(1, "r1", 1, False, True)),
+                        2, 7, ("r1",))),
+    requests=(TimelineRequest("r0", 0.0, 0.2, 0.5), TimelineRequest("r1", 0.1, None, None)),
+    num_kv_blocks=8, kv_block_size=4,
+)  # fmt: skip
+
+
+def every_mode() -> Results:
+    """A test of each mode: stored (judged, an unbounded change), one with NaN figures and unrecorded counters,
+    A/B, capacity (NaN probe latencies), a remote server (send lag); ``tests/data/results_v4.json`` holds these,
+    written by version 4."""
+    stored = make_result(
+        "t.py::test_stored[static]", timeline=KV_TIMELINE_OF_TWO,
+        comparisons=(compare("output_throughput", [100.0, 101, 102], [70.0, 71, 72], Direction.HIGHER_IS_BETTER,
+                             Policy()),
+                     compare("request_goodput", [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], Direction.HIGHER_IS_BETTER, Policy())),
+        counter_changes=(CounterChange("num_forward_passes", 8, 10),),
+        baseline_request_samples={"ttft_ms": (1.0, 2.0)}, request_samples={"ttft_ms": (1.5, 2.5)},
+        baseline_status="compared",
+    )  # fmt: skip
+    one_token = make_result("t.py::test_one_token[inflight]", noisy="the machine was busy",
+                            unrecorded_counters=KV_COUNTERS, baseline_unrecorded_counters=("num_preemptions",))
+    undefined = LatencySummary.of([])
+    one_token = changed(one_token, summary=dataclasses.replace(one_token.measurement.summary, tpot=undefined,
+                                                               itl=undefined))  # fmt: skip
+    paired = make_result("t.py::test_paired[static]", timeline=KV_TIMELINE_OF_TWO,
+                         reference_samples={"output_throughput": (99.0, 101.0, 100.0)},
+                         reference_timeline=KV_TIMELINE_OF_TWO, pair_order=("AB", "BA", "AB"),
+                         baseline_status="A/B against HEAD (0123456789ab)")  # fmt: skip
+    probe = ProbeOutcome(2.0, 0.95, 10, 12.0, 30.0, math.nan, math.nan, True)
+    record = CapacityRecord((Capacity(2.0, (2.0, 2.5), (probe,), "bracket", 0.9, 0.1),), 500.0, None, None,
+                            ("a note",))  # fmt: skip
+    capacity = make_result("t.py::test_capacity[inflight]", arrival_rate=2.0, samples={"capacity_under_slo": (2.0,)},
+                           capacity=record)  # fmt: skip
+    server = ServerEnvironment("served-model", 2048, "vllm-cpu", "vllm")
+    remote = make_result("t.py::test_server[http]", environment=server, arrival_rate=4.0,
+                         send_lag=SendLag(6, 0.5, 1.0, 2.0, 5.0, 4.0, 3.9))  # fmt: skip
+    return make_results(stored, one_token, paired, capacity, remote, servers=(server,), warnings=("a warning",),
+                        against=AgainstDescription("HEAD", "0123456789abcdef", None, "ABBA"),
+                        late_regressions=("x",))  # fmt: skip
+
+
+def exactly(value) -> str:
+    """``value`` as the codec tags it: NaN equal to NaN, so two results compare field by field."""
+    return json.dumps(encode(value), sort_keys=True)
+
+
+def test_every_mode_round_trips_through_the_codec(tmp_path):
+    results = every_mode()
+    write_results(tmp_path / "results.json", results)
+    back = read_results(tmp_path / "results.json")
+    assert exactly(back) == exactly(results)
+    assert [t.is_paired for t in back.tests] == [False, False, True, False, False]
+    assert back.tests[3].capacity == results.tests[3].capacity and back.tests[4].is_remote
+    assert math.isnan(back.tests[3].capacity.searches[0].probes[0].p50_tpot_ms)
+    assert back.tests[1].measurement.unrecorded_counters == KV_COUNTERS and back.tests[1].memory is None
+
+
+def test_each_test_keeps_what_readers_outside_perfsuite_read_beside_the_codecs_fields(tmp_path):
+    write_results(tmp_path / "results.json", every_mode())
+    stored = json.loads((tmp_path / "results.json").read_text())
+    stored_test, one_token, remote = stored["tests"][0], stored["tests"][1], stored["tests"][4]
+    assert stored_test["median_ttft_ms"] == 9.0 and one_token["median_tpot_ms"] is None
+    assert stored_test["memory"]["num_kv_blocks"] == 8 and one_token["memory"] is None
+    assert remote["normalization"] != stored_test["normalization"]
+    assert remote["fingerprint"].startswith("server-vllm-cpu") and stored["servers"][0]["fingerprint"] == remote["fingerprint"]
+    assert stored["fingerprint"] == every_mode().environment.fingerprint()
+    assert set(stored_test) == {"test_id", "measurement", "judgement", "memory", "fingerprint", "normalization",
+                                *every_mode().tests[0].measurement.summary.vllm_keys()}  # fmt: skip
+
+
+def test_a_version_4_file_written_by_version_4_is_converted_on_reading():
+    assert exactly(read_results(VERSION_4_FILE)) == exactly(every_mode())
+
+
+def test_the_version_4_fixture_of_these_tests_writes_what_version_4_wrote():
+    assert json.loads(json.dumps(version_4_document(every_mode()))) == json.loads(VERSION_4_FILE.read_text())
+
+
+def test_a_version_4_test_with_a_malformed_field_names_it(tmp_path):
+    document = json.loads(VERSION_4_FILE.read_text())
+    document["tests"][2]["samples"]["output_throughput"] = [1.0, "x"]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ResultsFileError, match=r"tests\[2\] \('t.py::test_paired\[static\]'\): samples"):
+        read_results(path)
+
+
+def test_a_field_this_perfsuite_does_not_know_is_an_error_naming_it(tmp_path):
+    document = every_mode().to_json()
+    document["tests"][0]["judgement"]["verdict_of_the_future"] = 1
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ResultsFileError, match="has no field verdict_of_the_future.*pytest --perf"):
+        read_results(path)

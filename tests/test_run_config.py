@@ -87,8 +87,8 @@ def test_perfsuite_compare_never_judges_runs_of_unlike_configurations():
     old = document(CONFIGURATION, [100.0, 101, 99, 100, 102, 98])
     slower = [50.0, 51, 49, 50, 52, 48]
     same = rejudge(old, document(CONFIGURATION, slower), Policy())
-    assert [c.verdict.value for c in same.tests[0].comparisons] == ["regressed"]
+    assert [c.verdict.value for c in same.tests[0].judgement.comparisons] == ["regressed"]
     other = dataclasses.replace(CONFIGURATION, decode_mode="static")
     unlike = rejudge(old, document(other, slower), Policy())
-    assert unlike.tests[0].comparisons == ()
-    assert unlike.tests[0].baseline_status == "another configuration in the old run: not compared"
+    assert unlike.tests[0].judgement.comparisons == ()
+    assert unlike.tests[0].judgement.baseline_status == "another configuration in the old run: not compared"

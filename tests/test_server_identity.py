@@ -114,21 +114,23 @@ def test_a_server_is_recorded_under_its_own_identity_and_never_probed(tmp_path):
     probe = CountingProbe()
     result = measure(session(tmp_path), RemoteEngine(), "tests/perf/t.py::test_remote", probe)
     assert probe.calls == 0, "this machine's probe was taken around a server's repeats"
-    assert PROBE not in result.samples, "a server's figures would be rescaled by this machine's speed"
-    assert result.environment == ServerEnvironment("served-model", 2048, "vllm-0.32-cpu", "vllm")
-    assert result.environment.fingerprint().startswith("server-vllm-0.32-cpu-served-model-len2048-")
+    assert PROBE not in result.measurement.samples, "a server's figures would be rescaled by this machine's speed"
+    assert result.measurement.environment == ServerEnvironment("served-model", 2048, "vllm-0.32-cpu", "vllm")
+    assert result.measurement.environment.fingerprint().startswith("server-vllm-0.32-cpu-served-model-len2048-")
     # the model the server serves, not --perf-model / --perf-dtype of the client
-    assert (result.parameters.model, result.parameters.precision) == ("served-model", SERVER_PRECISION)
-    assert result.configuration.decode_mode == SERVER_DECODE_MODE
+    parameters = result.measurement.parameters
+    assert (parameters.model, parameters.precision) == ("served-model", SERVER_PRECISION)
+    assert result.measurement.configuration.decode_mode == SERVER_DECODE_MODE
 
 
 def test_an_in_process_engine_keeps_this_machines_fingerprint_probe_and_sizing(tmp_path):
     probe = CountingProbe()
     result = measure(session(tmp_path), in_process_engine(), "tests/perf/t.py::test_local", probe)
-    assert probe.calls == REPEATS + 1 and len(result.samples[PROBE]) == REPEATS
-    assert result.environment == CLIENT
-    assert (result.parameters.model, result.parameters.precision) == ("smollm2-135m", "float32")
-    assert result.configuration.decode_mode == "packed"
+    assert probe.calls == REPEATS + 1 and len(result.measurement.samples[PROBE]) == REPEATS
+    assert result.measurement.environment == CLIENT
+    parameters = result.measurement.parameters
+    assert (parameters.model, parameters.precision) == ("smollm2-135m", "float32")
+    assert result.measurement.configuration.decode_mode == "packed"
 
 
 def test_a_mixed_session_stores_each_engine_under_its_own_fingerprint(tmp_path):
@@ -174,16 +176,16 @@ def test_a_servers_baseline_follows_the_server_not_the_client(tmp_path):
     # Another client machine, torch, dtype, model name and decode mode: the same server is still compared.
     other_client = session(tmp_path, dtype="bfloat16", model="elsewhere", decode_mode="static")
     other_client.environment = dataclasses.replace(CLIENT, torch_version="9.9", cpu_model="Other CPU", num_threads=8)
-    assert measure(other_client, RemoteEngine(), "tests/perf/t.py::test_remote").baseline_status == "compared"
+    assert measure(other_client, RemoteEngine(), "tests/perf/t.py::test_remote").judgement.baseline_status == "compared"
 
     # Another server build (label) or another max_model_len is another environment.
     relabelled = session(tmp_path, label="vllm-0.33-cpu")
-    assert measure(relabelled, RemoteEngine(), "tests/perf/t.py::test_remote").baseline_status == (
+    assert measure(relabelled, RemoteEngine(), "tests/perf/t.py::test_remote").judgement.baseline_status == (
         "other environment only"
     )
     assert any("--perf-server-label" in w for w in relabelled.warnings)
     shorter = RemoteEngine(dataclasses.replace(SERVED, max_model_len=1024))
-    assert measure(session(tmp_path), shorter, "tests/perf/t.py::test_remote").baseline_status == (
+    assert measure(session(tmp_path), shorter, "tests/perf/t.py::test_remote").judgement.baseline_status == (
         "other environment only"
     )
 
@@ -192,13 +194,13 @@ def test_a_server_without_a_label_is_warned_about_once(tmp_path):
     unlabelled = session(tmp_path, label=None)
     first = measure(unlabelled, RemoteEngine(), "tests/perf/t.py::test_a")
     measure(unlabelled, RemoteEngine(), "tests/perf/t.py::test_b")
-    assert first.environment.fingerprint().startswith("server-unlabelled-served-model-len2048-")
+    assert first.fingerprint.startswith("server-unlabelled-served-model-len2048-")
     assert sum("--perf-server-label" in w for w in unlabelled.warnings) == 1
 
 
 def test_an_engine_in_another_process_that_names_no_model_is_known_by_its_name(tmp_path):
     result = measure(session(tmp_path), RemoteEngine(served=None), "tests/perf/t.py::test_remote")
-    assert result.environment == ServerEnvironment("openai-http", None, "vllm-0.32-cpu")
+    assert result.measurement.environment == ServerEnvironment("openai-http", None, "vllm-0.32-cpu")
 
 
 def test_xdist_workers_hand_each_results_environment_and_the_unrecorded_tests_to_the_controller(tmp_path):
@@ -209,7 +211,9 @@ def test_xdist_workers_hand_each_results_environment_and_the_unrecorded_tests_to
     controller = session(tmp_path)
     controller.environment = None
     controller.add_worker_output(worker.worker_output())
-    assert [r.environment for r in controller.results] == [r.environment for r in worker.results][::-1]
+    assert [r.measurement.environment for r in controller.results] == [
+        r.measurement.environment for r in worker.results
+    ][::-1]
     assert controller.unrecorded == ["tests/perf/t.py::test_broken: no result recorded: baseline b.json is corrupt"]
 
 

@@ -120,7 +120,7 @@ def test_a_project_runs_the_shipped_suite_on_its_own_engine_into_its_own_reports
     saved.stdout.fnmatch_lines([f"*results in {pytester.path / 'reports' / 'results.json'}"])
     first = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
     assert sorted(t["test_id"] for t in first) == sorted([THROUGHPUT_FIXED, LATENCY_FIXED])
-    assert {t["engine"] for t in first} == {"my-engine"}
+    assert {t["measurement"]["engine_name"] for t in first} == {"my-engine"}
     [fingerprint] = [path.name for path in (pytester.path / "baselines").iterdir()]
     stored = sorted(p.relative_to(pytester.path / "baselines" / fingerprint).as_posix()
                     for p in (pytester.path / "baselines").rglob("*.json"))  # fmt: skip
@@ -131,4 +131,4 @@ def test_a_project_runs_the_shipped_suite_on_its_own_engine_into_its_own_reports
     # compared with its baseline, but 2 repeats a side are too few for a verdict: skipped for judging nothing
     compared.assert_outcomes(skipped=1)
     [test] = json.loads((pytester.path / "reports" / "results.json").read_text())["tests"]
-    assert (test["test_id"], test["baseline"]) == (THROUGHPUT_FIXED, "compared")
+    assert (test["test_id"], test["judgement"]["baseline_status"]) == (THROUGHPUT_FIXED, "compared")

@@ -12,7 +12,7 @@ import pytest
 from perfsuite.judge.results import TestResult, read_results, write_results
 from perfsuite.measure.quantiles import PercentileInterval
 from perfsuite.measure.summaries import LatencySummary, RunSummary
-from results_builders import make_result, make_results
+from results_builders import make_result, make_results, version_4_document
 
 
 def latencies(num: int, seed: int = 1) -> list[float]:
@@ -60,21 +60,21 @@ def test_results_json_carries_each_percentiles_interval_and_support_beside_it(tm
     assert test["median_e2el_ms_ci"] == pytest.approx(summary_of(100).e2el.median_ci.as_list())
     assert test["ttft_num_values"] == 100
     assert isinstance(test["p99_ttft_ms"], float)  # vLLM's key itself stays a number
-    assert read_results(path).tests[0].summary == summary_of(100)
+    assert read_results(path).tests[0].measurement.summary == summary_of(100)
 
 
 def test_a_results_file_without_intervals_still_loads_as_not_recorded(tmp_path):
     path = tmp_path / "results.json"
-    write_results(path, make_results(make_result("t", summary=summary_of(100))))
-    data = json.loads(path.read_text())
+    data = version_4_document(make_results(make_result("t", summary=summary_of(100))))  # older than the intervals
     data["tests"] = [{k: v for k, v in t.items() if not k.endswith(("_ci", "_supported", "_num_values"))}
                      for t in data["tests"]]  # fmt: skip
     path.write_text(json.dumps(data))
-    summary = read_results(path).tests[0].summary
+    summary = read_results(path).tests[0].measurement.summary
     assert summary.ttft.p99_ci is None and summary.itl.median_ci is None
     assert summary.ttft.p99_ms == summary_of(100).ttft.p99_ms
     write_results(path, read_results(path))  # read and written again: still not recorded
-    assert "p99_ttft_ms_ci" not in json.loads(path.read_text())["tests"][0]
+    written = json.loads(path.read_text())["tests"][0]
+    assert "p99_ttft_ms_ci" not in written and "p99_ci" not in written["measurement"]["summary"]["ttft"]
 
 
 def test_the_html_report_shows_an_unsupported_p99_as_what_the_sample_says():

@@ -11,28 +11,45 @@ receiver's class does not have, or a required one it did not get, is an
 error naming it: two sides that cannot hold the same request must not
 measure different workloads.
 
-This module imports only the standard library: the worker loads it by
-path, before putting the tree under test on ``sys.path``.
+This module imports only the standard library and ``perfsuite/codec.py``
+(the structural codec, which results.json uses too): the worker loads it
+by path, before putting the tree under test on ``sys.path``, and then it
+loads the codec by path too, from beside its own package, never through
+``import perfsuite`` (which would find the tree under test's, or none).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
+import importlib.util
 import json
-import math
-import types
-import typing
-from collections.abc import Mapping
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
+
+
+def _codec_by_path() -> ModuleType:
+    """``perfsuite/codec.py`` of the tree this file is in, under a private name (see the module docstring)."""
+    name = "_perfsuite_codec"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "codec.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while a class is made
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+if __package__:  # imported as perfsuite.ab.wire
+    from perfsuite import codec
+else:  # loaded by path by ab/worker_main.py
+    codec = _codec_by_path()
 
 PROTOCOL_VERSION = 1
 _TYPE_KEY = "type"
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-class WireError(ValueError):
+class WireError(codec.CodecError):
     """A message that this side cannot read: malformed, of another protocol version, or of unknown shape."""
 
 
@@ -166,132 +183,23 @@ def loads_message(line: str) -> Any:
     return decode(MESSAGES[name], data)
 
 
-# -- the structural codec ------------------------------------------------------------------------------------------
+# -- the structural codec (perfsuite/codec.py), its errors as this protocol's ---------------------------------------
 
 
 def encode(value: Any) -> Any:
-    """``value`` as plain JSON data: dataclasses by field, enums by value, non-finite floats tagged.
-
-    A field that is None where None is its default is not sent: the receiver
-    fills its own default, and a receiver whose code predates the field (an
-    older tree under ``--perf-against``) can still decode the value.
-    """
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: encode(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.init and not (f.default is None and getattr(value, f.name) is None)
-        }
-    if isinstance(value, enum.Enum):
-        return encode(value.value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
-    if isinstance(value, (tuple, list)):
-        return [encode(item) for item in value]
-    if isinstance(value, Mapping):
-        if not all(isinstance(key, str) for key in value):
-            raise WireError(f"only str keys travel: {sorted(map(repr, value))[:5]}")
-        return {key: encode(item) for key, item in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise WireError(f"a {type(value).__name__} cannot travel: {value!r:.100}")
+    """``value`` as plain JSON data (``perfsuite.codec.encode``: non-finite floats tagged, every float exact)."""
+    try:
+        return codec.encode(value)
+    except codec.CodecError as error:
+        raise WireError(str(error)) from None
 
 
 def decode(annotation: Any, data: Any) -> Any:
     """``data`` (from ``encode``) rebuilt as ``annotation``, this side's type for it."""
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return data
-    if origin in (typing.Union, types.UnionType):
-        return _decode_union(typing.get_args(annotation), data)
-    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-        return _decode_dataclass(annotation, data)
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        try:
-            return annotation(data)
-        except ValueError:
-            raise WireError(f"{data!r} is not a {annotation.__name__}") from None
-    if origin in (tuple, list):
-        return _decode_sequence(origin, typing.get_args(annotation), data)
-    if origin in (dict, Mapping) or annotation in (dict, Mapping):
-        args = typing.get_args(annotation) or (str, Any)
-        _expect(data, dict, annotation)
-        return {key: decode(args[1], item) for key, item in data.items()}
-    return _decode_scalar(annotation, data)
-
-
-def _decode_union(options: tuple[Any, ...], data: Any) -> Any:
-    if data is None and type(None) in options:
-        return None
-    errors = []
-    for option in options:
-        if option is type(None):
-            continue
-        try:
-            return decode(option, data)
-        except WireError as error:
-            errors.append(str(error))
-    raise WireError(f"{data!r:.100} matches none of {options}: {'; '.join(errors)}")
-
-
-def _decode_dataclass(cls: type, data: Any) -> Any:
-    _expect(data, dict, cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise WireError(
-            f"{cls.__module__}.{cls.__qualname__} has no field {', '.join(unknown)}: this side's code predates "
-            "what the other side sent"
-        )
-    hints = typing.get_type_hints(cls)
-    values = {name: decode(hints[name], item) for name, item in data.items()}
-    missing = [name for name, f in fields.items() if name not in values and _has_no_default(f) and f.init]
-    if missing:
-        raise WireError(f"{cls.__qualname__} needs {', '.join(missing)}, which the other side did not send")
     try:
-        return cls(**values)
-    except (TypeError, ValueError) as error:
-        raise WireError(f"{cls.__qualname__}: {error}") from None
-
-
-def _decode_sequence(origin: type, args: tuple[Any, ...], data: Any) -> Any:
-    _expect(data, list, origin)
-    if origin is tuple and args and args[-1] is not Ellipsis:
-        if len(args) != len(data):
-            raise WireError(f"expected {len(args)} items, got {len(data)}")
-        return tuple(decode(arg, item) for arg, item in zip(args, data))
-    item_type = args[0] if args else Any
-    return origin(decode(item_type, item) for item in data)
-
-
-def _decode_scalar(annotation: Any, data: Any) -> Any:
-    if annotation is float:
-        if isinstance(data, dict) and set(data) == {"float"} and data["float"] in _NON_FINITE:
-            return _NON_FINITE[data["float"]]
-        if isinstance(data, (int, float)) and not isinstance(data, bool):
-            return float(data)
-        raise WireError(f"expected a number, got {data!r:.100}")
-    if annotation is int:
-        if isinstance(data, int) and not isinstance(data, bool):
-            return data
-        raise WireError(f"expected an integer, got {data!r:.100}")
-    if annotation in (str, bool):
-        _expect(data, annotation, annotation)
-        return data
-    if annotation is type(None):
-        if data is not None:
-            raise WireError(f"expected null, got {data!r:.100}")
-        return None
-    raise WireError(f"no decoding for {annotation!r}")
-
-
-def _expect(data: Any, kind: type, annotation: Any) -> None:
-    if not isinstance(data, kind):
-        raise WireError(f"expected {kind.__name__} for {annotation!r}, got {type(data).__name__}: {data!r:.100}")
-
-
-def _has_no_default(f: dataclasses.Field) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        return codec.decode(annotation, data)
+    except codec.CodecError as error:
+        raise WireError(str(error)) from None
 
 
 def read_message(stream: IO[str]) -> Any | None:

@@ -23,7 +23,7 @@ def session_key(results: Results) -> str:
         results.created_at,
         results.commit,
         results.fingerprint,
-        sorted([test.test_id, {name: list(values) for name, values in test.samples.items()}] for test in results.tests),
+        sorted([test.test_id, _lists(test.measurement.samples)] for test in results.tests),
     ]
     return hashlib.sha256(_canonical(identity).encode()).hexdigest()
 
@@ -45,17 +45,18 @@ def test_rows(results: Results, session_id: int) -> list[dict[str, Any]]:
 
 
 def _test_row(results: Results, test: TestResult, session_id: int, position: int) -> dict[str, Any]:
-    configuration = test.configuration.to_json() if test.configuration else None
+    measured = test.measurement
+    configuration = measured.configuration.to_json() if measured.configuration else None
     return {
         "session_id": session_id,
         "position": position,
         "test_id": test.test_id,
         "commit": results.commit,
         "created_at": results.created_at,
-        "fingerprint": test.environment.fingerprint() if test.environment else None,
+        "fingerprint": test.fingerprint,
         "configuration": configuration,
         "configuration_key": configuration_key(configuration),
-        "samples": {name: list(values) for name, values in test.samples.items()},
+        "samples": _lists(measured.samples),
         "verdicts": verdicts(test),
         "result": test.to_json(),
     }
@@ -71,15 +72,19 @@ def configuration_key(configuration: Mapping[str, Any] | None) -> str | None:
 def verdicts(test: TestResult) -> dict[str, Any]:
     """How the test was judged: its baseline status, why it was noisy (if so), and each metric's verdict."""
     return {
-        "baseline": test.baseline_status,
-        "noisy": test.noisy,
-        "metrics": {comparison.metric: comparison.verdict.value for comparison in test.comparisons},
+        "baseline": test.judgement.baseline_status,
+        "noisy": test.measurement.noisy,
+        "metrics": {comparison.metric: comparison.verdict.value for comparison in test.judgement.comparisons},
     }
 
 
 def results_document(session_document: Mapping[str, Any], test_documents: Sequence[Mapping[str, Any]]) -> dict:
     """The results document a session's rows hold: what ``results_from_json`` reads."""
     return {**session_document, "tests": list(test_documents)}
+
+
+def _lists(samples: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+    return {name: list(values) for name, values in samples.items()}
 
 
 def _canonical(value: Any) -> str:

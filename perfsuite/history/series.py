@@ -128,28 +128,27 @@ def build_series(
             if test_ids is not None and test.test_id not in test_ids:
                 continue
             fingerprint = _fingerprint(session, test)
-            if fingerprint is None or test.is_paired or test.noisy:
+            if fingerprint is None or test.is_paired or test.measurement.noisy:
                 continue
             for metric in metrics:
-                if test.samples.get(metric):
-                    key = SeriesKey(test.test_id, metric, fingerprint, test.configuration)
+                if test.measurement.samples.get(metric):
+                    key = SeriesKey(test.test_id, metric, fingerprint, test.measurement.configuration)
                     runs.setdefault(key, []).append((session, test))
     return [_series(key, metrics[key.metric], found) for key, found in runs.items()]
 
 
 def _fingerprint(session: Results, test: TestResult) -> str | None:
-    if test.environment is not None:
-        return test.environment.fingerprint()
-    return session.fingerprint
+    return test.fingerprint or session.fingerprint
 
 
 def _series(key: SeriesKey, direction: Direction, runs: list[tuple[Results, TestResult]]) -> Series:
     remote = any(test.is_remote for _, test in runs)
-    probes = [] if remote else [probe for _, test in runs for probe in test.samples.get(PROBE, ())]
+    probes = [] if remote else [probe for _, test in runs for probe in test.measurement.samples.get(PROBE, ())]
     reference = {PROBE: probes}
     points = []
     for session, test in runs:
-        samples = test.samples if remote else normalize_to_machine_speed(reference, test.samples)[1]
+        measured = test.measurement.samples
+        samples = measured if remote else normalize_to_machine_speed(reference, measured)[1]
         value = _median(samples[key.metric])
         if value is not None:
             points.append(SeriesPoint(session.commit, session.created_at or "", value, len(samples[key.metric])))
@@ -164,7 +163,7 @@ def _median(values: Sequence[float]) -> float | None:
 def _normalization(remote: bool, tests: Sequence[TestResult]) -> str:
     if remote:
         return RAW_SERVER_FIGURES
-    num_unprobed = sum(1 for test in tests if not test.samples.get(PROBE))
+    num_unprobed = sum(1 for test in tests if not test.measurement.samples.get(PROBE))
     if num_unprobed == len(tests):
         return NOT_PROBED
     if num_unprobed:

@@ -69,12 +69,12 @@ def judged_tally(judged: Results) -> Tally:
 
 def _without_reference_side(test: TestResult) -> TestResult:
     """An A/B session's test, compared as a separate run: its REF side is not what it was compared with."""
-    return dataclasses.replace(test, reference_samples={}, reference_timeline=None, pair_order=())
+    return dataclasses.replace(test, reference=None)
 
 
 def _comparable(before: TestResult | None, after: TestResult) -> bool:
     """Runs that measured different workloads, knobs or decode paths are never compared."""
-    return before is not None and before.configuration == after.configuration
+    return before is not None and before.measurement.configuration == after.measurement.configuration
 
 
 def _environment_warnings(old: Results, new: Results, old_name: str) -> list[str]:

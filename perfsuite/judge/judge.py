@@ -28,7 +28,7 @@ from perfsuite.judge.catalogue import (
 )
 from perfsuite.judge.paired import compare_paired
 from perfsuite.judge.power import PowerPlan, minimum_detectable_effect
-from perfsuite.judge.results import KV_COUNTERS, PolicyDescription, ProbeDescription, TestResult
+from perfsuite.judge.results import KV_COUNTERS, Judgement, PolicyDescription, ProbeDescription, TestResult
 from perfsuite.judge.stats import Direction, Policy, Verdict, adjust, compare, mark_noisy
 from perfsuite.measure.summaries import Measured
 
@@ -50,7 +50,8 @@ class Reference:
 
     @classmethod
     def of_result(cls, result: TestResult, slo: str | None) -> Reference:
-        return cls(result.samples, result.counters, result.request_samples, slo, result.unrecorded_counters)
+        measured = result.measurement
+        return cls(measured.samples, measured.counters, measured.request_samples, slo, measured.unrecorded_counters)
 
     @classmethod
     def of_reference_side(cls, reference: Measured, current: Measured, slo: str | None) -> Reference:
@@ -66,7 +67,7 @@ class Reference:
 
 
 @dataclass(frozen=True, slots=True)
-class Judgement:
+class Judged:
     """A test judged against its reference, its p-values not yet adjusted over the family."""
 
     result: TestResult
@@ -82,7 +83,7 @@ def judge(
     policy: Policy,
     num_comparisons: int,
     metrics: Mapping[str, Direction] = ALL_METRICS,
-) -> Judgement:
+) -> Judged:
     """``result`` compared with ``reference``, metric by metric, and its exact counters.
 
     Samples are first put on one machine speed (``normalize_to_machine_speed``);
@@ -90,7 +91,7 @@ def judge(
     carries the smallest slowdown a lone regression among ``num_comparisons``
     could be flagged for; a noisy result's comparisons judge nothing.
     """
-    base, current = normalize_to_machine_speed(reference.samples, result.samples)
+    base, current = normalize_to_machine_speed(reference.samples, result.measurement.samples)
     goodput_skipped = GOODPUT in base and GOODPUT in current and reference.slo != slo
     lone_alpha = policy.alpha / max(1, num_comparisons)
     comparisons = []
@@ -101,15 +102,14 @@ def judge(
             compare(name, base[name], current[name], direction, policy),
             min_detectable_effect=minimum_detectable_effect(base[name], direction, lone_alpha, policy.min_effect),
         )
-        comparisons.append(mark_noisy(comparison) if result.noisy else comparison)
-    judged = dataclasses.replace(
-        result,
+        comparisons.append(mark_noisy(comparison) if result.measurement.noisy else comparison)
+    judged = result.with_judgement(
         baseline_status=status,
         baseline_request_samples=dict(reference.request_samples),
         comparisons=tuple(comparisons),
         **_counters_judged(result, reference),
     )
-    return Judgement(judged, goodput_skipped)
+    return Judged(judged, goodput_skipped)
 
 
 def judge_paired(
@@ -127,14 +127,14 @@ def judge_paired(
     seconds, which is what the pairing is for. Each metric is judged on its
     pair ratios (``perfsuite.judge.paired``); the exact counters, A against B.
     """
+    current = result.measurement.samples
     comparisons = tuple(
-        compare_paired(name, reference.samples[name], result.samples[name], direction, policy,
+        compare_paired(name, reference.samples[name], current[name], direction, policy,
                        num_comparisons=num_comparisons)  # fmt: skip
         for name, direction in metrics.items()
-        if reference.samples.get(name) and result.samples.get(name)
+        if reference.samples.get(name) and current.get(name)
     )
-    return dataclasses.replace(
-        result,
+    return result.with_judgement(
         baseline_status=status,
         baseline_request_samples=dict(reference.request_samples),
         comparisons=comparisons,
@@ -144,29 +144,27 @@ def judge_paired(
 
 def _counters_judged(result: TestResult, reference: Reference) -> dict:
     """The exact counters' changes, leaving out those either side did not record, and which the reference lacked."""
-    unrecorded = (*reference.unrecorded_counters, *result.unrecorded_counters)
-    changes = exact_counter_changes(reference.counters, result.counters, result.arrival_rate, unrecorded)
+    measured = result.measurement
+    unrecorded = (*reference.unrecorded_counters, *measured.unrecorded_counters)
+    changes = exact_counter_changes(reference.counters, measured.counters, measured.arrival_rate, unrecorded)
     return {"counter_changes": tuple(changes), "baseline_unrecorded_counters": tuple(reference.unrecorded_counters)}
 
 
 def not_compared(result: TestResult, status: str) -> TestResult:
     """``result`` with nothing to compare it with, and why."""
-    return dataclasses.replace(
-        result, baseline_status=status, baseline_request_samples={}, comparisons=(), counter_changes=(),
-        baseline_unrecorded_counters=(),
-    )  # fmt: skip
+    return dataclasses.replace(result, judgement=Judgement(baseline_status=status))
 
 
 def adjust_family(results: Sequence[TestResult], policy: Policy) -> tuple[list[TestResult], list[str]]:
     """Every comparison of ``results`` adjusted together; and what the adjustment newly flags as regressed."""
-    adjusted = iter(adjust([c for r in results for c in r.comparisons], policy))
+    adjusted = iter(adjust([c for r in results for c in r.judgement.comparisons], policy))
     final, newly_regressed = [], []
     for result in results:
-        comparisons = tuple(next(adjusted) for _ in result.comparisons)
-        for before, after in zip(result.comparisons, comparisons):
+        comparisons = tuple(next(adjusted) for _ in result.judgement.comparisons)
+        for before, after in zip(result.judgement.comparisons, comparisons):
             if after.verdict is Verdict.REGRESSED and before.verdict is not Verdict.REGRESSED:
                 newly_regressed.append(f"{result.test_id}: {after.describe()}")
-        final.append(dataclasses.replace(result, comparisons=comparisons))
+        final.append(result.with_judgement(comparisons=comparisons))
     return final, newly_regressed
 
 

@@ -1,27 +1,34 @@
 """results.json as typed values: a test's result, a session's results, and the one place they meet JSON.
 
 ``Results`` is what a ``pytest --perf`` session wrote and what ``perfsuite
-report`` and ``perfsuite compare`` read back: every field below is a frozen
-dataclass or a mapping of metric name to samples, from the session to the
-HTML report. ``write_results`` and ``read_results`` are the only code that
-turns them into JSON and back; the on-disk keys are documented by ``to_json``.
-The file is standard JSON (``baselines.write_json_atomic`` refuses NaN and
-infinity): a summary figure the run did not define (no TPOT when every output
-is one token) is null, and so is a comparison's change or ratio bound that is
-unbounded because the baseline's median was 0; both read back as before.
+report`` and ``perfsuite compare`` read back. A ``TestResult`` is a
+composition: its ``Measurement`` (what every mode measures), its
+``Judgement`` (how it was compared, and with what), and what only some modes
+have: the REF side of an A/B test (``ReferenceSide``) and a capacity test's
+searches (``CapacityRecord``). ``write_results`` and ``read_results`` are the
+only code that turns them into JSON and back, through the structural codec
+(``perfsuite.codec``) that the A/B workers' wire uses too: each dataclass is
+an object of its fields, rebuilt by its type hints.
 
-Schema versions: 4 adds the KV cache and device memory: KV counters among
-each test's ``counters``, each timeline step's KV use and preemptions, the
-run's KV pool, and ``memory`` (``MemoryUse``, written for readers and rebuilt
-from the rest on reading). A counter that a file does not hold (one older than
+The file is standard JSON (``baselines.write_json_atomic`` refuses NaN and
+infinity): a figure the run did not define (no TPOT when every output is one
+token) is null and reads back as NaN; an infinite one (a comparison's change
+when the baseline's median was 0) is ``{"float": "inf"}``. Beside the codec's
+fields each test carries what readers outside perfsuite read (``READER_KEYS``:
+vLLM's flat figures, ``memory``, ``fingerprint``, ``normalization``), and the
+session its ``fingerprint``; they are written, never read back.
+
+Schema versions: 5 writes through the codec: each test holds ``measurement``,
+``judgement``, ``reference`` (A/B only) and ``capacity`` (capacity tests
+only); its summary is an object, its counters all of them with
+``unrecorded_counters`` naming those its run did not record. 4 added the KV
+cache and device memory: a counter that a file does not hold (one older than
 the counter) is *not recorded*: it is read as its default but never compared
-(``baselines.counters_from_json``), and a file read and written again still
-lacks it. 3 adds what an A/B session (``--perf-against``) measured on
-its reference side (``against`` at the top; each test's ``reference_samples``,
-``reference_timeline`` and ``pair_order``); 2 stores each timeline step and
-request as an object with named fields (1 stored a step's chunks as
-positional lists). Versions 1 and 2 are converted on reading, so a history of
-older runs keeps its trend.
+(``baselines.counters_from_json``). 3 added what an A/B session
+(``--perf-against``) measured on its reference side; 2 stores each timeline
+step and request as an object with named fields (1 stored a step's chunks as
+positional lists). Versions 1 to 4 are converted on reading, one step each,
+so a history of older runs keeps its trend.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.engine.types import EngineCounters
-from perfsuite.judge.baselines import counters_from_json, recorded_counters, write_json_atomic
+from perfsuite.codec import decode, encode
+from perfsuite.judge.baselines import counters_from_json, write_json_atomic
 from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.samples import measurement_problem
@@ -44,6 +52,9 @@ from perfsuite.measure.capacity import CapacityRecord
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
 from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
+    GOODPUT,
+    LATENCIES,
+    PERCENTILES,
     Measured,
     MemoryUse,
     RunSummary,
@@ -56,14 +67,15 @@ from perfsuite.measure.summaries import (
 )
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
-    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "MemoryUse", "PolicyDescription", "ProbeDescription", "Results",
-    "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
+    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "Judgement", "Measurement", "MemoryUse",
+    "PolicyDescription", "ProbeDescription", "ReferenceSide", "Results", "ResultsFileError", "RunSummary",
+    "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
     "TimelineRequest", "TimelineStep", "archive_results", "read_history", "read_results", "results_from_json",
     "write_results",
 ]  # fmt: skip
 
-RESULTS_SCHEMA_VERSION = 4  # 4: KV cache and device memory; 3: A/B sessions; 2: timeline objects with named fields
-CONVERTED_VERSIONS = (1, 2, 3)
+RESULTS_SCHEMA_VERSION = 5  # 5: the codec's layout; 4: KV cache and memory; 3: A/B; 2: named timeline fields
+CONVERTED_VERSIONS = (1, 2, 3, 4)
 REWRITE_HINT = "re-create it with `pytest --perf` (it writes reports/results.json)"
 
 # Counters a version 3 file cannot hold; without them its memory figures would read as an empty cache.
@@ -74,56 +86,39 @@ KV_COUNTERS = (
 
 
 @dataclass(frozen=True, slots=True)
-class TestResult:
-    """One perf test of a session: what it measured, and how it was judged."""
+class Measurement:
+    """What a test measured, before any judging: the same in every mode."""
 
-    __test__ = False  # a result, not a test class for pytest to collect
-
-    test_id: str
     engine_name: str
     parameters: SizingParameters
     arrival_rate: float | None
     samples: dict[str, tuple[float, ...]]  # metric -> one value per repeat
     counters: EngineCounters
     summary: RunSummary  # vLLM's figures over every request of every repeat
-    baseline_status: str
     configuration: RunConfiguration | None = None
-    noisy: str | None = None
+    noisy: str | None = None  # why these repeats cannot support a verdict
     request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per request, all repeats
     timeline: RunTimeline | None = None  # one timed run, for the report
-    baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    comparisons: tuple[Comparison, ...] = ()
-    counter_changes: tuple[CounterChange, ...] = ()
     environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
-    # --perf-against: the reference side (A) measured beside this one, pair by pair ("AB" or "BA" each)
-    reference_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    reference_timeline: RunTimeline | None = None
-    pair_order: tuple[str, ...] = ()
     unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
-    baseline_unrecorded_counters: tuple[str, ...] = ()  # what it was compared with lacked these: not compared
     send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
-    capacity: CapacityRecord | None = None  # a capacity test's searches (perfsuite/suites/test_capacity.py)
 
     @classmethod
-    def measured(
+    def of(
         cls,
-        test_id: str,
         measured: Measured,
         parameters: SizingParameters,
         configuration: RunConfiguration,
         arrival_rate: float | None,
         environment: Environment | ServerEnvironment,
-    ) -> TestResult:
-        """A result not judged yet."""
+    ) -> Measurement:
         return cls(
-            test_id=test_id,
             engine_name=measured.engine_name,
             parameters=parameters,
             arrival_rate=arrival_rate,
             samples=measured.samples,
             counters=measured.counters,
             summary=measured.summary,
-            baseline_status="no baseline",
             configuration=configuration,
             noisy=measured.noisy,
             request_samples=measured.request_samples,
@@ -132,89 +127,103 @@ class TestResult:
             send_lag=measured.send_lag,
         )
 
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """How a test was judged: against a stored baseline, another run, or (A/B) its REF side."""
+
+    baseline_status: str = "no baseline"  # what it was compared with, or why not
+    comparisons: tuple[Comparison, ...] = ()
+    counter_changes: tuple[CounterChange, ...] = ()
+    baseline_request_samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    baseline_unrecorded_counters: tuple[str, ...] = ()  # what it was compared with lacked these: not compared
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceSide:
+    """``--perf-against``: the REF tree measured beside this one, pair by pair."""
+
+    samples: dict[str, tuple[float, ...]]
+    timeline: RunTimeline | None
+    pair_order: tuple[str, ...]  # "AB" or "BA", each pair
+
+
+@dataclass(frozen=True, slots=True)
+class TestResult:
+    """One perf test of a session: what it measured, how it was judged, and what only some modes have."""
+
+    __test__ = False  # a result, not a test class for pytest to collect
+
+    test_id: str
+    measurement: Measurement
+    judgement: Judgement = field(default_factory=Judgement)
+    reference: ReferenceSide | None = None  # an A/B test's REF side; None: judged against stored baselines
+    capacity: CapacityRecord | None = None  # a capacity test's searches (perfsuite/suites/test_capacity.py)
+
     @property
     def memory(self) -> MemoryUse | None:
         """The KV pool and its use (the last repeat), preemptions, and the device's peak; None when not recorded."""
-        if any(name in self.unrecorded_counters for name in KV_COUNTERS):
+        measured = self.measurement
+        if any(name in measured.unrecorded_counters for name in KV_COUNTERS):
             return None
-        return memory_use(self.counters, self.timeline, self.samples)
+        return memory_use(measured.counters, measured.timeline, measured.samples)
 
     @property
     def is_paired(self) -> bool:
         """Measured side by side with a reference tree (``--perf-against``), not against a stored baseline."""
-        return bool(self.pair_order)
+        return self.reference is not None
 
     @property
     def regressions(self) -> list[Comparison]:
-        return [c for c in self.comparisons if c.verdict is Verdict.REGRESSED]
+        return [c for c in self.judgement.comparisons if c.verdict is Verdict.REGRESSED]
 
     @property
     def is_remote(self) -> bool:
         """Served by another process: stored under the server's fingerprint, never probe-normalised."""
-        return isinstance(self.environment, ServerEnvironment)
+        return isinstance(self.measurement.environment, ServerEnvironment)
 
     @property
     def normalization(self) -> str:
         return RAW_SERVER_FIGURES if self.is_remote else NORMALISED
 
+    @property
+    def fingerprint(self) -> str | None:
+        environment = self.measurement.environment
+        return environment.fingerprint() if environment else None
+
+    def with_judgement(self, **changes: Any) -> TestResult:
+        """This result with its judgement's ``changes`` (``baseline_status=...``, ``comparisons=...``)."""
+        return dataclasses.replace(self, judgement=dataclasses.replace(self.judgement, **changes))
+
     def to_json(self) -> dict[str, Any]:
+        """The codec's fields, with what readers outside perfsuite read beside them (``READER_KEYS``)."""
+        memory = self.memory
         return {
             "test_id": self.test_id,
-            "engine": self.engine_name,
-            "parameters": dataclasses.asdict(self.parameters),
-            "configuration": self.configuration.to_json() if self.configuration else None,
-            "arrival_rate": self.arrival_rate,
-            **_nan_as_null(self.summary.vllm_keys()),  # at the top of each test, as vLLM's benchmark writes them
-            **self.summary.interval_keys(),  # each percentile's interval beside it (older files: none)
-            "samples": _lists(self.samples),
-            "request_samples": _lists(self.request_samples),
-            "baseline_request_samples": _lists(self.baseline_request_samples),
-            "timeline": dataclasses.asdict(self.timeline) if self.timeline else None,
-            "counters": recorded_counters(self.counters, self.unrecorded_counters),
-            "baseline_unrecorded_counters": list(self.baseline_unrecorded_counters),
-            "memory": dataclasses.asdict(memory) if (memory := self.memory) else None,  # not read: rebuilt
-            "baseline": self.baseline_status,
-            "noisy": self.noisy,
-            "comparisons": [_comparison_json(c) for c in self.comparisons],
-            "counter_changes": [dataclasses.asdict(c) for c in self.counter_changes],
-            "environment": dataclasses.asdict(self.environment) if self.environment else None,
-            "fingerprint": self.environment.fingerprint() if self.environment else None,
+            **_nan_as_null(self.measurement.summary.vllm_keys()),  # at the top of each test, as vLLM writes them
+            **self.measurement.summary.interval_keys(),  # each percentile's interval beside it
+            **encode(self, nan_as_null=True),
+            "memory": encode(memory, nan_as_null=True) if memory else None,
+            "fingerprint": self.fingerprint,
             "normalization": self.normalization,
-            "reference_samples": _lists(self.reference_samples),
-            "reference_timeline": dataclasses.asdict(self.reference_timeline) if self.reference_timeline else None,
-            "pair_order": list(self.pair_order),
-            "send_lag": dataclasses.asdict(self.send_lag) if self.send_lag else None,
-            "capacity": self.capacity.to_json() if self.capacity else None,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TestResult:
-        counters, unrecorded = counters_from_json(data["counters"])
-        return cls(
-            test_id=data["test_id"],
-            engine_name=data["engine"],
-            parameters=SizingParameters(**data["parameters"]),
-            arrival_rate=data["arrival_rate"],
-            samples=_tuples(data["samples"]),
-            counters=counters,
-            summary=RunSummary.from_vllm_keys(data),
-            baseline_status=data["baseline"],
-            configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
-            noisy=data["noisy"],
-            request_samples=_tuples(data["request_samples"]),
-            timeline=_timeline_from_json(data["timeline"]) if data["timeline"] else None,
-            baseline_request_samples=_tuples(data["baseline_request_samples"]),
-            comparisons=tuple(_comparison_from_json(c) for c in data["comparisons"]),
-            counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
-            environment=environment_from_json(data["environment"]) if data["environment"] else None,
-            reference_samples=_tuples(data["reference_samples"]),
-            reference_timeline=_timeline_from_json(data["reference_timeline"]) if data["reference_timeline"] else None,
-            pair_order=tuple(data["pair_order"]),
-            unrecorded_counters=unrecorded,
-            baseline_unrecorded_counters=tuple(data["baseline_unrecorded_counters"]),
-            send_lag=SendLag(**data["send_lag"]) if data.get("send_lag") else None,  # older files: not recorded
-            capacity=CapacityRecord.from_json(data["capacity"]) if data.get("capacity") else None,  # optional key
-        )
+        return decode(cls, {k: v for k, v in data.items() if k not in READER_KEYS}, nan_as_null=True)
+
+
+# What results.json writes beside the codec's fields of a test, for readers outside perfsuite; read back from
+# the fields, never from these: vLLM's figures (``RunSummary.vllm_keys``) and each percentile's interval
+# (``RunSummary.interval_keys``), memory, fingerprint, normalization.
+READER_KEYS = frozenset({
+    "request_throughput", "output_throughput", "completed", "total_output_tokens", GOODPUT,
+    *(f"{statistic}_{name}_ms" for name in LATENCIES for statistic in ("mean", "median", "std", "p90", "p99")),
+    *(f"{statistic}_{name}_ms_{part}" for name in LATENCIES for statistic in PERCENTILES
+      for part in ("ci", "supported")),
+    *(f"{name}_num_values" for name in LATENCIES),
+    "memory", "fingerprint", "normalization",
+})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,45 +289,22 @@ class Results:
         return next((t for t in self.tests if t.test_id == test_id), None)
 
     def to_json(self) -> dict[str, Any]:
+        """The codec's fields, each test's with its readers' keys, and the fingerprints of the session's machines."""
         return {
             "schema_version": RESULTS_SCHEMA_VERSION,
-            "created_at": self.created_at,
-            "commit": self.commit,
-            "environment": dataclasses.asdict(self.environment) if self.environment else None,
+            **encode(dataclasses.replace(self, tests=()), nan_as_null=True),
             "fingerprint": self.fingerprint,
-            "servers": [{**dataclasses.asdict(s), "fingerprint": s.fingerprint()} for s in self.servers],
-            "profile": self.profile,
-            "repeats": self.repeats,
-            "decode_mode": self.decode_mode,
-            "policy": dataclasses.asdict(self.policy),
-            "probe": dataclasses.asdict(self.probe),
-            "slo": self.slo,
+            "servers": [{**encode(s, nan_as_null=True), "fingerprint": s.fingerprint()} for s in self.servers],
             "tests": [t.to_json() for t in self.tests],
-            "late_regressions": list(self.late_regressions),
-            "warnings": list(self.warnings),
-            "against": dataclasses.asdict(self.against) if self.against else None,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Results:
-        return cls(
-            created_at=data["created_at"],
-            commit=data["commit"],
-            environment=environment_from_json(data["environment"]) if data["environment"] else None,
-            servers=tuple(
-                ServerEnvironment(**{k: v for k, v in s.items() if k != "fingerprint"}) for s in data["servers"]
-            ),
-            profile=data["profile"],
-            repeats=data["repeats"],
-            decode_mode=data["decode_mode"],
-            policy=PolicyDescription(**data["policy"]),
-            probe=ProbeDescription(**data["probe"]),
-            slo=data["slo"],
-            tests=tuple(TestResult.from_json(t) for t in data["tests"]),
-            late_regressions=tuple(data["late_regressions"]),
-            warnings=tuple(data["warnings"]),
-            against=AgainstDescription(**data["against"]) if data["against"] else None,
-        )
+        """A version 5 document (``results_from_json`` converts older ones); what is written for readers is dropped."""
+        fields = {k: v for k, v in data.items() if k not in ("schema_version", "fingerprint", "tests", "servers")}
+        servers = [{k: v for k, v in s.items() if k != "fingerprint"} for s in data["servers"]]
+        session = decode(cls, {**fields, "servers": servers, "tests": []}, nan_as_null=True)
+        return dataclasses.replace(session, tests=tuple(TestResult.from_json(t) for t in data["tests"]))
 
 
 class ResultsFileError(RuntimeError):
@@ -359,10 +345,10 @@ def results_from_json(data: Any, source: str) -> Results:
             f"{source} has schema_version {version!r}; this perfsuite reads versions {readable}: {REWRITE_HINT}"
         )
     try:
-        data = _converted(data, version)
-        problem = _measurements_problem(data)
+        data = _converted_to_version_4(data, version) if version != RESULTS_SCHEMA_VERSION else data
+        problem = _measurements_problem(data, version == RESULTS_SCHEMA_VERSION)
         if problem is None:
-            return Results.from_json(data)
+            return Results.from_json(data if version == RESULTS_SCHEMA_VERSION else _from_version_4(data))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ResultsFileError(
             f"{source} is not a perfsuite results file: a field is missing or malformed ({error!r}); {REWRITE_HINT}"
@@ -374,16 +360,34 @@ def results_from_json(data: Any, source: str) -> Results:
 SAMPLE_FIELDS = ("samples", "request_samples", "baseline_request_samples", "reference_samples")
 
 
-def _measurements_problem(data: Mapping[str, Any]) -> str | None:
-    """The first environment, sample list or counter a reader cannot use (``perfsuite.judge.samples``), described."""
+def _measurements_problem(data: Mapping[str, Any], is_current: bool) -> str | None:
+    """The first environment, sample list or counter a reader cannot use (``perfsuite.judge.samples``), described.
+
+    ``is_current``: ``data`` has this version's layout; else version 4's (flat tests), which is checked
+    before it is converted.
+    """
     problem = _optional_environment_problem(data["environment"])
     for index, test in enumerate(data["tests"]):
         if problem is not None:
             break
-        problem = measurement_problem(test, SAMPLE_FIELDS) or _optional_environment_problem(test["environment"])
+        flat = _flat_measurements(test) if is_current else test
+        problem = measurement_problem(flat, SAMPLE_FIELDS) or _optional_environment_problem(flat.get("environment"))
         if problem is not None:
             problem = f"tests[{index}] ({test['test_id']!r}): {problem}"
     return problem
+
+
+def _flat_measurements(test: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 5 test's samples, counters and environment under the names a version 4 test held them."""
+    measured, judged, reference = test["measurement"], test.get("judgement") or {}, test.get("reference") or {}
+    return {
+        "samples": measured.get("samples", {}),
+        "request_samples": measured.get("request_samples", {}),
+        "baseline_request_samples": judged.get("baseline_request_samples", {}),
+        "reference_samples": reference.get("samples", {}),
+        "counters": measured.get("counters", {}),
+        "environment": measured.get("environment"),
+    }
 
 
 def _optional_environment_problem(environment: Any) -> str | None:
@@ -408,16 +412,6 @@ def archive_results(results: Results, history_dir: Path) -> Path:
     path = Path(history_dir) / f"{stamp}.json"
     write_results(path, results)
     return path
-
-
-def _comparison_json(comparison: Comparison) -> dict[str, Any]:
-    unbounded = {name: None for name in _RATIOS if getattr(comparison, name) == math.inf}
-    return {
-        **dataclasses.asdict(comparison),
-        **unbounded,
-        "direction": comparison.direction.value,
-        "verdict": comparison.verdict.value,
-    }
 
 
 def _comparison_from_json(data: Mapping[str, Any]) -> Comparison:
@@ -460,7 +454,7 @@ def _timeline_from_json(data: Mapping[str, Any]) -> RunTimeline:
     )
 
 
-def _converted(data: Mapping[str, Any], version: int) -> Mapping[str, Any]:
+def _converted_to_version_4(data: Mapping[str, Any], version: int) -> Mapping[str, Any]:
     if version == 1:
         data = _from_version_1(data)
     if version in (1, 2):
@@ -468,6 +462,52 @@ def _converted(data: Mapping[str, Any], version: int) -> Mapping[str, Any]:
     if version in (1, 2, 3):
         data = _from_version_3(data)
     return data
+
+
+def _from_version_4(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 4 document as version 5 writes it: each test read by version 4's rules, written by the codec.
+
+    The session's own fields kept their layout (the codec reads what
+    ``dataclasses.asdict`` wrote); a test's moved into its measurement,
+    judgement, reference side and capacity.
+    """
+    return {**data, "tests": [_test_from_version_4(test).to_json() for test in data["tests"]]}
+
+
+def _test_from_version_4(data: Mapping[str, Any]) -> TestResult:
+    counters, unrecorded = counters_from_json(data["counters"])
+    measurement = Measurement(
+        engine_name=data["engine"],
+        parameters=SizingParameters(**data["parameters"]),
+        arrival_rate=data["arrival_rate"],
+        samples=_tuples(data["samples"]),
+        counters=counters,
+        summary=RunSummary.from_vllm_keys(data),
+        configuration=RunConfiguration.from_json(data["configuration"]) if data["configuration"] else None,
+        noisy=data["noisy"],
+        request_samples=_tuples(data["request_samples"]),
+        timeline=_timeline_from_json(data["timeline"]) if data["timeline"] else None,
+        environment=environment_from_json(data["environment"]) if data["environment"] else None,
+        unrecorded_counters=unrecorded,
+        send_lag=SendLag(**data["send_lag"]) if data.get("send_lag") else None,  # older files: not recorded
+    )
+    judgement = Judgement(
+        baseline_status=data["baseline"],
+        comparisons=tuple(_comparison_from_json(c) for c in data["comparisons"]),
+        counter_changes=tuple(CounterChange(**c) for c in data["counter_changes"]),
+        baseline_request_samples=_tuples(data["baseline_request_samples"]),
+        baseline_unrecorded_counters=tuple(data["baseline_unrecorded_counters"]),
+    )
+    reference = None
+    if data["pair_order"]:
+        reference_timeline = data["reference_timeline"]
+        reference = ReferenceSide(
+            samples=_tuples(data["reference_samples"]),
+            timeline=_timeline_from_json(reference_timeline) if reference_timeline else None,
+            pair_order=tuple(data["pair_order"]),
+        )
+    capacity = CapacityRecord.from_json(data["capacity"]) if data.get("capacity") else None  # optional key
+    return TestResult(data["test_id"], measurement, judgement, reference, capacity)
 
 
 def _from_version_3(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -530,10 +570,6 @@ def _timeline_v1(timeline: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 _V1_CHUNK_FIELDS = ("slot", "request_id", "num_tokens", "is_prefill", "is_padding")
-
-
-def _lists(samples: Mapping[str, tuple[float, ...]]) -> dict[str, list[float]]:
-    return {name: list(values) for name, values in samples.items()}
 
 
 def _tuples(samples: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:

@@ -92,11 +92,11 @@ class Tally:
 def planned_comparisons(result: TestResult, metrics_per_test: int) -> int:
     """What a test was to compare: each of the session's metrics, a capacity test its capacity alone."""
     planned = len(CAPACITY_METRICS) if result.capacity is not None else metrics_per_test
-    return max(planned, len(result.comparisons))
+    return max(planned, len(result.judgement.comparisons))
 
 
 def num_judged(results: Sequence[TestResult]) -> int:
-    return sum(c.verdict in JUDGED_VERDICTS for result in results for c in result.comparisons)
+    return sum(c.verdict in JUDGED_VERDICTS for result in results for c in result.judgement.comparisons)
 
 
 def tally(results: Sequence[TestResult], metrics_per_test: int, num_planned_tests: int | None = None) -> Tally:
@@ -134,22 +134,23 @@ def skip_reason(results: Sequence[TestResult], metrics_per_test: int) -> str | N
 
 def _unjudged_of(result: TestResult, metrics_per_test: int) -> list[tuple[str, int, str | None]]:
     planned = planned_comparisons(result, metrics_per_test)
-    if not result.comparisons:
-        reason, advice = _STATUS_REASONS.get(result.baseline_status, (result.baseline_status, None))
+    if not result.judgement.comparisons:
+        reason, advice = _STATUS_REASONS.get(result.judgement.baseline_status, (result.judgement.baseline_status, None))
         return [(reason, planned, advice)]
     unjudged = []
-    for verdict, count in Counter(c.verdict for c in result.comparisons if c.verdict not in JUDGED_VERDICTS).items():
+    comparisons = result.judgement.comparisons
+    for verdict, count in Counter(c.verdict for c in comparisons if c.verdict not in JUDGED_VERDICTS).items():
         reason, advice = _VERDICT_REASONS[verdict]
         unjudged.append((reason, count, advice))
-    missing = planned - len(result.comparisons)
+    missing = planned - len(result.judgement.comparisons)
     return unjudged + ([(MISSING_ON_ONE_SIDE, missing, None)] if missing else [])
 
 
 def _detail_of(result: TestResult) -> tuple[str, str | None]:
     """Why this result judged nothing (it judged nothing), and what to do about it."""
-    if not result.comparisons:
-        where = result.environment.fingerprint() if result.environment is not None else "unknown"
-        status = result.baseline_status
+    if not result.judgement.comparisons:
+        where = result.fingerprint or "unknown"
+        status = result.judgement.baseline_status
         if status == NO_BASELINE:
             return f"no baseline for this environment ({where})", RECORD_ONE
         if status == OTHER_ENVIRONMENT:
@@ -157,7 +158,7 @@ def _detail_of(result: TestResult) -> tuple[str, str | None]:
         if status == OTHER_CONFIGURATION:
             return "its baseline measured another configuration", RERECORD
         return f"not compared: {status}", None
-    if any(c.verdict is Verdict.NOISY for c in result.comparisons):
-        return f"noisy: {result.noisy or 'the machine was busy'}", QUIET_RUNNER
-    sides = min(min(c.n_baseline, c.n_current) for c in result.comparisons)
+    if any(c.verdict is Verdict.NOISY for c in result.judgement.comparisons):
+        return f"noisy: {result.measurement.noisy or 'the machine was busy'}", QUIET_RUNNER
+    sides = min(min(c.n_baseline, c.n_current) for c in result.judgement.comparisons)
     return f"inconclusive: too few repeats ({sides} a side) for a verdict", MORE_REPEATS

@@ -478,7 +478,10 @@ class CapacityRecord:
         return cls(tuple(searches), ms["ttft"], ms["tpot"], ms["e2el"], tuple(notes))
 
     def to_json(self) -> dict[str, Any]:
-        """A rate search's JSON is as it was before concurrency searches; theirs adds ``by`` and ``concurrency``."""
+        """results.json version 4's layout (version 5 writes through ``perfsuite.codec``; its converter reads this).
+
+        A rate search's JSON is as it was before concurrency searches; theirs adds ``by`` and ``concurrency``.
+        """
         by_concurrency = {"by": BY_CONCURRENCY, "concurrency": self.concurrency} if self.concurrency else {}
         return {
             **by_concurrency,

@@ -209,13 +209,13 @@ def measure_capacity(
     recorder.result = result
     benchmark.extra_info.update(
         {
-            "engine": result.engine_name,
-            "parameters": dataclasses.asdict(result.parameters),
+            "engine": result.measurement.engine_name,
+            "parameters": dataclasses.asdict(result.measurement.parameters),
             "capacity_under_slo": record.requests_per_second,
             "capacity_under_slo_per_device": record.requests_per_second_per_device,
             **({} if record.concurrency is None else {"capacity_concurrency": record.concurrency}),
             "slo": slo.label,
-            "baseline": result.baseline_status,
+            "baseline": result.judgement.baseline_status,
         }
     )
     return result

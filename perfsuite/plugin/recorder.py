@@ -90,15 +90,16 @@ class PerfRecorder:
         if options.save_baseline and measured.noisy:
             pytest.fail(f"{self.test_id}: baseline not saved: {measured.noisy}; record it on a quiet machine",
                         pytrace=False)
+        recorded = self.result.measurement
         self.benchmark.extra_info.update(
             {
-                "engine": self.result.engine_name,
-                "parameters": dataclasses.asdict(self.result.parameters),
-                **self.result.summary.vllm_keys(),
-                **self.result.summary.interval_keys(),  # each percentile's interval and support, as in results.json
-                "counters": dataclasses.asdict(self.result.counters),
+                "engine": recorded.engine_name,
+                "parameters": dataclasses.asdict(recorded.parameters),
+                **recorded.summary.vllm_keys(),
+                **recorded.summary.interval_keys(),  # each percentile's interval and support
+                "counters": dataclasses.asdict(recorded.counters),
                 "memory": dataclasses.asdict(memory) if (memory := self.result.memory) else None,
-                "baseline": self.result.baseline_status,
+                "baseline": self.result.judgement.baseline_status,
             }
         )
         return self.result

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from perfsuite.codec import decode, encode
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
 from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
 from perfsuite.judge.judge import (
@@ -38,7 +39,7 @@ from perfsuite.judge.judge import (
 )
 from perfsuite.judge.paired import pairs_with_room_for_disagreement, plan_paired_power
 from perfsuite.judge.power import PowerPlan, plan_power
-from perfsuite.judge.results import CapacityRecord, Results, TestResult, write_results
+from perfsuite.judge.results import CapacityRecord, Measurement, ReferenceSide, Results, TestResult, write_results
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally, skip_reason, tally
@@ -131,11 +132,11 @@ class PerfSession:
         environment = environment or self.environment
         assert environment is not None, "capture the environment before recording"
         measured = summarise(repeats, self.compared_metrics, self.options.slo)
-        result = TestResult.measured(test_id, measured, parameters, configuration, arrival_rate, environment)
+        result = TestResult(test_id, Measurement.of(measured, parameters, configuration, arrival_rate, environment))
         if result.is_remote and environment.label is None:
             self._warn_once(UNLABELLED_SERVER)
-        if result.noisy:
-            self.warnings.append(f"{test_id}: noisy, judges nothing: {result.noisy}")
+        if measured.noisy:
+            self.warnings.append(f"{test_id}: noisy, judges nothing: {measured.noisy}")
         result = self._judge(result)
         if self.options.save_baseline:
             result = self._save(result)
@@ -158,13 +159,11 @@ class PerfSession:
         against another SLO is another configuration, not compared.
         """
         assert self.environment is not None, "capture the environment before recording"
-        result = dataclasses.replace(
-            TestResult.measured(test_id, measured, parameters, configuration, capacity.requests_per_second,
-                                self.environment),  # fmt: skip
-            capacity=capacity,
-        )
-        if result.noisy:
-            self.warnings.append(f"{test_id}: noisy, judges nothing: {result.noisy}")
+        measurement = Measurement.of(measured, parameters, configuration, capacity.requests_per_second,
+                                     self.environment)  # fmt: skip
+        result = TestResult(test_id, measurement, capacity=capacity)
+        if measured.noisy:
+            self.warnings.append(f"{test_id}: noisy, judges nothing: {measured.noisy}")
         result = self._judge(result, CAPACITY_METRICS)
         if self.options.save_baseline:
             result = self._save(result)
@@ -183,11 +182,10 @@ class PerfSession:
     ) -> TestResult:
         """Judge side B's repeats against side A's, measured beside them (``--perf-against``); no baseline."""
         assert self.environment is not None and self.against is not None, "start the A/B workers first"
-        result = dataclasses.replace(
-            TestResult.measured(test_id, current, parameters, configuration, arrival_rate, self.environment),
-            reference_samples=reference.samples,
-            reference_timeline=reference.timeline,
-            pair_order=pair_order,
+        result = TestResult(
+            test_id,
+            Measurement.of(current, parameters, configuration, arrival_rate, self.environment),
+            reference=ReferenceSide(reference.samples, reference.timeline, pair_order),
         )
         result = judge_paired(
             result,
@@ -203,9 +201,10 @@ class PerfSession:
 
     def _bounded(self, result: TestResult) -> TestResult:
         """With the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
-        earlier = [c for r in self.results for c in r.comparisons]
-        bounded = adjust_interim(result.comparisons, earlier, self.num_planned_comparisons, self.options.policy)
-        return dataclasses.replace(result, comparisons=tuple(bounded))
+        earlier = [c for r in self.results for c in r.judgement.comparisons]
+        policy = self.options.policy
+        bounded = adjust_interim(result.judgement.comparisons, earlier, self.num_planned_comparisons, policy)
+        return result.with_judgement(comparisons=tuple(bounded))
 
     def _warn_once(self, warning: str) -> None:
         if warning not in self.warnings:
@@ -213,11 +212,12 @@ class PerfSession:
 
     def _judge(self, result: TestResult, metrics: dict[str, Direction] | None = None) -> TestResult:
         """Against its baseline, with the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
-        baseline = self._load_baseline(result.test_id, result.environment)
+        measured = result.measurement
+        baseline = self._load_baseline(result.test_id, measured.environment)
         if baseline is None:
             return self._without_baseline(result)
-        if baseline.configuration != result.configuration:
-            differences = baseline.configuration.differences(result.configuration)
+        if baseline.configuration != measured.configuration:
+            differences = baseline.configuration.differences(measured.configuration)
             self.warnings.append(
                 f"{result.test_id}: the baseline measured another configuration ({'; '.join(differences)}); "
                 "not compared. If the change is intended, re-record it with --perf-save-baseline"
@@ -245,35 +245,36 @@ class PerfSession:
             return None
 
     def _without_baseline(self, result: TestResult) -> TestResult:
-        others = self.store.other_fingerprints(result.test_id, result.environment)
+        others = self.store.other_fingerprints(result.test_id, result.measurement.environment)
         if not others:
             return result
         label = " (a server's label comes from --perf-server-label)" if result.is_remote else ""
         self.warnings.append(
             f"{result.test_id}: baselines exist only for other environments ({', '.join(others)}); "
-            f"not compared. This one is {result.environment.fingerprint()}{label}: "
+            f"not compared. This one is {result.fingerprint}{label}: "
             "record its baseline with --perf-save-baseline (docs/baselines-and-ci.md)"
         )
         return not_compared(result, OTHER_ENVIRONMENT)
 
     def _save(self, result: TestResult) -> TestResult:
-        if result.noisy:
-            return dataclasses.replace(result, baseline_status=f"not saved: {result.noisy}")
+        measured = result.measurement
+        if measured.noisy:
+            return result.with_judgement(baseline_status=f"not saved: {measured.noisy}")
         path = self.store.save(
             Baseline(
                 test_id=result.test_id,
-                environment=result.environment,
-                configuration=result.configuration,
+                environment=measured.environment,
+                configuration=measured.configuration,
                 commit=self.commit,
                 created_at=_now(),
-                samples=result.samples,
-                counters=result.counters,
-                parameters=result.parameters,
+                samples=measured.samples,
+                counters=measured.counters,
+                parameters=measured.parameters,
                 slo=self.slo_label,
-                request_samples=result.request_samples,
+                request_samples=measured.request_samples,
             )
         )
-        return dataclasses.replace(result, baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
+        return result.with_judgement(baseline_status=f"saved to {_shown_path(path, self.rootdir)}")
 
     def has_recorded(self, test_id: str) -> bool:
         return any(result.test_id == test_id for result in self.results)
@@ -360,7 +361,7 @@ class PerfSession:
                 "commit": self.commit,
                 "num_planned_tests": self.num_planned_tests,
                 "num_self_skipped_tests": self.num_self_skipped_tests,
-                "results": [r.to_json() for r in self.results],
+                "results": [encode(r) for r in self.results],  # tagged non-finite floats: every value exact
                 "warnings": self.warnings,
                 "unrecorded": self.unrecorded,
             }
@@ -373,7 +374,7 @@ class PerfSession:
         self.commit = self.commit or data["commit"]
         self.num_planned_tests = max(self.num_planned_tests, data["num_planned_tests"])  # each worker collects all
         self.num_self_skipped_tests += data["num_self_skipped_tests"]  # each worker counts the tests it ran
-        self.results.extend(TestResult.from_json(r) for r in data["results"])
+        self.results.extend(decode(TestResult, r) for r in data["results"])
         self.results.sort(key=lambda r: r.test_id)
         self.warnings.extend(w for w in data["warnings"] if w not in self.warnings)
         self.unrecorded.extend(data["unrecorded"])
@@ -385,7 +386,7 @@ class PerfSession:
         Each test also names its own (a session may measure in-process engines
         and a server side by side).
         """
-        servers = {r.environment for r in self.results if r.is_remote}
+        servers = {r.measurement.environment for r in self.results if r.is_remote}
         if self.results and len(servers) == 1 and all(r.is_remote for r in self.results):
             return servers.pop()
         return self.environment
@@ -398,7 +399,7 @@ class PerfSession:
             created_at=_now(),
             commit=self.commit,
             environment=self.shown_environment,
-            servers=tuple(dict.fromkeys(r.environment for r in self.results if r.is_remote)),
+            servers=tuple(dict.fromkeys(r.measurement.environment for r in self.results if r.is_remote)),
             profile=options.profile.name,
             repeats=self.repeats,
             decode_mode=options.decode_mode,

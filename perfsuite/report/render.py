@@ -255,7 +255,7 @@ def _sizing_facts(tests: Sequence[TestResult]) -> list[tuple[str, str]]:
     """Each sizing parameter once: its value when every test shares it, else its distinct values."""
     facts = []
     for name in PARAMETER_NAMES:
-        values = sorted({_format_value(getattr(t.parameters, name)) for t in tests}, key=_natural_key)
+        values = sorted({_format_value(getattr(t.measurement.parameters, name)) for t in tests}, key=_natural_key)
         facts.append((name.replace("_", " "), ", ".join(values) if values else "-"))
     return facts
 
@@ -267,17 +267,17 @@ def _throughput_figures(tests: Sequence[TestResult]) -> list[Figure]:
     """Offline throughput against concurrency, per test function that varies the concurrency."""
     by_function = defaultdict(list)
     for test in tests:
-        if test.arrival_rate is None:
+        if test.measurement.arrival_rate is None:
             by_function[_node_of(test.test_id)].append(test)
     figures = []
     for node, group in by_function.items():
         function = _function_of(node)
-        if len({t.parameters.concurrency for t in group}) < 2 and "throughput" not in function:
+        if len({t.measurement.parameters.concurrency for t in group}) < 2 and "throughput" not in function:
             continue
         points = defaultdict(list)
         for test in group:
-            points[(test.engine_name, _other_parameters(test))].append(
-                (test.parameters.concurrency, test.summary.output_throughput)
+            points[(test.measurement.engine_name, _other_parameters(test))].append(
+                (test.measurement.parameters.concurrency, test.measurement.summary.output_throughput)
             )
         variants = sorted({rest for _, rest in points})
         series = [
@@ -299,7 +299,10 @@ def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | 
     group = _engine_group(tests)
     if group is None:
         return None
-    timelines = [_timeline_of(test.timeline, f"{test.engine_name}: {_test_name(test.test_id)}") for test in group]
+    timelines = [
+        _timeline_of(test.measurement.timeline, f"{test.measurement.engine_name}: {_test_name(test.test_id)}")
+        for test in group
+    ]
     names = [_test_name(t.test_id) for t in group]
     caption = (
         f"One timed run of {', '.join(names[:-1])} and {names[-1]}: same parameters, only the engine differs."
@@ -325,19 +328,20 @@ def _engine_group(tests: Sequence[TestResult]) -> tuple[TestResult, ...] | None:
     """Tests of perfsuite's engines that differ only by engine: the group that shows a queue and most padding."""
     groups: dict[tuple, dict[str, TestResult]] = defaultdict(dict)
     for test in tests:
-        if test.timeline is not None and test.timeline.steps:
-            groups[(_without_engine(test), test.parameters, test.arrival_rate)][test.engine_name] = test
+        measured = test.measurement
+        if measured.timeline is not None and measured.timeline.steps:
+            groups[(_without_engine(test), measured.parameters, measured.arrival_rate)][measured.engine_name] = test
     found = [tuple(g[e] for e in TIMELINE_ENGINES if e in g) for g in groups.values()]
     found = [group for group in found if len(group) >= 2]
     if not found:
         return None
 
     def clarity(group: tuple[TestResult, ...]) -> tuple:
-        first = group[0]  # static, where the group has it
+        first = group[0].measurement  # static, where the group has it
         # A closed loop keeps its clients' requests outside the engine, so its queue stays empty.
         has_queue = any(step.num_waiting for step in first.timeline.steps)
         padding = first.counters.num_padding_tokens
-        preemptions = sum(t.counters.num_preemptions for t in group)
+        preemptions = sum(t.measurement.counters.num_preemptions for t in group)
         return first.arrival_rate is None, has_queue, len(group), preemptions, padding, first.parameters.concurrency
 
     return max(found, key=clarity)
@@ -391,13 +395,13 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
     paired = results.against is not None and test.is_paired
     return TestSection(
         test_id=test.test_id,
-        engine=test.engine_name,
-        verdict=overall_verdict(own) if test.comparisons else test.baseline_status,
-        baseline_status=test.baseline_status,
+        engine=test.measurement.engine_name,
+        verdict=overall_verdict(own) if test.judgement.comparisons else test.judgement.baseline_status,
+        baseline_status=test.judgement.baseline_status,
         facts=tuple(_test_facts(test)),
         counters=tuple(_counter_rows(test)),
         distributions_svg=plots.distribution_figure(
-            test.request_samples, test.baseline_request_samples, sides.current, sides.baseline
+            test.measurement.request_samples, test.judgement.baseline_request_samples, sides.current, sides.baseline
         ),
         pair_ratios=_pair_ratio_figure(test, results.policy.min_effect) if paired else None,
         timelines=_paired_timelines(test, results.against) if paired else None,
@@ -408,12 +412,14 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
 
 def pair_ratios(test: TestResult) -> list[plots.PairRatios]:
     """Each compared metric's ratios B/A, pair by pair (``samples[m][i] / reference_samples[m][i]``)."""
-    found = []
-    for comparison in test.comparisons:
-        a, b = test.reference_samples.get(comparison.metric, ()), test.samples.get(comparison.metric, ())
+    reference, found = test.reference, []
+    if reference is None:
+        return found
+    for comparison in test.judgement.comparisons:
+        a, b = reference.samples.get(comparison.metric, ()), test.measurement.samples.get(comparison.metric, ())
         if a and len(a) == len(b) and all(value > 0 for value in a):
             ratios = tuple(y / x for x, y in zip(a, b))
-            found.append(plots.PairRatios(comparison.metric, ratios, test.pair_order[: len(ratios)]))
+            found.append(plots.PairRatios(comparison.metric, ratios, reference.pair_order[: len(ratios)]))
     return found
 
 
@@ -429,22 +435,23 @@ def _pair_ratio_figure(test: TestResult, min_effect: float) -> Figure | None:
 
 
 def _paired_timelines(test: TestResult, against: AgainstDescription) -> Figure | None:
-    if test.timeline is None or test.reference_timeline is None:
+    if test.measurement.timeline is None or test.reference is None or test.reference.timeline is None:
         return None
     current = f"B: current tree at {against.current_commit[:12]}" if against.current_commit else "B: current tree"
     runs = [
-        _timeline_of(test.reference_timeline, f"A: REF {_reference_label(against)}"),
-        _timeline_of(test.timeline, current),
+        _timeline_of(test.reference.timeline, f"A: REF {_reference_label(against)}"),
+        _timeline_of(test.measurement.timeline, current),
     ]
     caption = "One timed run of each side, on one time axis: A (REF) above, B (the current tree) below."
     return Figure(caption, plots.timeline_figure(runs, stacked=True))
 
 
 def _test_facts(test: TestResult) -> list[tuple[str, str]]:
-    facts = [(name.replace("_", " "), _format_value(getattr(test.parameters, name))) for name in PARAMETER_NAMES]
-    if test.arrival_rate is not None:
-        facts.append(("arrival rate", f"{test.arrival_rate:g} req/s (Poisson)"))
-    summary = test.summary
+    measured = test.measurement
+    facts = [(name.replace("_", " "), _format_value(getattr(measured.parameters, name))) for name in PARAMETER_NAMES]
+    if measured.arrival_rate is not None:
+        facts.append(("arrival rate", f"{measured.arrival_rate:g} req/s (Poisson)"))
+    summary = measured.summary
     shown = (
         ("output tok/s", summary.output_throughput), ("req/s", summary.request_throughput),
         ("TTFT p50 ms", _tail(summary, "ttft", "median")), ("TTFT p99 ms", _tail(summary, "ttft", "p99")),
@@ -505,12 +512,12 @@ def _counter_rows(test: TestResult) -> list[CounterRow]:
 
     A counter either side's file did not record (older than the counter) was not compared: its cell says so.
     """
-    changed = {c.name: c.baseline for c in test.counter_changes}
-    compared = bool(test.comparisons) or bool(changed)
+    changed = {c.name: c.baseline for c in test.judgement.counter_changes}
+    compared = bool(test.judgement.comparisons) or bool(changed)
     rows = []
-    for name, current in sorted(dataclasses.asdict(test.counters).items()):
-        recorded = name not in test.unrecorded_counters
-        baseline_recorded = name not in test.baseline_unrecorded_counters
+    for name, current in sorted(dataclasses.asdict(test.measurement.counters).items()):
+        recorded = name not in test.measurement.unrecorded_counters
+        baseline_recorded = name not in test.judgement.baseline_unrecorded_counters
         if name in changed:
             baseline = changed[name]
         else:
@@ -568,13 +575,13 @@ def _test_name(test_id: str) -> str:
 
 
 def _without_engine(test: TestResult) -> tuple[str, ...]:
-    return (_node_of(test.test_id), *(p for p in _parameter_ids(test.test_id) if p != test.engine_name))
+    return (_node_of(test.test_id), *(p for p in _parameter_ids(test.test_id) if p != test.measurement.engine_name))
 
 
 def _other_parameters(test: TestResult) -> str:
     """A test id's parameters besides the engine and the batch size, e.g. the length distribution."""
     parts = _parameter_ids(test.test_id)
-    return "-".join(p for p in parts if p != test.engine_name and not re.fullmatch(r"B\d+", p))
+    return "-".join(p for p in parts if p != test.measurement.engine_name and not re.fullmatch(r"B\d+", p))
 
 
 def _anchor(test_id: str) -> str:

@@ -18,7 +18,7 @@ LATE_COLOUR = "#d62728"
 
 def send_lag_facts(test: TestResult) -> list[tuple[str, str]]:
     """Rows for the test's facts; none for a closed loop or a file that did not record its sends."""
-    lag = test.send_lag
+    lag = test.measurement.send_lag
     if lag is None:
         return []
     facts = [(
@@ -34,7 +34,7 @@ def send_lag_facts(test: TestResult) -> list[tuple[str, str]]:
 
 def send_lag_svg(test: TestResult) -> str | None:
     """Each request's send lag in the last repeat against its scheduled time; None without a rate to keep."""
-    lag, timeline = test.send_lag, test.timeline
+    lag, timeline = test.measurement.send_lag, test.measurement.timeline
     if lag is None or lag.target_rate is None or timeline is None:
         return None
     points = _lags_ms(timeline)

@@ -90,7 +90,7 @@ def _runs_up_to(results: Results, history: Sequence[Results], max_runs: int) -> 
 
 def _series_of(test: TestResult, all_series: Sequence[Series], results: Results) -> Series | None:
     metric = headline_metric(test)
-    environment = test.environment or results.environment
+    environment = test.measurement.environment or results.environment
     if environment is None:
         return None
     fingerprint = environment.fingerprint()
@@ -99,7 +99,7 @@ def _series_of(test: TestResult, all_series: Sequence[Series], results: Results)
             s
             for s in all_series
             if (s.key.test_id, s.key.metric, s.key.fingerprint, s.key.configuration)
-            == (test.test_id, metric, fingerprint, test.configuration)
+            == (test.test_id, metric, fingerprint, test.measurement.configuration)
         ),
         None,
     )

@@ -136,23 +136,23 @@ def format_figure(value: float | None) -> str:
 
 
 def _rows_of(result: TestResult) -> list[VerdictRow]:
-    test_id, status = result.test_id, result.baseline_status
+    test_id, status = result.test_id, result.judgement.baseline_status
     rows = [
         VerdictRow(
             test_id, RowKind.COMPARED, c.metric, c.baseline_median, c.current_median, status, verdict=c.verdict,
             change_percent=c.change_percent, ci_low=c.ci_low, ci_high=c.ci_high, p_adjusted=c.p_adjusted,
             min_detectable_effect=c.min_detectable_effect,
         )
-        for c in result.comparisons
+        for c in result.judgement.comparisons
     ]  # fmt: skip
-    if not result.comparisons and result.capacity is not None:
+    if not result.judgement.comparisons and result.capacity is not None:
         rows.append(VerdictRow(test_id, RowKind.CAPACITY, "capacity_under_slo", None,
                                result.capacity.requests_per_second, status))  # fmt: skip
-    elif not result.comparisons:
+    elif not result.judgement.comparisons:
         rows.append(VerdictRow(test_id, RowKind.NOT_COMPARED, "output_throughput", None,
-                               result.summary.output_throughput, status))  # fmt: skip
+                               result.measurement.summary.output_throughput, status))  # fmt: skip
     rows += [
         VerdictRow(test_id, RowKind.COUNTER_CHANGED, change.name, change.baseline, change.current, "counter changed")
-        for change in result.counter_changes
+        for change in result.judgement.counter_changes
     ]
     return rows

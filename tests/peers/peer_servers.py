@@ -194,7 +194,7 @@ def incomplete_tests(results: dict, num_requests: int) -> list[str]:
     problems = []
     for test in results["tests"]:
         repeats = repeats_run(test)
-        asked = round(test["parameters"]["output_length"] * num_requests * repeats)
+        asked = round(test["measurement"]["parameters"]["output_length"] * num_requests * repeats)
         if repeats == 0 or test["completed"] != num_requests * repeats or test["total_output_tokens"] != asked:
             problems.append(
                 f"{test['test_id']}: {test['completed']} of {num_requests * repeats} requests completed "
@@ -205,5 +205,5 @@ def incomplete_tests(results: dict, num_requests: int) -> list[str]:
 
 def repeats_run(test: dict) -> int:
     """How many timed repeats a results.json test holds: one sample per repeat of each metric."""
-    return len(test["samples"]["output_throughput"])
+    return len(test["measurement"]["samples"]["output_throughput"])
 

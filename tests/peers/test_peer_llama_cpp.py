@@ -39,5 +39,5 @@ def test_shipped_perf_tests_pass_against_llama_cpp(llama_cpp_server, main_python
     failed = result.returncode != 0
     assert not failed, f"the perf tests failed against llama.cpp:\n{result.stdout[-6000:]}"
     document = json.loads((reports / "results.json").read_text())
-    assert document["tests"] and all(t["engine"] == "openai-http" for t in document["tests"])
+    assert document["tests"] and all(t["measurement"]["engine_name"] == "openai-http" for t in document["tests"])
     assert incomplete_tests(document, CI_NUM_REQUESTS) == []  # "faster because it did less" must not pass

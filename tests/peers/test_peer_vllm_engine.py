@@ -99,5 +99,6 @@ def test_perf_tests_compare_inflight_and_vllm(peers_python, smollm2_dir, tmp_pat
     print(result.stdout[-3000:])
     assert result.returncode == 0, f"the perf tests failed on inflight,vllm:\n{result.stdout[-6000:]}"
     document = json.loads((reports / "results.json").read_text())
-    assert {t["engine"] for t in document["tests"]} == {"inflight", "vllm"}, [t["test_id"] for t in document["tests"]]
+    engines = {t["measurement"]["engine_name"] for t in document["tests"]}
+    assert engines == {"inflight", "vllm"}, [t["test_id"] for t in document["tests"]]
     assert incomplete_tests(document, CI_NUM_REQUESTS) == []

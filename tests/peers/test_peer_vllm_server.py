@@ -50,7 +50,7 @@ def test_shipped_perf_tests_pass_against_vllm(vllm_server, main_python, tmp_path
     assert incomplete_tests(document, CI_NUM_REQUESTS) == []
     assert len(tests) >= 5, f"expected the selected perf tests in results.json, got {[t['test_id'] for t in tests]}"
     for test in tests:
-        assert test["engine"] == "openai-http"
+        assert test["measurement"]["engine_name"] == "openai-http"
         assert test["normalization"] == RAW_SERVER_FIGURES, test["test_id"]  # not rescaled by this machine's probe
     servers = json.dumps(document["servers"])
     assert "smollm2-135m" in servers and "vllm-0.32-cpu" in servers, document["servers"]
