@@ -80,7 +80,7 @@ from calibrate_e2e import _die_with_parent, _stop, _tail, format_table  # noqa: 
 from perfsuite.history.changes import ChangePointPolicy, detect  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
 from perfsuite.history.series import SERIES_METRICS, Series, build_series  # noqa: E402
-from perfsuite.judge.results import Results  # noqa: E402
+from perfsuite.judge.results import Results, results_from_json  # noqa: E402
 
 SERIES_NAMES = ("aa", "creep")
 STEP = 0.02
@@ -381,7 +381,7 @@ def _loads(meta: Sequence[dict[str, Any]]) -> str:
 def analyse(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0) -> dict[str, Any]:
     """Replays and figures per test and metric: the table's rows, for one policy."""
     every = data["every"]
-    runs = {name: [Results.from_json(doc) for doc in data["stores"].get(name, [])] for name in SERIES_NAMES}
+    runs = {name: documents_of(data, name) for name in SERIES_NAMES}
     creep = {(r.test_id, r.metric): r for r in replay(runs["creep"], policy)}
     aa = {(r.test_id, r.metric): r for r in replay(runs["aa"], policy)}
     resampled = {}
@@ -474,7 +474,7 @@ def spread(values: Sequence[float]) -> str:
 
 
 def _aa_spread(data: dict[str, Any]) -> list[list[str]]:
-    runs = [Results.from_json(doc) for doc in data["stores"].get("aa", [])]
+    runs = documents_of(data, "aa")
     return [
         [f"A/A {HEADLINE} per session, {_short(series.key.test_id)}", spread(series.values)]
         for series in build_series(runs)
@@ -512,7 +512,7 @@ def report(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed
 def grid_report(data: dict[str, Any], resamples: int = 0, seed: int = 0) -> str:
     """The verdict line for every combination of GRID's thresholds, on the same recorded data (output throughput,
     replayed with ``replay_series``)."""
-    runs = {name: [Results.from_json(doc) for doc in data["stores"].get(name, [])] for name in SERIES_NAMES}
+    runs = {name: documents_of(data, name) for name in SERIES_NAMES}
     series = {name: [s for s in build_series(runs[name]) if s.key.metric == HEADLINE] for name in SERIES_NAMES}
     lines = []
     for p in GRID["max_p_value"]:
@@ -587,7 +587,8 @@ def run_session(args: argparse.Namespace, work: Path, series: str, index: int) -
             f"session {series}-{index}: {problem}\n--- stdout tail ---\n{_tail(out_dir / 'stdout.txt')}\n"
             f"--- stderr tail ---\n{_tail(out_dir / 'stderr.txt')}"
         )
-    busy = [s for t in results["tests"] for s in (t.get("samples") or {}).get("cpu_busy_share", [])]
+    busy = [share for t in results_from_json(results, "results.json").tests
+            for share in t.measurement.samples.get("cpu_busy_share", ())]  # fmt: skip
     return {
         "series": series, "index": index, "commit": commit, "slowdown": slowdown, "exit_code": exit_code,
         "wall_s": wall_s, "load_before": list(load_before), "injected": injected,
@@ -609,9 +610,22 @@ def read_stores(work: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def lean(document: dict[str, Any]) -> dict[str, Any]:
-    """A results document without its tests' step timelines: most of its size, and no series reads them."""
-    tests = [{**test, "timeline": None} for test in document["tests"]]
-    return {**document, "tests": tests}
+    """A results document without its tests' step timelines: most of its size, and no series reads them.
+
+    Version 5 keeps a test's timeline in its measurement; the saved data of
+    earlier runs (version 4) at the test's top level.
+    """
+    def without_timeline(test: dict[str, Any]) -> dict[str, Any]:
+        if "measurement" in test:
+            return {**test, "measurement": {**test["measurement"], "timeline": None}}
+        return {**test, "timeline": None}
+
+    return {**document, "tests": [without_timeline(test) for test in document["tests"]]}
+
+
+def documents_of(data: dict[str, Any], name: str) -> list[Results]:
+    """A series' saved sessions, of whichever results.json version they were saved in."""
+    return [results_from_json(doc, f"{name} session {index}") for index, doc in enumerate(data["stores"].get(name, []))]
 
 
 # ---------------------------------------------------------------------------------------------------- main

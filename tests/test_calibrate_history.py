@@ -2,6 +2,7 @@
 
 import argparse
 import importlib.util
+import json
 import random
 import re
 import sys
@@ -23,6 +24,7 @@ def _load(name):
     return module
 
 
+SAVED = BENCH / "results" / "calibrate_history.json"  # a real run's data, saved in results.json version 4
 calibrate = _load("calibrate_history")
 slowdown = _load("slowdown_plugin")
 POLICY = ChangePointPolicy()
@@ -197,10 +199,21 @@ def test_fake_commit_parsing_and_install():
 
 def test_saved_documents_drop_only_the_timelines():
     (document,) = [s.to_json() for s in sessions([100.0])]
-    document["tests"][0]["timeline"] = {"steps": []}
+    document["tests"][0]["measurement"]["timeline"] = {"steps": []}
     lean = calibrate.lean(document)
-    assert lean["tests"][0]["timeline"] is None and document["tests"][0]["timeline"] == {"steps": []}
-    assert {k: v for k, v in lean["tests"][0].items() if k != "timeline"} == {
-        k: v for k, v in document["tests"][0].items() if k != "timeline"
+    lean_test, test = lean["tests"][0], document["tests"][0]
+    assert lean_test["measurement"]["timeline"] is None and test["measurement"]["timeline"] == {"steps": []}
+    assert {k: v for k, v in lean_test["measurement"].items() if k != "timeline"} == {
+        k: v for k, v in test["measurement"].items() if k != "timeline"
     }
-    assert calibrate.Results.from_json(lean).tests[0].samples["output_throughput"] == (99.0, 100.0, 101.0)
+    assert {k: v for k, v in lean_test.items() if k != "measurement"} == {
+        k: v for k, v in test.items() if k != "measurement"
+    }
+    read = calibrate.results_from_json(lean, "lean")
+    assert read.tests[0].measurement.samples["output_throughput"] == (99.0, 100.0, 101.0)
+
+
+def test_data_saved_in_the_version_4_layout_still_loads():
+    data = json.loads(SAVED.read_text())
+    (first, *_) = calibrate.documents_of(data, "aa")
+    assert data["stores"]["aa"][0]["schema_version"] == 4 and first.tests[0].measurement.samples["output_throughput"]
