@@ -14,6 +14,7 @@ rightly call their runs noisy. Unset (a plain ``pytest``), every test runs.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,9 @@ PHASES = ("parallel", "timing")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     phase = os.environ.get(PHASE_VARIABLE)
-    if not phase:
+    # A session some test starts (pytester, a subprocess) inherits the variable, and loads this file too where it
+    # collects the shipped suite (--pyargs perfsuite.suites lies below it): only perfsuite's own session is split.
+    if not phase or config.rootpath != Path(__file__).resolve().parent:
         return
     if phase not in PHASES:
         raise pytest.UsageError(f"{PHASE_VARIABLE}={phase!r}: choose {' or '.join(PHASES)}, or unset it to run all")
