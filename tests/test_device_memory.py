@@ -95,7 +95,7 @@ def test_the_recorder_keeps_each_repeats_cuda_peak_and_the_result_its_most(tmp_p
 
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=CountingCuda()))
     result = recorded(tmp_path, in_process_engine(), "cuda:0")
-    assert result.samples[DEVICE_MEMORY] == tuple(2**20 * (i + 1) for i in range(REPEATS))
+    assert result.measurement.samples[DEVICE_MEMORY] == tuple(2**20 * (i + 1) for i in range(REPEATS))
     assert result.memory.max_memory_allocated_bytes == 2**20 * REPEATS
     assert result.memory.num_kv_blocks == 2 and result.memory.peak_num_running == 2
 
@@ -106,7 +106,7 @@ def test_no_device_peak_on_cpu_nor_for_a_server_in_another_process(tmp_path, mon
     cuda = CountingCuda()
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     on_cpu = recorded(tmp_path / "cpu", in_process_engine(), "cpu")
-    assert DEVICE_MEMORY not in on_cpu.samples and on_cpu.memory.max_memory_allocated_bytes is None
+    assert DEVICE_MEMORY not in on_cpu.measurement.samples and on_cpu.memory.max_memory_allocated_bytes is None
     served = recorded(tmp_path / "server", RemoteEngine(), "cuda:0")
-    assert DEVICE_MEMORY not in served.samples
+    assert DEVICE_MEMORY not in served.measurement.samples
     assert not any(call[0] in ("reset", "max") for call in cuda.calls)
