@@ -17,8 +17,6 @@ import pytest
 
 from perfsuite.judge.catalogue import PROBE
 
-pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
-
 pytest_plugins = ["pytester"]
 
 CONFTEST = """
@@ -200,6 +198,7 @@ def test_a_baseline_is_never_recorded_on_a_busy_machine(project, monkeypatch):
 # -- the probe -------------------------------------------------------------------
 
 
+@pytest.mark.timing  # times the target against a slow probe: run alone (conftest.py)
 def test_the_machine_probe_runs_outside_the_timed_target(project, monkeypatch):
     monkeypatch.setenv("FAKE_PROBE_SECONDS", "0.5")
     quiet_or_not = ["--perf-busy-threshold", "0.99"]  # this test is about the probe, whatever else runs
@@ -213,6 +212,7 @@ def test_the_machine_probe_runs_outside_the_timed_target(project, monkeypatch):
     assert len(data["tests"][0]["measurement"]["samples"][PROBE]) == 6
 
 
+@pytest.mark.timing  # the real meter's steal share can re-run a repeat: run alone (conftest.py)
 def test_each_repeat_gets_the_probes_just_before_and_just_after_it(project, monkeypatch):
     # The machine's speed drifts during a repeat; the reading before it alone misses that.
     monkeypatch.setenv("FAKE_PROBE_COUNTS", "1")

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import textwrap
 
 import pytest
 
 from fake_backend import FAKE_BACKEND_CONFTEST
 from perfsuite.judge.catalogue import PROBE
-
-pytestmark = pytest.mark.timing  # reads the machine's load or must see a slowdown: run alone (conftest.py)
 
 pytest_plugins = ["pytester"]
 
@@ -93,6 +90,7 @@ def test_a_first_perf_run_writes_results_with_vllm_keys_and_skips_its_test_for_j
     assert not (project.path / "baselines").exists(), "a normal run never writes a baseline"
 
 
+@pytest.mark.timing  # must see a slowdown: run alone (conftest.py)
 def test_save_baseline_round_trip_then_a_50_percent_slower_engine_fails(project, monkeypatch):
     monkeypatch.setenv("FAKE_STEP_SECONDS", "0.004")
     saved = project.runpytest_subprocess(*COMPARE_ARGS, "--perf-save-baseline")
@@ -191,42 +189,6 @@ def test_options_can_come_from_the_ini_file(project):
     result = project.runpytest_subprocess("--perf")
     result.assert_outcomes(passed=1, skipped=1)  # the perf test has no baseline: skipped for judging nothing
     assert json.loads((project.path / "out" / "results.json").read_text())["profile"] == "smoke"
-
-
-def test_shipped_perf_tests_run_unchanged_against_an_engine_registered_in_conftest(pytester):
-    """docs/your-own-engine.md: register_engine in conftest.py, then --perf-engines picks it."""
-    from smoke_session import run_shipped_smoke_session
-
-    user_conftest = textwrap.dedent(
-        """
-        from perfsuite.adapters import register_engine
-        from perfsuite.adapters.builtin import build_static
-
-        class ReversedStatic:
-            name = "reversed-static"
-            greedy_equal = True
-
-            def __init__(self, backend, config):
-                self.inner = build_static(backend, config)
-
-            @property
-            def batch_size(self):
-                return self.inner.batch_size
-
-            def run(self, requests, on_step=None, max_concurrency=None):
-                result = self.inner.run(list(requests)[::-1], on_step, max_concurrency)
-                return dataclasses.replace(result, engine_name=self.name)
-
-        register_engine("reversed-static", ReversedStatic)
-        """
-    )
-    user_conftest = "import dataclasses\n" + user_conftest
-    result = run_shipped_smoke_session(pytester, "--perf-engines", "reversed-static", conftest_addition=user_conftest)
-    # skipped: the sweep test (no config), the capacity test (no SLO), and the four measured ones, which judged
-    # nothing (no baselines in this project)
-    result.assert_outcomes(skipped=6)
-    tests = results_json(pytester)["tests"]
-    assert len(tests) == 4 and {t["measurement"]["engine_name"] for t in tests} == {"reversed-static"}
 
 
 SWEEP = """
