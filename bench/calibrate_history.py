@@ -75,11 +75,11 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from calibrate_e2e import _die_with_parent, _stop, _tail, format_table  # noqa: E402
+from calibrate_e2e import _die_with_parent, _stop, _tail  # noqa: E402
 
 from perfsuite.history.changes import ChangePointPolicy, detect  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
-from perfsuite.history.series import SERIES_METRICS, Series, build_series  # noqa: E402
+from perfsuite.history.series import Series, build_series  # noqa: E402
 from perfsuite.judge.results import Results, results_from_json  # noqa: E402
 
 SERIES_NAMES = ("aa", "creep")
