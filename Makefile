@@ -81,9 +81,9 @@ run: $(STAMP)
 # built first (seconds); pytest runs whatever they gave, and any of the three failing fails `make test`.
 test: $(STAMP)
 	$(MAKE) --no-print-directory docs; docs=$$?; \
-	PERFSUITE_TEST_PHASE=parallel $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); \
+	PERFSUITE_TEST_PHASE=parallel $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS); \
 	parallel=$$?; if [ $$parallel -eq 5 ]; then echo "no tests collected in the parallel phase"; parallel=0; fi; \
-	PERFSUITE_TEST_PHASE=timing $(BIN)/python -m pytest $(PYTEST_ARGS); \
+	PERFSUITE_TEST_PHASE=timing $(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS); \
 	timing=$$?; if [ $$timing -eq 5 ]; then echo "no tests collected in the timing phase"; timing=0; fi; \
 	rc=0; [ $$parallel -eq 0 ] || { echo "the parallel phase failed (above)"; rc=1; }; \
 	[ $$timing -eq 0 ] || { echo "the timing phase failed (above)"; rc=1; }; \

@@ -313,14 +313,15 @@ def test_the_shipped_smoke_suite_runs_under_xdist(pytester):
     pytest.importorskip("xdist")
     from smoke_session import run_shipped_smoke_session
 
-    result = run_shipped_smoke_session(pytester, "-n", "2", "-rs")
-    # skipped: the sweep test (no config), the two capacity tests (no SLO), and on the workers the 8 measured
-    # tests, which judged nothing (no baselines)
-    result.assert_outcomes(skipped=11)
-    assert len(results_json(pytester)["tests"]) == 8
+    # All but the throughput tests (test_report runs those): each kind of shipped test crosses the hand-off.
+    result = run_shipped_smoke_session(pytester, "-n", "2", "-rs", "-k", "not test_throughput")
+    # skipped: the sweep test (no config), the two capacity tests (no SLO), and on the workers the 4 measured
+    # latency tests, which judged nothing (no baselines)
+    result.assert_outcomes(skipped=7)
+    assert len(results_json(pytester)["tests"]) == 4
     judged_nothing = [re.match(r"SKIPPED \[(\d+)\] .*: perfsuite: judged 0 of 4 comparisons: no baseline", line)
                       for line in result.stdout.lines]  # fmt: skip
-    assert sum(int(match.group(1)) for match in judged_nothing if match) == 8, result.stdout.str()
+    assert sum(int(match.group(1)) for match in judged_nothing if match) == 4, result.stdout.str()
     # the capacity tests skipped themselves on the workers: their comparisons are not counted as planned
     last = [line for line in result.stdout.lines if line.startswith("perfsuite")][-1]
-    assert last.startswith("perfsuite: judged 0 of 32 planned comparisons (32 without a baseline for this environment)")
+    assert last.startswith("perfsuite: judged 0 of 16 planned comparisons (16 without a baseline for this environment)")
