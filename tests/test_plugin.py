@@ -157,7 +157,10 @@ def test_a_baseline_from_another_environment_is_not_compared(project):
     ])  # fmt: skip
 
 
-def test_benchmark_json_carries_the_metrics(project):
+def test_benchmark_json_carries_the_metrics(project, monkeypatch):
+    # Run by a pytest-xdist worker (make test), the session would inherit PYTEST_XDIST_WORKER, and pytest-benchmark
+    # disables itself under xdist: this session is not one of the worker's.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     result = project.runpytest_subprocess("--perf", "--perf-profile", "smoke", "--benchmark-json=bench.json")
     result.assert_outcomes(passed=1, skipped=1)  # skipped for judging nothing (no baseline), after it was measured
     [bench] = json.loads((project.path / "bench.json").read_text())["benchmarks"]

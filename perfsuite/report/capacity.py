@@ -87,7 +87,8 @@ def capacity_svg(test: TestResult) -> str | None:
         axes.set_xlabel(X_LABELS[record.by])
         axes.set_title(title, fontsize=10)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7)
+        if axes.get_legend_handles_labels()[0]:  # a search with no probe drawn has nothing to name
+            axes.legend(fontsize=7)
     return plots.figure_to_svg(figure)
 
 
