@@ -80,7 +80,7 @@ from calibrate_e2e import _die_with_parent, _stop, _tail  # noqa: E402
 from perfsuite.history.changes import ChangePointPolicy, detect  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
 from perfsuite.history.series import Series, build_series  # noqa: E402
-from perfsuite.judge.results import Results, results_from_json  # noqa: E402
+from perfsuite.judge.results import Results, ResultsFileError, read_results, results_from_json  # noqa: E402
 
 SERIES_NAMES = ("aa", "creep")
 STEP = 0.02
@@ -574,21 +574,20 @@ def run_session(args: argparse.Namespace, work: Path, series: str, index: int) -
     if exit_code not in (0, 1):
         problem = f"pytest exited {exit_code}"
     else:
-        with contextlib.suppress(OSError, ValueError):
-            results = json.loads((out_dir / "results.json").read_text())
-        if not results or not any((t.get("samples") or {}).get(HEADLINE) for t in results.get("tests", [])):
+        with contextlib.suppress(ResultsFileError):
+            results = read_results(out_dir / "results.json")
+        if results is None or not any(t.measurement.samples.get(HEADLINE) for t in results.tests):
             problem = "no results.json with a measured test"
         elif slowdown and not injected.get("calls"):
             problem = f"the {slowdown:.1%} slowdown was never injected ({injected})"
-        elif results.get("commit") != commit:
-            problem = f"results.json records commit {results.get('commit')!r}, not the fake {commit}"
+        elif results.commit != commit:
+            problem = f"results.json records commit {results.commit!r}, not the fake {commit}"
     if problem:
         raise CalibrationAborted(
             f"session {series}-{index}: {problem}\n--- stdout tail ---\n{_tail(out_dir / 'stdout.txt')}\n"
             f"--- stderr tail ---\n{_tail(out_dir / 'stderr.txt')}"
         )
-    busy = [share for t in results_from_json(results, "results.json").tests
-            for share in t.measurement.samples.get("cpu_busy_share", ())]  # fmt: skip
+    busy = [share for t in results.tests for share in t.measurement.samples.get("cpu_busy_share", ())]
     return {
         "series": series, "index": index, "commit": commit, "slowdown": slowdown, "exit_code": exit_code,
         "wall_s": wall_s, "load_before": list(load_before), "injected": injected,
