@@ -11,6 +11,11 @@ of them wait on subprocesses, and a 2-core runner has a core to spare),
 then ``timing`` runs the ``timing`` ones alone. Those read the machine's
 load or detect a slowdown; beside another xdist worker, perfsuite would
 rightly call their runs noisy. Unset (a plain ``pytest``), every test runs.
+
+In the parallel phase each worker runs on a CPU of its own: torch sizes its
+thread pool by the CPUs a process may use, so two workers with two threads
+each would put four compute threads on two cores, and OpenMP's spinning
+threads then made a SmolLM2 test ten times slower (16 s to 181 s).
 """
 
 import os
@@ -39,13 +44,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 PHASE_VARIABLE = "PERFSUITE_TEST_PHASE"
 PHASES = ("parallel", "timing")
+ROOT = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...: set in each xdist worker
+    if worker and os.environ.get(PHASE_VARIABLE) == "parallel" and config.rootpath == ROOT:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) > 1:  # sessions its tests start inherit the one CPU, and size their threads by it
+            os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     phase = os.environ.get(PHASE_VARIABLE)
     # A session some test starts (pytester, a subprocess) inherits the variable, and loads this file too where it
     # collects the shipped suite (--pyargs perfsuite.suites lies below it): only perfsuite's own session is split.
-    if not phase or config.rootpath != Path(__file__).resolve().parent:
+    if not phase or config.rootpath != ROOT:
         return
     if phase not in PHASES:
         raise pytest.UsageError(f"{PHASE_VARIABLE}={phase!r}: choose {' or '.join(PHASES)}, or unset it to run all")
