@@ -55,11 +55,8 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,13 +67,12 @@ sys.path.insert(0, str(BENCH))
 from perfsuite.ab.trees import extract_commit  # noqa: E402
 from calibrate_e2e import (  # noqa: E402 - bench/ is not a package
     CalibrationAborted,
-    _die_with_parent,
     _read_results,
-    _stop,
     _tail,
     condition_rates,
     format_table,
     percent,
+    run_logged,
     session_order,
     session_outcome,
 )
@@ -170,19 +166,7 @@ def run_session(command: list[str], tree: Path, out_dir: Path) -> dict[str, Any]
     out_dir.mkdir(parents=True, exist_ok=True)
     injected_path = out_dir / "injected.jsonl"
     env = {**os.environ, INJECTION_REPORT_ENV: str(injected_path)}
-    (out_dir / "command.txt").write_text(" ".join(command) + "\n")
-    process = None
-    with open(out_dir / "stdout.txt", "wb") as stdout, open(out_dir / "stderr.txt", "wb") as stderr:
-        start = time.perf_counter()
-        try:
-            process = subprocess.Popen(
-                command, cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                start_new_session=True, preexec_fn=_die_with_parent(signal.SIGTERM),
-            )  # fmt: skip
-            exit_code = process.wait()
-        finally:
-            _stop(process)
-        wall_s = time.perf_counter() - start
+    exit_code, wall_s = run_logged(command, tree, env, out_dir)
     added = 0.0
     with contextlib.suppress(OSError):
         added = sum(json.loads(line)["added_s"] for line in injected_path.read_text().splitlines() if line.strip())

@@ -308,6 +308,27 @@ def _stop(process: subprocess.Popen | None, grace_s: float = 5.0) -> None:
         process.wait()
 
 
+def run_logged(command: list[str], cwd: Path, env: dict[str, str], out_dir: Path) -> tuple[int, float]:
+    """Run ``command`` to its end: its exit code and wall seconds; the command and its output kept in ``out_dir``.
+
+    It runs in a session of its own, so Ctrl-C reaches only this script, which
+    stops it; it dies with this script too.
+    """
+    (out_dir / "command.txt").write_text(" ".join(command) + "\n")
+    process = None
+    with open(out_dir / "stdout.txt", "wb") as stdout, open(out_dir / "stderr.txt", "wb") as stderr:
+        start = time.perf_counter()
+        try:
+            process = subprocess.Popen(
+                command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                start_new_session=True, preexec_fn=_die_with_parent(signal.SIGTERM),
+            )  # fmt: skip
+            exit_code = process.wait()
+        finally:
+            _stop(process)
+    return exit_code, time.perf_counter() - start
+
+
 @contextlib.contextmanager
 def busy_neighbour(enabled: bool):
     """A second process busy-looping on one core for the duration; always killed on the way out."""
@@ -356,27 +377,9 @@ def run_session(command: list[str], out_dir: Path, slowdown: float, loaded: bool
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), env.get("PYTHONPATH")]))
     env["PERFSUITE_SLOWDOWN"] = repr(slowdown)
     env["PERFSUITE_SLOWDOWN_REPORT"] = str(out_dir / "slowdown.json")
-    (out_dir / "command.txt").write_text(" ".join(command) + "\n")
     load_before = os.getloadavg()[0]
-    process = None
-    stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
-    with busy_neighbour(loaded), open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-        start = time.perf_counter()
-        try:
-            process = subprocess.Popen(
-                command,
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                start_new_session=True,  # Ctrl-C reaches only this script, which stops the session itself
-                preexec_fn=_die_with_parent(signal.SIGTERM),
-            )
-            exit_code = process.wait()
-        finally:
-            _stop(process)
-        wall_s = time.perf_counter() - start
+    with busy_neighbour(loaded):
+        exit_code, wall_s = run_logged(command, REPO, env, out_dir)
     injected = None
     with contextlib.suppress(OSError, ValueError):
         injected = json.loads((out_dir / "slowdown.json").read_text())

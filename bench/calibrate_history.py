@@ -61,7 +61,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,7 +74,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from calibrate_e2e import _die_with_parent, _stop, _tail  # noqa: E402
+from calibrate_e2e import _tail, run_logged  # noqa: E402
 
 from perfsuite.history.changes import ChangePointPolicy, detect  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
@@ -552,20 +551,8 @@ def run_session(args: argparse.Namespace, work: Path, series: str, index: int) -
     commit = fake_commit(series, index)
     command = pytest_command(args, work / f"{series}.sqlite", out_dir)
     env = session_environment(dict(os.environ), slowdown, commit, out_dir / "slowdown.json")
-    (out_dir / "command.txt").write_text(" ".join(command) + "\n")
     load_before = os.getloadavg()
-    process = None
-    with open(out_dir / "stdout.txt", "wb") as stdout, open(out_dir / "stderr.txt", "wb") as stderr:
-        start = time.perf_counter()
-        try:
-            process = subprocess.Popen(
-                command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                start_new_session=True, preexec_fn=_die_with_parent(signal.SIGTERM),
-            )  # fmt: skip
-            exit_code = process.wait()
-        finally:
-            _stop(process)
-        wall_s = time.perf_counter() - start
+    exit_code, wall_s = run_logged(command, work, env, out_dir)
     injected: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         injected = json.loads((out_dir / "slowdown.json").read_text())

@@ -1,19 +1,13 @@
 """The pure parts of bench/calibrate_ab.py (no session is run): commands, the injected slowdown, the table."""
 
-import importlib.util
 import re
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-_path = list(sys.path)
-spec = importlib.util.spec_from_file_location("bench_calibrate_ab", BENCH / "calibrate_ab.py")
-calibrate = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = calibrate
-spec.loader.exec_module(calibrate)  # as a script, it puts bench/ on sys.path for calibrate_e2e: not for the tests
-sys.path[:] = _path
+from bench_modules import load_bench
+
+calibrate = load_bench("calibrate_ab")  # as a script, it puts bench/ on sys.path for calibrate_e2e: not for the tests
 
 LAST_LINE = re.compile(r"^ab_false_alarm=(\d+%|n/a) ab_detect5=(\d+%|n/a) ab_detect10=(\d+%|n/a) stored_detect10=(\d+%|n/a)$")
 ARGS = SimpleNamespace(model="tiny-random", profile="smoke", repeats=5, select="inflight", pytest_args=["-x"])

@@ -1,25 +1,13 @@
 """The pure parts of bench/calibrate_e2e.py and the env parsing of bench/slowdown_plugin.py (no subprocess)."""
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from bench_modules import load_bench
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-calibrate = _load("calibrate_e2e")
-slowdown = _load("slowdown_plugin")
+calibrate = load_bench("calibrate_e2e")
+slowdown = load_bench("slowdown_plugin")
 
 LAST_LINE = re.compile(
     r"^sessions=\d+ false_alarm=(\d+%|n/a) loaded_false_alarm=(\d+%|n/a) detect10=(\d+%|n/a) "

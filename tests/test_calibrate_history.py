@@ -1,32 +1,21 @@
 """The pure parts of bench/calibrate_history.py and the fake commit of bench/slowdown_plugin.py (no subprocess)."""
 
 import argparse
-import importlib.util
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench_modules import BENCH, load_bench
 from history_builders import series_of, sessions, step_values
 from perfsuite.history.changes import ChangePointPolicy
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 SAVED = BENCH / "results" / "calibrate_history.json"  # a real run's data, saved in results.json version 4
-calibrate = _load("calibrate_history")
-slowdown = _load("slowdown_plugin")
+calibrate = load_bench("calibrate_history")
+slowdown = load_bench("slowdown_plugin")
 POLICY = ChangePointPolicy()
 
 
