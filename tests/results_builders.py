@@ -31,6 +31,9 @@ POLICY = PolicyDescription(
 PROBE = ProbeDescription(key="probe_bracket_seconds", unit="seconds", measures="-", applies_to="-")
 
 
+NEWER_THAN_VERSION_4 = ("num_prefix_cache_queried_tokens", "num_prefix_cache_hit_tokens", "num_evicted_blocks")
+
+
 def make_result(
     test_id: str,
     configuration: RunConfiguration | None = None,
@@ -118,7 +121,8 @@ def _test_version_4(test) -> dict:
         "request_samples": _lists(measured.request_samples),
         "baseline_request_samples": _lists(judged.baseline_request_samples),
         "timeline": _asdict(measured.timeline),
-        "counters": recorded_counters(measured.counters, measured.unrecorded_counters),
+        # version 4 knew no prefix cache counters
+        "counters": recorded_counters(measured.counters, (*measured.unrecorded_counters, *NEWER_THAN_VERSION_4)),
         "baseline_unrecorded_counters": list(judged.baseline_unrecorded_counters),
         "memory": _asdict(test.memory),
         "baseline": judged.baseline_status,
@@ -146,3 +150,12 @@ def _asdict(value):
 
 def _lists(samples: dict) -> dict:
     return {name: list(values) for name, values in samples.items()}
+
+
+def with_counters_unrecorded(results: Results, names: tuple[str, ...] = NEWER_THAN_VERSION_4) -> Results:
+    """``results`` as a file written before the counters ``names`` existed reads."""
+    tests = []
+    for test in results.tests:
+        earlier = test.measurement.unrecorded_counters
+        tests.append(changed(test, unrecorded_counters=earlier + tuple(n for n in names if n not in earlier)))
+    return dataclasses.replace(results, tests=tuple(tests))

@@ -17,7 +17,7 @@ from perfsuite.judge.results import read_results
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy, Verdict
 from perfsuite.workload import OutputLengths, Workload
 from report_fixtures import as_ab_session, fake_session, record_fake_test, tokenize
-from results_builders import changed, make_result, make_results, version_4_document
+from results_builders import NEWER_THAN_VERSION_4, changed, make_result, make_results, version_4_document
 
 BASE = [100.0, 101, 99, 100, 102, 98]
 SLOWER = [70.0, 71, 69, 70, 72, 68]
@@ -79,7 +79,8 @@ def test_perfsuite_compare_of_a_file_older_than_the_kv_counters_reports_no_count
     old = read_results(tmp_path / "old.json")
     new = make_results(make_result("t.py::t", output_throughput=BASE, counters=KV))
     [test] = rejudge(old, new, Policy()).tests
-    assert test.judgement.counter_changes == () and test.judgement.baseline_unrecorded_counters == KV_NAMES
+    assert test.judgement.counter_changes == ()
+    assert test.judgement.baseline_unrecorded_counters == KV_NAMES + NEWER_THAN_VERSION_4
     [test] = rejudge(new, new, Policy()).tests
     assert test.judgement.baseline_unrecorded_counters == ()
 

@@ -32,7 +32,14 @@ from perfsuite.measure.summaries import (
     TimelineRequest,
     TimelineStep,
 )
-from results_builders import changed, make_result, make_results, version_4_document
+from results_builders import (
+    NEWER_THAN_VERSION_4,
+    changed,
+    make_result,
+    make_results,
+    version_4_document,
+    with_counters_unrecorded,
+)
 
 VERSION_4_FILE = Path(__file__).with_name("data") / "results_v4.json"  # written by perfsuite's version 4 writer
 
@@ -108,9 +115,12 @@ def version_1(document: dict) -> dict:
     return {**document, "schema_version": 1, "tests": tests}
 
 
+PREFIX_CACHE_COUNTERS = NEWER_THAN_VERSION_4
+
+
 def without_kv_counters(results: Results) -> Results:
-    """``results`` as a file older than the KV counters reads: those counters not recorded."""
-    tests = [changed(t, unrecorded_counters=KV_COUNTERS) for t in results.tests]
+    """``results`` as a file older than the KV counters reads: those counters (and the later ones) not recorded."""
+    tests = [changed(t, unrecorded_counters=KV_COUNTERS + PREFIX_CACHE_COUNTERS) for t in results.tests]
     return dataclasses.replace(results, tests=tuple(tests))
 
 
@@ -152,7 +162,7 @@ def test_a_version_3_file_reads_its_kv_counters_as_not_recorded_and_writes_them_
     assert read.tests[0].measurement.counters.num_preemptions == 0 and read.tests[0].memory is None
     write_results(tmp_path / "again.json", read)
     measurement = json.loads((tmp_path / "again.json").read_text())["tests"][0]["measurement"]
-    assert set(KV_COUNTERS) == set(measurement["unrecorded_counters"]) and "num_preemptions" in KV_COUNTERS
+    assert set(KV_COUNTERS + PREFIX_CACHE_COUNTERS) == set(measurement["unrecorded_counters"]) and "num_preemptions" in KV_COUNTERS
     assert measurement["counters"]["num_forward_passes"] == 10
     assert read_results(tmp_path / "again.json") == read
 
@@ -409,7 +419,21 @@ def test_each_test_keeps_what_readers_outside_perfsuite_read_beside_the_codecs_f
 
 
 def test_a_version_4_file_written_by_version_4_is_converted_on_reading():
-    assert exactly(read_results(VERSION_4_FILE)) == exactly(every_mode())
+    expected = with_counters_unrecorded(every_mode(), PREFIX_CACHE_COUNTERS)  # it predates prefix caching
+    assert exactly(read_results(VERSION_4_FILE)) == exactly(expected)
+
+
+def test_a_version_5_file_written_before_a_counter_existed_reads_it_as_unrecorded_not_as_zero(tmp_path):
+    document = every_mode().to_json()
+    for test in document["tests"]:
+        for name in PREFIX_CACHE_COUNTERS:
+            del test["measurement"]["counters"][name]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    back = read_results(path)
+    assert exactly(back) == exactly(with_counters_unrecorded(every_mode(), PREFIX_CACHE_COUNTERS))
+    write_results(path, back)
+    assert read_results(path).tests[0].measurement.unrecorded_counters[-3:] == PREFIX_CACHE_COUNTERS
 
 
 def test_the_version_4_fixture_of_these_tests_writes_what_version_4_wrote():

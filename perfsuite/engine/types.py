@@ -175,6 +175,10 @@ class SchedulerOutput:
     kv_token_capacity: int = 0
     preempted_request_ids: tuple[str, ...] = ()
     num_recomputed_tokens: int = 0
+    # Prefix caching, this step's admissions: prompt tokens looked up, found cached, and cached blocks evicted.
+    num_prefix_cache_queried_tokens: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+    num_evicted_blocks: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -234,6 +238,9 @@ class RequestRecord:
     scheduled_time: float | None = None
     send_ready_time: float | None = None
     sent_time: float | None = None
+    # Prompt tokens whose KV came from the prefix cache instead of a prefill (0: none, or an engine without
+    # one); None: not known (a peer that does not say, an older record).
+    num_cached_tokens: int | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -285,6 +292,12 @@ class EngineCounters:
     kv_blocks_used_step_sum: int = 0  # blocks held, summed over steps
     kv_tokens_used_step_sum: int = 0  # tokens held in those blocks, summed over steps
     kv_token_capacity_step_sum: int = 0  # the blocks' capacity in tokens, summed over steps
+    # Prefix caching (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens): the prompt tokens looked up in
+    # the cache at each admission (a readmission after preemption looks up again), those found there, and
+    # cached blocks evicted to make room for new ones.
+    num_prefix_cache_queried_tokens: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+    num_evicted_blocks: int = 0
 
     def plus(self, output: SchedulerOutput) -> EngineCounters:
         prefill = sum(c.num_tokens for c in output.chunks if c.is_prefill and not c.is_padding)
@@ -302,7 +315,18 @@ class EngineCounters:
             kv_blocks_used_step_sum=self.kv_blocks_used_step_sum + output.num_kv_blocks_used,
             kv_tokens_used_step_sum=self.kv_tokens_used_step_sum + output.num_kv_tokens_used,
             kv_token_capacity_step_sum=self.kv_token_capacity_step_sum + output.kv_token_capacity,
+            num_prefix_cache_queried_tokens=self.num_prefix_cache_queried_tokens
+            + output.num_prefix_cache_queried_tokens,
+            num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens + output.num_prefix_cache_hit_tokens,
+            num_evicted_blocks=self.num_evicted_blocks + output.num_evicted_blocks,
         )
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prompt tokens found in the prefix cache over those looked up; None when nothing was looked up."""
+        if not self.num_prefix_cache_queried_tokens:
+            return None
+        return self.num_prefix_cache_hit_tokens / self.num_prefix_cache_queried_tokens
 
     @property
     def mean_kv_blocks_used(self) -> float:

@@ -210,7 +210,17 @@ class TestResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TestResult:
-        return decode(cls, {k: v for k, v in data.items() if k not in READER_KEYS}, nan_as_null=True)
+        fields = {k: v for k, v in data.items() if k not in READER_KEYS}
+        return decode(cls, {**fields, "measurement": _with_newer_counters_unrecorded(fields["measurement"])},
+                      nan_as_null=True)  # fmt: skip
+
+
+def _with_newer_counters_unrecorded(measurement: Mapping[str, Any]) -> dict[str, Any]:
+    """A file written before a counter existed lacks it: name it unrecorded, never read it as a measured 0."""
+    stored = measurement.get("counters") or {}
+    earlier = tuple(measurement.get("unrecorded_counters") or ())
+    missing = tuple(f.name for f in dataclasses.fields(EngineCounters) if f.name not in stored and f.name not in earlier)
+    return {**measurement, "unrecorded_counters": [*earlier, *missing]} if missing else dict(measurement)
 
 
 # What results.json writes beside the codec's fields of a test, for readers outside perfsuite; read back from
