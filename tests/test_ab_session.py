@@ -167,6 +167,9 @@ def test_against_head_measures_both_trees_and_passes(pytester, repo):
     assert test["reference"]["pair_order"] == ["AB", "BA", "AB", "BA"]
     reference, current = test["reference"]["samples"], test["measurement"]["samples"]
     assert len(reference["output_throughput"]) == len(current["output_throughput"]) == 4
+    assert len(reference["cpu_busy_share"]) == len(current["cpu_busy_share"]) == 4, "a CPU reading around every run"
+    assert 1 <= test["reference"]["num_threads"] <= len(os.sched_getaffinity(0)), "chosen for the cores left free"
+    assert f"-t{test['reference']['num_threads']}-" in test["fingerprint"], "its history series is per thread count"
     assert document["policy"]["smallest_p"] == 1 / 16, "the paired floor, 2^-pairs"
     assert test["judgement"]["baseline_status"] == f"A/B against HEAD ({head[:12]})"
     comparisons = test["judgement"]["comparisons"]
@@ -177,9 +180,10 @@ def test_against_head_measures_both_trees_and_passes(pytester, repo):
 
 
 def test_unless_given_the_pairs_leave_room_for_disagreement_and_rotate_over_the_workers(pytester, repo):
-    result = run_ab(pytester, "HEAD", "-k", ONE_TEST, "--perf-against-workers", "3")
+    result = run_ab(pytester, "HEAD", "-k", ONE_TEST, "--perf-against-workers", "3", "--perf-against-threads", "1")
     document = results_json(repo)
     (test,) = document["tests"]
+    assert test["reference"]["num_threads"] == 1, "as given, every worker of both sides"
     policy = document["policy"]
     pairs = pairs_with_room_for_disagreement(policy["num_planned_comparisons"], policy["alpha"])
     assert pairs > PROFILES["smoke"].repeats, "more pairs than the profile's repeats: the floor is what sets them"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from perfsuite.ab.pair import (
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
 from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
+from perfsuite.measure.contention import CpuSample, CpuTicks
 
 LOAD = wire.Load("tiny-random", "cpu", "float32", "packed")
 LOADED = wire.Loaded("cpu", model_bytes=1000, free_bytes=10_000, max_context=256, eos_token_id=2, vocab_size=320)
@@ -49,6 +52,8 @@ class FakeWorker:
     def __init__(self, side: Side, log: list, tokens: dict[str, int]) -> None:
         self.side, self.log, self.tokens = side, log, tokens
         self.alive, self.closed = True, False
+        self.threads: list[int] = []  # every SetThreads, in order
+        self.pid = None
 
     def request(self, message, answer, timeout, what):
         if isinstance(message, wire.Load):
@@ -58,6 +63,9 @@ class FakeWorker:
         if isinstance(message, wire.Run):
             self.log.append((self.side.label, message.engine_id, self.side.number))
             return wire.RunDone(wire.encode(run_result(f"{self.side.label}-engine", self.tokens)))
+        if isinstance(message, wire.SetThreads):
+            self.threads.append(message.num_threads)
+            return wire.ThreadsSet(message.num_threads)
         raise AssertionError(f"unexpected {message!r}")
 
     def close(self) -> None:
@@ -65,7 +73,11 @@ class FakeWorker:
 
 
 def fake_runner(
-    log: list, tokens: dict[str, int] | None = None, starts: list | None = None, workers_per_side: int = 1
+    log: list,
+    tokens: dict[str, int] | None = None,
+    starts: list | None = None,
+    workers_per_side: int = 1,
+    read_cpu=lambda own_seconds: None,  # no /proc/stat: no readings, threads left as loaded
 ) -> ABRunner:
     tokens = tokens or {"r0": 3, "r1": 3}
     starts = starts if starts is not None else []
@@ -76,7 +88,8 @@ def fake_runner(
         return worker
 
     trees = Trees("HEAD", "0" * 40, Path("/current"), Path("/reference"), None, None)
-    return ABRunner(trees, LOAD, timeout=5, start=start, workers_per_side=workers_per_side)
+    return ABRunner(trees, LOAD, timeout=5, start=start, workers_per_side=workers_per_side, read_cpu=read_cpu,
+                    sleep=lambda seconds: None)  # fmt: skip
 
 
 @given(st.integers(min_value=0, max_value=40))
@@ -405,3 +418,119 @@ def test_a_refused_start_leaves_only_the_first_worker_which_close_stops(monkeypa
     assert len(starts) == 1, "no other worker is started once the memory check fails"
     runner.close()
     assert starts[0].closed
+
+
+# -- a busy runner: the workers' threads and the CPU readings around each run ---------------------------------------
+
+
+class ScriptedMachine:
+    """/proc/stat of a 2-CPU machine on which other work uses ``foreign_cores`` and the workers ``worker_cores``.
+
+    Each reading advances the clock by ``step`` seconds. The machine counts
+    the CPU time really used; the meter says how much of it is the session's
+    own (``own_seconds``), which is what the test checks.
+    """
+
+    HZ = 100
+
+    def __init__(self, foreign_cores: float, worker_cores: float = 0.0, step: float = 1.0) -> None:
+        self.foreign_cores, self.worker_cores, self.step = foreign_cores, worker_cores, step
+        self.clock = self.foreign_seconds = self.worker_seconds = 0.0
+
+    def __call__(self, own_seconds):
+        self.clock += self.step
+        self.foreign_seconds += self.foreign_cores * self.step
+        self.worker_seconds += self.worker_cores * self.step
+        own = own_seconds()
+        used = int((time.process_time() + self.worker_seconds + self.foreign_seconds) * self.HZ)
+        total = int(2 * self.clock * self.HZ)
+        ticks = CpuTicks(user=used, nice=0, system=0, idle=total - used, iowait=0, irq=0, softirq=0, steal=0,
+                         num_cpus=2)  # fmt: skip
+        return CpuSample(ticks, process_seconds=own, clock_seconds=self.clock)
+
+
+@pytest.fixture
+def two_cpus(monkeypatch):
+    monkeypatch.setattr("perfsuite.ab.pair.os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("perfsuite.measure.contention._ticks_per_second", lambda: ScriptedMachine.HZ)
+
+
+def test_with_one_core_held_by_other_work_every_worker_of_both_sides_runs_one_thread(two_cpus):
+    log, starts = [], []
+    runner = fake_runner(log, starts=starts, workers_per_side=2, read_cpu=ScriptedMachine(foreign_cores=1.0))
+    runner.start()
+    paired = runner.run_pairs(SPEC, REQUESTS, None, num_warmups=1, num_pairs=4)
+    assert paired.num_threads == 1
+    assert [w.threads for w in starts] == [[1]] * 4, "both sides, every worker, the same count, once"
+    assert len(log) == 4 + 8, "set before the warm-ups, then nothing else changes"
+
+
+def test_on_a_quiet_machine_the_workers_keep_a_thread_per_core(two_cpus):
+    starts = []
+    paired = fake_runner([], starts=starts, read_cpu=ScriptedMachine(foreign_cores=0.1)).run_pairs(
+        SPEC, REQUESTS, None, num_warmups=0, num_pairs=2
+    )
+    assert paired.num_threads == 2 and [w.threads for w in starts] == [[2], [2]]
+
+
+def test_threads_given_are_used_as_they_are_and_a_worker_started_again_gets_them_again(two_cpus):
+    starts = []
+    runner = fake_runner([], starts=starts, read_cpu=ScriptedMachine(foreign_cores=1.0))
+    runner.start()
+    assert runner.run_pairs(SPEC, REQUESTS, None, num_warmups=0, num_pairs=2, threads=2).num_threads == 2
+    starts[1].alive = False  # REF's worker died between tests
+    runner.run_pairs(SPEC, REQUESTS, None, num_warmups=0, num_pairs=2, threads=2)
+    assert starts[2].side.label == "A" and starts[2].threads == [2, 2], "at its start, then for the test"
+
+
+def test_off_the_cpu_the_threads_are_left_as_loaded(two_cpus):
+    starts = []
+    runner = fake_runner([], starts=starts, read_cpu=ScriptedMachine(foreign_cores=1.0))
+    runner.start()
+    runner.currents[0].loaded = dataclasses.replace(LOADED, device="cuda:0")
+    paired = runner.run_pairs(SPEC, REQUESTS, None, num_warmups=0, num_pairs=2)
+    assert paired.num_threads is None and all(w.threads == [] for w in starts)
+
+
+def test_each_run_of_each_side_carries_the_share_of_the_machine_other_work_used(two_cpus, monkeypatch):
+    machine = ScriptedMachine(foreign_cores=0.5, worker_cores=1.0)
+    starts = []
+    runner = fake_runner([], starts=starts, read_cpu=machine)
+    runner.start()
+    for number, worker in enumerate(starts):
+        worker.pid = 1000 + number
+    # the two workers share the machine's worker time: the session's own, not other work
+    monkeypatch.setattr("perfsuite.ab.pair.process_cpu_seconds", lambda pid: machine.worker_seconds / 2)
+    paired = runner.run_pairs(SPEC, REQUESTS, None, num_warmups=0, num_pairs=3)
+    assert len(paired.reference_busy) == len(paired.current_busy) == 3
+    assert all(share == pytest.approx(0.25, abs=0.02) for share in paired.reference_busy + paired.current_busy), (
+        "half a core of two is a quarter of the machine; the workers' own core is not counted as other work"
+    )
+
+
+def test_without_readings_no_run_carries_any():
+    paired = fake_runner([]).run_pairs(SPEC, REQUESTS, None, num_warmups=0, num_pairs=2, threads=1)
+    assert paired.reference_busy == paired.current_busy == ()
+
+
+def test_paired_runs_refuse_readings_that_do_not_match_the_pairs():
+    same = run_result("e", {"r0": 3})
+    with pytest.raises(ValueError, match="one CPU reading per run of each side"):
+        PairedRuns((same, same), (same, same), ("AB", "BA"), reference_busy=(0.1, 0.2), current_busy=(0.1,))
+
+
+@pytest.mark.parametrize(("text", "value"), [("auto", "auto"), ("1", 1), ("16", 16)])
+def test_the_worker_threads_option_takes_auto_or_a_count(text, value):
+    from perfsuite.plugin.options import worker_threads
+
+    assert worker_threads(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", ""])
+def test_the_worker_threads_option_refuses_anything_else_saying_what_it_takes(text):
+    import argparse
+
+    from perfsuite.plugin.options import worker_threads
+
+    with pytest.raises(argparse.ArgumentTypeError, match="auto or a number of threads"):
+        worker_threads(text)

@@ -433,6 +433,14 @@ def test_a_worker_that_fails_a_command_says_why_and_takes_the_next(current_worke
         tokenize(current_worker, "hello again")
 
 
+def test_a_worker_sets_the_threads_it_is_sent_and_refuses_fewer_than_one(current_worker):
+    set_threads = current_worker.request(wire.SetThreads(1), wire.ThreadsSet, ANSWER_SECONDS, "set threads")
+    assert set_threads == wire.ThreadsSet(1), "torch in the worker reports the count it was given"
+    with pytest.raises(WorkerError, match="num_threads must be >= 1, got 0"):
+        current_worker.request(wire.SetThreads(0), wire.ThreadsSet, ANSWER_SECONDS, "set threads")
+    assert current_worker.alive
+
+
 def test_a_worker_answers_a_line_that_is_not_json_with_failed_and_lives_on(current_worker):
     current_worker._process.stdin.write("this is not JSON\n")
     current_worker._process.stdin.flush()

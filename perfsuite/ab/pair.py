@@ -15,12 +15,28 @@ placement) into every pair of a test: an A/A calibration found side B, the
 same code, slower in every pair by 3-7%, which no order can balance. Over
 several processes that offset varies from pair to pair, so the signed-rank
 test sees it as spread instead of a shift.
+
+On a CPU, a busy runner is the usual case for A/B, and torch's threads are
+what it breaks: two threads on two cores while a neighbour holds one of
+them read 8 tok/s against 70 quiet, and the spread of those runs hid a 12-16%
+change. So before a test's warm-ups the controller reads what other work
+holds of the machine while every worker is idle, and gives every worker of
+both sides one intra-op thread per core left free
+(``contention.threads_for_cores_left``), the same for the whole test. Around
+every timed run it reads the machine's CPU again, the workers' time counted
+as the session's own, so each side's runs carry the share other work used
+(``PairedRuns.reference_busy`` and ``current_busy``), as stored mode's
+repeats do. Those readings are reported, not judged: both sides of a pair
+ran on the same busy machine within seconds, which is what A/B is for.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import perfsuite
@@ -29,12 +45,21 @@ from perfsuite.ab import wire
 from perfsuite.ab.trees import Trees
 from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
 from perfsuite.engine.types import Request, RunResult
+from perfsuite.measure.contention import (
+    CpuMeter,
+    CpuSample,
+    CpuUse,
+    process_cpu_seconds,
+    read_sample,
+    threads_for_cores_left,
+)
 
 # What another copy needs beyond its weights: the KV cache and activations of a perf test's batch.
 SECOND_COPY_MARGIN = 1.5
 REFERENCE, CURRENT = "A", "B"
 DEFAULT_WORKERS_PER_SIDE = 2
 PAIRS_PER_WORKER_TURN = 2  # AB then BA on the same two workers, so a worker's turn is balanced
+IDLE_READING_SECONDS = 1.0  # what other work holds, read before each test while every worker waits
 
 
 class NoRoomForSecondCopy(WorkerError):
@@ -49,12 +74,17 @@ class PairedRuns:
     current: tuple[RunResult, ...]  # side B
     order: tuple[str, ...]  # "AB" or "BA", per pair
     workers: tuple[int, ...] = ()  # which worker of each side ran the pair (empty: not recorded)
+    reference_busy: tuple[float, ...] = ()  # other work's share of the machine's CPU during each A run
+    current_busy: tuple[float, ...] = ()  # ... and each B run (empty: the machine could not be read)
+    num_threads: int | None = None  # every worker's intra-op threads for the test; None: left as loaded
 
     def __post_init__(self) -> None:
         if not len(self.reference) == len(self.current) == len(self.order):
             raise ValueError("every pair has one run of each side")
         if self.workers and len(self.workers) != len(self.order):
             raise ValueError("one worker index per pair")
+        if len(self.reference_busy) != len(self.current_busy) or len(self.reference_busy) not in (0, len(self.order)):
+            raise ValueError("one CPU reading per run of each side, or none")
 
 
 def pair_order(num_pairs: int) -> tuple[str, ...]:
@@ -79,10 +109,14 @@ class ABRunner:
         timeout: float,
         start: Callable[[Side], Worker] = Worker,
         workers_per_side: int = DEFAULT_WORKERS_PER_SIDE,
+        read_cpu: Callable[..., CpuSample | None] = read_sample,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if workers_per_side < 1:
             raise ValueError(f"workers_per_side must be >= 1, got {workers_per_side}")
         self.trees = trees
+        self._read_cpu = read_cpu
+        self._sleep = sleep
 
         # A project that installs perfsuite: both sides run this perfsuite, over the two trees of the project.
         installed = None if trees.perfsuite_in_trees else Path(perfsuite.__file__).resolve().parent.parent
@@ -132,21 +166,56 @@ class ABRunner:
         max_concurrency: int | None,
         num_warmups: int,
         num_pairs: int,
+        threads: int | None = None,
     ) -> PairedRuns:
-        """``num_warmups`` discarded runs per worker, then ``num_pairs`` pairs in ABBA order over the workers."""
+        """``num_warmups`` discarded runs per worker, then ``num_pairs`` pairs in ABBA order over the workers.
+
+        ``threads``: every worker's intra-op threads for this test; None picks
+        them on a CPU from the cores other work leaves free (module docstring)
+        and leaves them as loaded on an accelerator.
+        """
         encoded = tuple(wire.encode(r) for r in requests)
+        for side_runner in self.references + self.currents:
+            side_runner.worker()  # a side that died since the last test starts again before the machine is read
+        threads = self.choose_threads() if threads is None else threads
+        if threads is not None:
+            for side_runner in self.references + self.currents:
+                side_runner.set_threads(threads)
         workers = pair_workers(num_pairs, self.workers_per_side)
         warmups = [(REFERENCE + CURRENT, w) for w in range(self.workers_per_side) for _ in range(num_warmups)]
         runs: dict[str, list[RunResult]] = {REFERENCE: [], CURRENT: []}
+        uses: dict[str, list[CpuUse | None]] = {REFERENCE: [], CURRENT: []}
         for labels, worker in warmups:
             for label in labels:
                 self.side(label, worker).run(spec, encoded, max_concurrency)
         order = pair_order(num_pairs)
         for labels, worker in zip(order, workers):
             for label in labels:
-                result = self.side(label, worker).run(spec, encoded, max_concurrency)
+                with self._meter() as meter:
+                    result = self.side(label, worker).run(spec, encoded, max_concurrency)
                 runs[label].append(wire.decode(RunResult, result))
-        return PairedRuns(tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order, workers)
+                uses[label].append(meter.use)
+        busy = {label: _busy_shares(readings) for label, readings in uses.items()}
+        if len(busy[REFERENCE]) != num_pairs or len(busy[CURRENT]) != num_pairs:
+            busy = {REFERENCE: (), CURRENT: ()}  # a reading failed: none rather than some misaligned
+        return PairedRuns(tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order, workers,
+                          busy[REFERENCE], busy[CURRENT], threads)  # fmt: skip
+
+    def choose_threads(self) -> int | None:
+        """One thread per core other work leaves free, read while every worker is idle; None off the CPU."""
+        if self.loaded.device != "cpu":
+            return None
+        with self._meter() as meter:
+            self._sleep(IDLE_READING_SECONDS)
+        return threads_for_cores_left(meter.use, len(os.sched_getaffinity(0)))
+
+    def _meter(self) -> CpuMeter:
+        """A CPU meter that counts every worker's time as the session's own, beside the controller's."""
+        return CpuMeter(read=partial(self._read_cpu, own_seconds=self._own_cpu_seconds))
+
+    def _own_cpu_seconds(self) -> float:
+        pids = [side_runner.pid for side_runner in self.references + self.currents]
+        return time.process_time() + sum(process_cpu_seconds(pid) or 0.0 for pid in pids if pid is not None)
 
     def close(self) -> None:
         errors = []
@@ -157,6 +226,10 @@ class ABRunner:
                 errors.append(error)
         if errors:
             raise errors[0]
+
+
+def _busy_shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:
+    return tuple(use.busy_share for use in uses if use is not None)
 
 
 def check_room_for_other_copies(loaded: wire.Loaded, num_other_copies: int = 1) -> None:

@@ -135,6 +135,18 @@ class RunDone:
 
 
 @dataclass(frozen=True, slots=True)
+class SetThreads:
+    """Run from now on with ``num_threads`` intra-op threads (CPU); the controller sends both sides the same."""
+
+    num_threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadsSet:
+    num_threads: int  # what torch reports after setting it
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """The worker raised while serving the last command; it is still alive and takes the next one."""
 
@@ -149,8 +161,10 @@ class Shutdown:
 
 
 MESSAGES: dict[str, type] = {
-    cls.__name__: cls for cls in (Hello, Load, Loaded, Tokenize, Tokens, Build, Built, Run, RunDone, Failed, Shutdown)
-}
+    cls.__name__: cls
+    for cls in (Hello, Load, Loaded, Tokenize, Tokens, Build, Built, Run, RunDone, SetThreads, ThreadsSet, Failed,
+                Shutdown)
+}  # fmt: skip
 
 
 def write_message(stream: IO[str], message: Any) -> None:

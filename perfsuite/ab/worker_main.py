@@ -105,6 +105,14 @@ class Worker:
             special_token_ids=tuple(self.backend.special_token_ids),
         )
 
+    def on_setthreads(self, message):
+        import torch
+
+        if message.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {message.num_threads}")
+        torch.set_num_threads(message.num_threads)
+        return self.wire.ThreadsSet(torch.get_num_threads())
+
     def on_tokenize(self, message):
         return self.wire.Tokens(tuple(int(t) for t in self._loaded().tokenize(message.text)))
 

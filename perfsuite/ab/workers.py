@@ -207,6 +207,7 @@ class SideRunner:
         self._start = start
         self._worker: Worker | None = None
         self._built: dict[str, wire.Built] = {}
+        self._threads: int | None = None  # None: as the worker set itself up at Load
         self.loaded: wire.Loaded | None = None
 
     def worker(self) -> Worker:
@@ -225,6 +226,16 @@ class SideRunner:
             self._built[spec.engine_id] = worker.request(message, wire.Built, self._timeout, f"build {spec.engine}")
         return self._built[spec.engine_id]
 
+    def set_threads(self, num_threads: int) -> int:
+        """Its worker's intra-op threads from now on (a worker started again gets them again); what it reports."""
+        self._threads = num_threads
+        return self._send_threads(self.worker())
+
+    @property
+    def pid(self) -> int | None:
+        """The running worker's process id; None before it starts (or for a stand-in without one)."""
+        return None if self._worker is None else getattr(self._worker, "pid", None)
+
     def run(self, spec: EngineSpec, requests: tuple[Any, ...], max_concurrency: int | None) -> Any:
         self.build(spec)
         message = wire.Run(spec.engine_id, requests, max_concurrency)
@@ -242,8 +253,14 @@ class SideRunner:
         worker = self._start(self.side)
         try:
             self.loaded = worker.request(self._load, wire.Loaded, max(self._timeout, START_SECONDS), "load the model")
+            if self._threads is not None:
+                self._send_threads(worker)
         except BaseException:  # Ctrl-C and SIGTERM too: nobody else holds this worker yet
             worker.close()
             raise
         self._worker = worker
+
+    def _send_threads(self, worker: Worker) -> int:
+        message = wire.SetThreads(self._threads)
+        return worker.request(message, wire.ThreadsSet, self._timeout, f"set {self._threads} threads").num_threads
 

@@ -146,6 +146,7 @@ class ReferenceSide:
     samples: dict[str, tuple[float, ...]]
     timeline: RunTimeline | None
     pair_order: tuple[str, ...]  # "AB" or "BA", each pair
+    num_threads: int | None = None  # every worker's intra-op threads, both sides; None: as loaded (not chosen)
 
 
 @dataclass(frozen=True, slots=True)

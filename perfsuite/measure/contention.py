@@ -12,10 +12,16 @@ throughput, and torch's two threads on an oversubscribed machine run up to
 
 Only Linux has /proc/stat; elsewhere the meter reads ``None`` and nothing is
 judged noisy.
+
+Under ``--perf-against`` the runs happen in worker processes, so the meter
+counts their CPU time (``/proc/PID/stat``) as the session's own
+(``read_sample(own_seconds=...)``), and ``threads_for_cores_left`` picks the
+workers' thread count from a reading of what other work holds.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -137,15 +143,62 @@ def cpu_use(before: CpuSample, after: CpuSample, ticks_per_second: float) -> Cpu
     )
 
 
-def read_sample(path: str = PROC_STAT) -> CpuSample | None:
-    """A sample now, or ``None`` where /proc/stat cannot be read (macOS, Windows)."""
+def read_sample(path: str = PROC_STAT, own_seconds: Callable[[], float] = time.process_time) -> CpuSample | None:
+    """A sample now, or ``None`` where /proc/stat cannot be read (macOS, Windows).
+
+    ``own_seconds``: the CPU seconds that count as the session's own; by
+    default this process's (all its threads).
+    """
     try:
         with open(path, encoding="ascii") as file:
             text = file.read()
         ticks = parse_proc_stat(text)
     except (OSError, ValueError):
         return None
-    return CpuSample(ticks, process_seconds=time.process_time(), clock_seconds=time.perf_counter())
+    return CpuSample(ticks, process_seconds=own_seconds(), clock_seconds=time.perf_counter())
+
+
+def process_cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
+    """User plus system CPU seconds process ``pid`` has used (all its threads); None once it is gone, or off Linux."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces; utime and stime are fields 14 and 15.
+    fields = text.rpartition(")")[2].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / _ticks_per_second()
+    except (IndexError, ValueError):
+        return None
+
+
+# Other work on more than this share of one core takes that core from the workers' threads: on the 2-core CI
+# VM a neighbour using 0.28 of a core already cost 2-thread torch 11% of its throughput (DEFAULT_THRESHOLD's
+# readings), while one thread instead of two costs about 20% (``timing.configure_threads``), and a neighbour
+# that holds a whole core cost 2-thread torch up to 85% (spinning threads wait on the one that is descheduled).
+CORE_TAKEN_FROM = 0.3
+
+
+def cores_taken(use: CpuUse) -> int:
+    """Whole cores other work holds, from a reading taken while the session itself was idle."""
+    busy_cores = use.busy_share * use.num_cpus
+    return max(0, math.ceil(busy_cores - CORE_TAKEN_FROM))
+
+
+def threads_for_cores_left(use: CpuUse | None, num_cpus: int) -> int:
+    """Intra-op threads for a run: one per core of ``num_cpus`` (the ones it may use) that other work leaves free.
+
+    At least one; all ``num_cpus`` when nothing could be read. Fewer threads
+    than cores is slower on a quiet machine, but more threads than free cores
+    is far slower on a busy one, and in a way that varies from run to run.
+    """
+    if num_cpus < 1:
+        raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
+    if use is None:
+        return num_cpus
+    free = use.num_cpus - cores_taken(use)
+    return max(1, min(num_cpus, free))
 
 
 class CpuMeter:

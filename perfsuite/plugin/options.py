@@ -38,6 +38,14 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
 kv_blocks = integer_at_least(1, "a number of KV blocks")
 worker_count = integer_at_least(1, "at least 1 worker per side")
+AUTO_THREADS = "auto"
+
+
+def worker_threads(text: str) -> int | str:
+    """``auto``, or a number of intra-op threads (at least 1) for every A/B worker."""
+    if text == AUTO_THREADS:
+        return AUTO_THREADS
+    return integer_at_least(1, "auto or a number of threads")(text)
 
 
 def profile_name(text: str) -> str:
@@ -175,6 +183,10 @@ _OPTIONS = (
     ("perf_against_workers", worker_count, "2",
      "worker processes per side under --perf-against (each holds a copy of the model); pairs rotate over them "
      "two at a time, so no one process's own speed shifts every pair"),
+    ("perf_against_threads", worker_threads, AUTO_THREADS,
+     "intra-op threads of every --perf-against worker, both sides alike: auto picks, before each test, one per CPU "
+     "core that other work leaves free (on a busy runner, fewer threads than cores beats oversubscribing them), "
+     "or a number"),
     ("perf_worker_timeout", positive_number, "600",
      "seconds a --perf-against worker may take to answer one run before it is killed as hung"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
@@ -259,6 +271,7 @@ class PerfOptions:
     against: str | None = option_default("perf_against")  # --perf-against REF: A/B side by side, no baselines
     worker_timeout: float = option_default("perf_worker_timeout")
     against_workers: int = option_default("perf_against_workers")  # worker processes per side
+    against_threads: int | str = option_default("perf_against_threads")  # a count, or auto: chosen before each test
     repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
     kv_blocks: int | None = option_default("perf_kv_blocks")  # the paged engine's pool; None: its default
     # --perf-history, resolved like report_dir: a path under the rootdir, or a URL. None (--perf-history none, and
@@ -321,6 +334,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         against=against,
         worker_timeout=values["perf_worker_timeout"],
         against_workers=values["perf_against_workers"],
+        against_threads=values["perf_against_threads"],
         repeats_given=values["perf_repeats"] is not None,
         kv_blocks=values["perf_kv_blocks"],
         history_store=_history_store(values["perf_history"], rootdir),

@@ -28,6 +28,7 @@ from perfsuite.measure.environment import server_environment
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.judge.results import TestResult
 from perfsuite.measure.summaries import Repeats, SizingParameters, sizing_parameters, summarise
+from perfsuite.plugin.options import AUTO_THREADS
 from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
 from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.measure.environment import ServerEnvironment
@@ -147,9 +148,11 @@ class PerfRecorder:
                 f"build it by name in each tree); this test built {engine.name!r} itself", pytrace=False,
             )  # fmt: skip
         runner = session.against.runner
+        threads = None if options.against_threads == AUTO_THREADS else options.against_threads
         try:
             built = runner.build(engine.spec)
-            paired = runner.run_pairs(engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats)
+            paired = runner.run_pairs(engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats,
+                                      threads)  # fmt: skip
         except WorkerError as error:
             pytest.fail(f"{self.test_id}: --perf-against {options.against}: {error}", pytrace=False)
         if not all(side.runs_in_process for side in built):
@@ -162,13 +165,14 @@ class PerfRecorder:
                 f"(a side that does less looks faster): {'; '.join(unequal[:5])}", pytrace=False,
             )  # fmt: skip
         metrics, slo = session.compared_metrics, options.slo
-        current = summarise(Repeats(paired.current), metrics, slo)
-        reference = summarise(Repeats(paired.reference), metrics, slo)
+        current = summarise(Repeats(paired.current, busy_shares=paired.current_busy), metrics, slo)
+        reference = summarise(Repeats(paired.reference, busy_shares=paired.reference_busy), metrics, slo)
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
         parameters = self._sizing(engine, requests, max_concurrency, None)
         self.result = session.record_paired(
-            self.test_id, current, reference, paired.order, parameters, configuration, arrival_rate
-        )
+            self.test_id, current, reference, paired.order, parameters, configuration, arrival_rate,
+            num_threads=paired.num_threads,
+        )  # fmt: skip
         return self.result
 
     def assert_no_regression(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,13 +180,22 @@ class PerfSession:
         parameters: SizingParameters,
         configuration: RunConfiguration,
         arrival_rate: float | None = None,
+        num_threads: int | None = None,
     ) -> TestResult:
-        """Judge side B's repeats against side A's, measured beside them (``--perf-against``); no baseline."""
+        """Judge side B's repeats against side A's, measured beside them (``--perf-against``); no baseline.
+
+        ``num_threads``: the workers' intra-op threads for this test, which its
+        environment (and so its fingerprint in the run history) records.
+        """
         assert self.environment is not None and self.against is not None, "start the A/B workers first"
+        environment = self.environment
+        if num_threads is not None:
+            environment = dataclasses.replace(environment, num_threads=num_threads)
+            self._note_fewer_threads(test_id, num_threads)
         result = TestResult(
             test_id,
-            Measurement.of(current, parameters, configuration, arrival_rate, self.environment),
-            reference=ReferenceSide(reference.samples, reference.timeline, pair_order),
+            Measurement.of(current, parameters, configuration, arrival_rate, environment),
+            reference=ReferenceSide(reference.samples, reference.timeline, pair_order, num_threads),
         )
         result = judge_paired(
             result,
@@ -198,6 +208,16 @@ class PerfSession:
         result = self._bounded(result)
         self.results.append(result)
         return result
+
+    def _note_fewer_threads(self, test_id: str, num_threads: int) -> None:
+        usable = len(os.sched_getaffinity(0))
+        if num_threads < usable:
+            self._warn_once(
+                f"--perf-against: other work held cores of this machine (from {test_id} on), so both sides' workers "
+                f"ran with fewer intra-op threads than its {usable} usable cores (each test's count and the CPU "
+                "other work used during its runs are in the report); the sides stay comparable, the figures are "
+                "slower than on a quiet machine"
+            )
 
     def _bounded(self, result: TestResult) -> TestResult:
         """With the session's not-yet-made comparisons counted as p = 1 (module docstring)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from perfsuite.judge.results import (
     read_history,
     read_results,
 )
+from perfsuite.judge.catalogue import BUSY_SHARE
 from perfsuite.report import plots
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import send_lag as send_lag_view
@@ -460,8 +462,29 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         ("requests completed", summary.completed),
     )  # fmt: skip
     shown_facts = [(label, _format_value(value)) for label, value in shown]
-    return (facts + shown_facts + _memory_facts(test) + send_lag_view.send_lag_facts(test)
+    return (facts + shown_facts + _memory_facts(test) + _machine_facts(test) + send_lag_view.send_lag_facts(test)
             + capacity_view.capacity_facts(test))  # fmt: skip
+
+
+def _machine_facts(test: TestResult) -> list[tuple[str, str]]:
+    """The CPU other work used during each repeat (or each side's runs), and an A/B test's worker threads."""
+    facts = []
+    current = test.measurement.samples.get(BUSY_SHARE, ())
+    if test.reference is None:
+        if current:
+            facts.append(("CPU used by other work", _busy_text(current, "repeat")))
+        return facts
+    reference = test.reference.samples.get(BUSY_SHARE, ())
+    if current and reference:
+        facts.append(("CPU used by other work", f"A: {_busy_text(reference, 'run')}; B: {_busy_text(current, 'run')}"))
+    if test.reference.num_threads is not None:
+        facts.append(("worker threads", f"{test.reference.num_threads} intra-op a worker, both sides"))
+    return facts
+
+
+def _busy_text(shares: Sequence[float], run: str) -> str:
+    runs = run if len(shares) == 1 else f"{run}s"
+    return f"median {statistics.median(shares):.0%}, most {max(shares):.0%} of the machine, over {len(shares)} {runs}"
 
 
 def _capacity_figure(test: TestResult) -> Figure | None:
