@@ -16,14 +16,22 @@ three modes:
 - ``stored-2x``: the same with 2R repeats (and 2R-repeat baselines): as many
   timed runs as ``ab``, so the same wall-clock budget.
 
-and four conditions of the measured tree (side B in ``ab``):
+- ``ab-allcores``: as ``ab``, with every worker held to one intra-op thread
+  per usable core (``--perf-against-threads N``), as before the workers'
+  threads were chosen for the cores other work leaves free: the before of
+  the busy-runner table;
+
+and these conditions of the measured tree (side B in ``ab``):
 
 - ``aa``: HEAD as it is (any regressed verdict is a false alarm);
 - ``slow5`` / ``slow10`` / ``slow25``: HEAD with every ``ModelRunner.execute``
   busy-waiting 5% / 10% / 25% of its own time after it returns (appended to
   the tree's ``perfsuite/engine/model_runner.py``; the reference side of
   ``ab`` and the recorded baselines stay unslowed), as a uniformly slower
-  kernel would. It busy-waits rather than sleeps, like bench/slowdown_plugin.py.
+  kernel would. It busy-waits rather than sleeps, like bench/slowdown_plugin.py;
+- ``loaded-aa`` / ``loaded-slow10``: ``aa`` / ``slow10`` while a second
+  process busy-loops on one core for the whole session (a busy runner; not
+  on ``--modes stored``, whose repeats would be noisy by design).
 
 Sessions run in rounds; each round runs every (mode, condition) once, the
 order rotated from round to round so that a drift of the machine hits every
@@ -73,13 +81,15 @@ from calibrate_e2e import (  # noqa: E402 - bench/ is not a package
     format_table,
     percent,
     run_logged,
+    busy_neighbour,
     session_order,
     session_outcome,
 )
 
 REPO = BENCH.parent
-MODES = ("ab", "stored", "stored-2x")
+MODES = ("ab", "stored", "stored-2x", "ab-allcores")
 SLOWDOWNS = {"aa": 0.0, "slow5": 0.05, "slow10": 0.10, "slow25": 0.25}
+LOADED = {"loaded-aa": "aa", "loaded-slow10": "slow10"}  # a condition under a busy neighbour: its tree
 SELECT = "test_throughput and inflight and B8"
 INJECTION_REPORT_ENV = "PERFSUITE_CALIBRATE_INJECTED"
 SUMMARY = (  # (name on the last line, mode, condition)
@@ -152,11 +162,12 @@ def _archive_head(into: Path) -> None:
 
 def pytest_command(args, mode: str, trees: dict[str, Path], work: Path, report_dir: Path, *, save=False) -> list[str]:
     repeats = args.repeats * (2 if mode == "stored-2x" else 1)
+    all_cores = ["--perf-against-threads", str(len(os.sched_getaffinity(0)))] if mode == "ab-allcores" else []
     command = [sys.executable, "-m", "pytest", "perfsuite/suites", "--perf", "--perf-model", args.model,
                "--perf-profile", args.profile, "--perf-repeats", str(repeats), "--perf-report-dir", str(report_dir),
                "-k", args.select, "-p", "no:randomly", "-p", "no:cacheprovider", "-q", *args.pytest_args]  # fmt: skip
-    if mode == "ab":
-        return command + [f"--perf-against={trees['reference']}"]
+    if mode.startswith("ab"):
+        return command + [f"--perf-against={trees['reference']}", *all_cores]
     command += ["--perf-baseline-dir", str(work / f"baselines-{repeats}")]
     return command + (["--perf-save-baseline"] if save else [])
 
@@ -174,7 +185,7 @@ def run_session(command: list[str], tree: Path, out_dir: Path) -> dict[str, Any]
 
 
 def record_baselines(args, trees: dict[str, Path], work: Path, modes: Sequence[str]) -> None:
-    for mode in [m for m in modes if m != "ab"]:
+    for mode in [m for m in modes if not m.startswith("ab")]:
         out_dir = work / f"record-{mode}"
         command = pytest_command(args, mode, trees, work, out_dir, save=True)
         print(f"recording {mode} baselines ...", file=sys.stderr, flush=True)
@@ -192,10 +203,12 @@ def measure(args, work: Path) -> dict[str, Any]:
     for index, (cell, round_index) in enumerate(session_order(cells, args.rounds)):
         mode, condition = cell.split(":")
         out_dir = work / "sessions" / f"{index:03d}-{mode}-{condition}"
-        run = run_session(pytest_command(args, mode, trees, work, out_dir), trees[condition], out_dir)
+        tree = LOADED.get(condition, condition)
+        with busy_neighbour(condition in LOADED):
+            run = run_session(pytest_command(args, mode, trees, work, out_dir), trees[tree], out_dir)
         try:
             outcome = session_outcome(_read_results(out_dir), run["exit_code"])
-            if SLOWDOWNS[condition] and not run["injected"]["added_s"]:
+            if SLOWDOWNS[tree] and not run["injected"]["added_s"]:
                 raise CalibrationAborted(f"{condition}: the slowed tree's busy-wait never ran")
         except CalibrationAborted as error:
             raise CalibrationAborted(f"{cell} (round {round_index}): {error}\n{_tail(out_dir / 'stdout.txt')}") from None
@@ -222,19 +235,53 @@ def throughput_changes(sessions: Sequence[dict[str, Any]], cell: str) -> list[fl
     ]
 
 
+def throughput_mdes(sessions: Sequence[dict[str, Any]], cell: str) -> list[float]:
+    """Each test's minimum detectable effect on throughput (a fraction), where results.json recorded one."""
+    return [
+        c["min_detectable_effect"]
+        for s in sessions
+        if s["condition"] == cell
+        for t in s["tests"]
+        for c in t["comparisons"]
+        if c["metric"] == "output_throughput" and c.get("min_detectable_effect") is not None
+    ]
+
+
+def cell_threads(sessions: Sequence[dict[str, Any]], cell: str) -> str:
+    """The workers' thread counts an A/B cell's tests ran with, e.g. "1" or "1-2"; "-" for stored mode."""
+    counts = sorted({t.get("num_threads") for s in sessions if s["condition"] == cell for t in s["tests"]} - {None})
+    return "-" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
+def cell_busy(sessions: Sequence[dict[str, Any]], cell: str) -> str:
+    """The median share of the machine other work used during B's runs (the current tree's) in a cell."""
+    shares = sorted(share for s in sessions if s["condition"] == cell for t in s["tests"]
+                    for share in t.get("busy_shares") or ())  # fmt: skip
+    return f"{100 * shares[len(shares) // 2]:.0f}%" if shares else "n/a"
+
+
+def _median_text(values: Sequence[float], signed: bool) -> str:
+    if not values:
+        return "n/a"
+    middle = sorted(values)[len(values) // 2]
+    return f"{100 * middle:+.1f}%" if signed else f"{100 * middle:.1f}%"
+
+
 def report(data: dict[str, Any]) -> str:
     sessions = data["sessions"]
     rates = condition_rates(sessions, [c for c in data["cells"] if any(s["condition"] == c for s in sessions)])
     rows = []
     for cell, r in rates.items():
-        changes = sorted(throughput_changes(sessions, cell))
-        median = f"{100 * changes[len(changes) // 2]:+.1f}%" if changes else "n/a"
+        mdes = throughput_mdes(sessions, cell)
         rows.append([cell, f"{r['sessions_flagged']}/{r['sessions']} ({percent(r['session_rate'])})",
                      f"{r['tests_flagged']}/{r['tests_judged']} ({percent(r['test_rate'])})",
-                     f"{r['tests_noisy']}/{r['tests_judged']}", median,
+                     f"{r['tests_noisy']}/{r['tests_judged']}", _median_text(throughput_changes(sessions, cell), True),
+                     _median_text(mdes, False), f"{100 * max(mdes):.1f}%" if mdes else "n/a",
+                     cell_threads(sessions, cell), cell_busy(sessions, cell),
                      f"{r['mean_wall_s']:.0f}", f"{r['mean_injected_s']:.1f}"])  # fmt: skip
     headers = ["mode:condition", "sessions flagged", "tests flagged", "tests noisy", "median tok/s change",
-               "mean wall s", "busy-wait s"]  # fmt: skip
+               "median tok/s MDE", "max tok/s MDE", "threads", "other work (B's runs)", "mean wall s",
+               "busy-wait s"]  # fmt: skip
     header = (f"model={data['model']} profile={data['profile']} repeats={data['repeats']} (pairs in ab; x2 in "
               f"stored-2x) select={data['select']!r} rounds={data['rounds']}")  # fmt: skip
     return "\n".join([header, format_table(headers, rows), summary_line(rates)])
@@ -265,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.load:
         print(report(json.loads(args.load.read_text())))
         return 0
-    unknown = [m for m in args.modes if m not in MODES] + [c for c in args.conditions if c not in SLOWDOWNS]
+    unknown = [m for m in args.modes if m not in MODES] + [
+        c for c in args.conditions if c not in SLOWDOWNS and c not in LOADED
+    ]
     if unknown:
         parser.error(f"unknown mode or condition: {', '.join(unknown)}")
     work = Path(tempfile.mkdtemp(prefix="perfsuite-calibrate-ab-"))

@@ -105,7 +105,8 @@ SUMMARY_RATES = (  # (name on the last line, condition, rate)
     ("test_detect25", "slow25", "tests"),
 )
 BUSY_LOOP = "while True: pass"
-COMPARISON_FIELDS = ("metric", "verdict", "change", "p_adjusted", "baseline_median", "current_median")
+COMPARISON_FIELDS = ("metric", "verdict", "change", "p_adjusted", "baseline_median", "current_median",
+                     "min_detectable_effect")  # fmt: skip
 TAIL_LINES = 40
 
 
@@ -142,6 +143,8 @@ def outcome_of_test(test: dict[str, Any]) -> dict[str, Any]:
         "noisy": noisy,
         "noisy_reason": measured.get("noisy") if isinstance(measured.get("noisy"), str) else None,
         "comparisons": [{key: c.get(key) for key in COMPARISON_FIELDS} for c in comparisons],
+        "num_threads": (test.get("reference") or {}).get("num_threads"),  # an A/B test's workers' threads
+        "busy_shares": list((measured.get("samples") or {}).get("cpu_busy_share") or []),
     }
 
 

@@ -70,3 +70,31 @@ def test_a_cell_not_run_shows_na():
     report = calibrate.report({"model": "m", "profile": "p", "repeats": 7, "select": "s", "rounds": 1,
                                "cells": ["ab:aa"], "sessions": [_session("ab:aa", [False])]})  # fmt: skip
     assert report.splitlines()[-1] == "ab_false_alarm=0% ab_detect5=n/a ab_detect10=n/a stored_detect10=n/a"
+
+
+def test_ab_allcores_holds_every_worker_to_a_thread_per_usable_core(monkeypatch):
+    monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    command = calibrate.pytest_command(ARGS, "ab-allcores", TREES, Path("/work"), Path("/out"))
+    assert command[-3:] == ["--perf-against=/work/reference", "--perf-against-threads", "3"]
+    assert "--perf-against-threads" not in calibrate.pytest_command(ARGS, "ab", TREES, Path("/work"), Path("/out"))
+
+
+def test_the_table_gives_each_cells_throughput_mde_threads_and_other_works_share():
+    loaded = _session("ab:loaded-aa", [False, False])
+    for test, mde, threads in zip(loaded["tests"], (0.08, 0.12), (1, 1)):
+        test["comparisons"][0]["min_detectable_effect"] = mde
+        test["num_threads"], test["busy_shares"] = threads, [0.5, 0.48, 0.52]
+    quiet = _session("ab-allcores:aa", [False])
+    quiet["tests"][0]["comparisons"][0]["min_detectable_effect"] = 0.04
+    quiet["tests"][0]["num_threads"] = 2
+    report = calibrate.report({"model": "m", "profile": "p", "repeats": 12, "select": "s", "rounds": 1,
+                               "cells": ["ab:loaded-aa", "ab-allcores:aa"], "sessions": [loaded, quiet]})  # fmt: skip
+    [loaded_row] = [line.split() for line in report.splitlines() if line.startswith("ab:loaded-aa")]
+    assert loaded_row[-6:-2] == ["12.0%", "12.0%", "1", "50%"], "median and max MDE, threads, other work's share"
+    [quiet_row] = [line.split() for line in report.splitlines() if line.startswith("ab-allcores:aa")]
+    assert quiet_row[-6:-2] == ["4.0%", "4.0%", "2", "n/a"]
+
+
+def test_a_loaded_condition_runs_its_trees_code_under_a_busy_neighbour():
+    assert calibrate.LOADED == {"loaded-aa": "aa", "loaded-slow10": "slow10"}
+    assert all(tree in calibrate.SLOWDOWNS for tree in calibrate.LOADED.values())
