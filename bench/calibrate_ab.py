@@ -224,26 +224,15 @@ def measure(args, work: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- the table
 
 
-def throughput_changes(sessions: Sequence[dict[str, Any]], cell: str) -> list[float]:
+def throughput_figures(sessions: Sequence[dict[str, Any]], cell: str, key: str = "change") -> list[float]:
+    """A field of every throughput comparison of a cell's tests (``change``, ``min_detectable_effect``) where set."""
     return [
-        c["change"]
+        c[key]
         for s in sessions
         if s["condition"] == cell
         for t in s["tests"]
         for c in t["comparisons"]
-        if c["metric"] == "output_throughput" and c["change"] is not None
-    ]
-
-
-def throughput_mdes(sessions: Sequence[dict[str, Any]], cell: str) -> list[float]:
-    """Each test's minimum detectable effect on throughput (a fraction), where results.json recorded one."""
-    return [
-        c["min_detectable_effect"]
-        for s in sessions
-        if s["condition"] == cell
-        for t in s["tests"]
-        for c in t["comparisons"]
-        if c["metric"] == "output_throughput" and c.get("min_detectable_effect") is not None
+        if c["metric"] == "output_throughput" and c.get(key) is not None
     ]
 
 
@@ -272,10 +261,10 @@ def report(data: dict[str, Any]) -> str:
     rates = condition_rates(sessions, [c for c in data["cells"] if any(s["condition"] == c for s in sessions)])
     rows = []
     for cell, r in rates.items():
-        mdes = throughput_mdes(sessions, cell)
+        mdes = throughput_figures(sessions, cell, "min_detectable_effect")
         rows.append([cell, f"{r['sessions_flagged']}/{r['sessions']} ({percent(r['session_rate'])})",
                      f"{r['tests_flagged']}/{r['tests_judged']} ({percent(r['test_rate'])})",
-                     f"{r['tests_noisy']}/{r['tests_judged']}", _median_text(throughput_changes(sessions, cell), True),
+                     f"{r['tests_noisy']}/{r['tests_judged']}", _median_text(throughput_figures(sessions, cell), True),
                      _median_text(mdes, False), f"{100 * max(mdes):.1f}%" if mdes else "n/a",
                      cell_threads(sessions, cell), cell_busy(sessions, cell),
                      f"{r['mean_wall_s']:.0f}", f"{r['mean_injected_s']:.1f}"])  # fmt: skip
