@@ -117,8 +117,8 @@ def test_the_terminal_table_has_a_row_per_test_that_looked_anything_up():
 
 
 def test_the_report_shows_the_hit_rate_evictions_and_ttft_of_hits_and_misses_only_where_there_are_any():
-    paged = make_result("t.py::test_x[paged]", counters=CACHING,
-                        request_samples={"ttft_ms": (1.0, 2.0, 3.0), TTFT_HIT: (1.0, 2.0), TTFT_MISS: (3.0,)})  # fmt: skip
+    split = {"ttft_ms": (1.0, 2.0, 3.0), TTFT_HIT: (1.0, 2.0), TTFT_MISS: (3.0,)}
+    paged = make_result("t.py::test_x[paged]", counters=CACHING, request_samples=split)
     html = render_report(make_results(paged, make_result("t.py::test_static")))
     paged_section, static_section = html.split('id="test-')[1:3]
     for text in ("prefix cache hit rate", "62.5% of 2,048 prompt tokens looked up", "prefix cache evicted blocks",

@@ -50,7 +50,13 @@ from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
-from perfsuite.measure.prefix_cache import CachedPrompts, PrefixCacheFigures, TtftSplit, prefix_cache_figures, ttft_split
+from perfsuite.measure.prefix_cache import (
+    CachedPrompts,
+    PrefixCacheFigures,
+    TtftSplit,
+    prefix_cache_figures,
+    ttft_split,
+)
 from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     GOODPUT,
