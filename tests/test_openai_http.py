@@ -19,8 +19,8 @@ from aiohttp import web
 from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.openai_http import OpenAIHttpEngine, OpenAIHttpError, ShortOutputError
-from perfsuite.engine import FinishReason, Request, SamplingParams
 from perfsuite.adapters.openai_stream import Piece, Received, to_record
+from perfsuite.engine import FinishReason, Request, SamplingParams
 from perfsuite.measure.metrics import request_metrics, run_metrics
 from perfsuite.measure.prefix_cache import cached_prompts
 from perfsuite.serve import ServerThread

@@ -147,3 +147,16 @@ def test_perfsuite_run_prints_a_hit_rate_line_only_for_a_run_that_looked_anythin
                                                                    "(requests' cached_tokens)")  # fmt: skip
     static = run(record("a", 0.01, 0), counters=EngineCounters(num_forward_passes=3))
     assert prefix_cache_line(static, run_metrics(static)) is None
+
+
+def test_perfsuite_compare_prints_the_prefix_cache_table_when_the_new_run_looked_anything_up(tmp_path, capsys):
+    from perfsuite.cli import main
+
+    for name, counters in (("cached", CACHING), ("plain", EngineCounters(num_forward_passes=9))):
+        write_results(tmp_path / f"{name}.json", make_results(make_result("t.py::test_x[paged]", counters=counters)))
+    main(["compare", str(tmp_path / "plain.json"), str(tmp_path / "cached.json")])
+    out = capsys.readouterr().out
+    assert "Prefix cache:\n" in out and "1,280 / 2,048" in out and out.index("Prefix cache") < out.index("overall:")
+    assert "num_prefix_cache_hit_tokens" in out, "a counter changed row"
+    main(["compare", str(tmp_path / "cached.json"), str(tmp_path / "plain.json")])
+    assert "Prefix cache:" not in capsys.readouterr().out
