@@ -238,3 +238,18 @@ def test_add_special_tokens_adds_bos_over_http_where_asked(served):
     rendered = len("<user>Hi<assistant>")
     assert prompt_tokens("/v1/chat/completions", chat) == rendered, "the template's tokens alone by default"
     assert prompt_tokens("/v1/chat/completions", {**chat, "add_special_tokens": True}) == rendered + 1
+
+
+def test_openai_http_reads_what_perfsuite_serve_returns(served):
+    from perfsuite.adapters.http_options import HttpClientOptions
+    from perfsuite.adapters.openai_http import OpenAIHttpEngine
+    from perfsuite.engine import SamplingParams
+
+    tokenizer = BosTokenizer()
+    engine = OpenAIHttpEngine(served.url, 2, lambda text: tokenizer(text)["input_ids"], detokenize=tokenizer.decode,
+                              options=HttpClientOptions(prompt_format="token_ids"))  # fmt: skip
+    prompt = (70, 71, 72, 73)
+    requests = [Request(f"r{i}", prompt, SamplingParams(3, ignore_eos=True)) for i in range(2)]
+    first = engine.run(requests[:1]).records
+    again = engine.run(requests[1:]).records
+    assert [r.num_cached_tokens for r in (*first, *again)] == [0, len(prompt) - 1]
