@@ -27,7 +27,7 @@ from perfsuite.history.series import SERIES_METRICS
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
-from perfsuite.report.table import format_table, memory_table
+from perfsuite.report.table import format_table, memory_table, prefix_cache_table
 from perfsuite.workload import mixed_workload
 
 if TYPE_CHECKING:
@@ -314,9 +314,9 @@ def _compare(args: argparse.Namespace) -> int:
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
     verdicts = verdict_table(judged.tests, paired=judged.against is not None)
     print(verdicts.text())
-    table = memory_table(judged.tests)
-    if table is not None:
-        print(table)
+    for table in (memory_table(judged.tests), prefix_cache_table(judged.tests)):
+        if table is not None:
+            print(table)
     for warning in judged.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     verdict = overall_verdict(verdicts.rows)
@@ -431,7 +431,7 @@ def _run(args: argparse.Namespace) -> int:
     config = EngineConfig(
         args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
     )
-    rows = []
+    rows, cache_lines = [], []
     for kind in args.engines:
         engine = _built(kind, backend, config)
         warm_up(engine, requests)
@@ -439,9 +439,24 @@ def _run(args: argparse.Namespace) -> int:
         result = timed_run(engine, requests, device, on_step=progress)
         if progress:
             progress.close()
-        rows.append(_row(result, run_metrics(result)))
+        metrics = run_metrics(result)
+        rows.append(_row(result, metrics))
+        cache_lines.append(prefix_cache_line(result, metrics))
     print(format_table(HEADERS, rows))
+    for line in filter(None, cache_lines):
+        print(line)
     return 0
+
+
+def prefix_cache_line(result: RunResult, metrics: RunMetrics) -> str | None:
+    """``prefix cache (paged): hit rate 62.5% of ...; 3 blocks evicted``; None when the run looked nothing up."""
+    from perfsuite.measure.prefix_cache import cached_prompts, prefix_cache_figures
+
+    figures = prefix_cache_figures(result.counters, cached_prompts(metrics.requests))
+    if figures is None:
+        return None
+    evicted = "" if figures.num_evicted_blocks is None else f"; {figures.num_evicted_blocks} blocks evicted"
+    return f"prefix cache ({result.engine_name}): hit rate {figures.describe()}{evicted}"
 
 
 def _built(kind: str, backend, config):

@@ -25,6 +25,7 @@ PURE_MODULES = [
     "perfsuite.workload.sweep",
     "perfsuite.measure.metrics",
     "perfsuite.measure.capacity",
+    "perfsuite.measure.prefix_cache",
     "perfsuite.correctness",
     "perfsuite.testing",
     "perfsuite.models",

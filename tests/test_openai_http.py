@@ -19,8 +19,10 @@ from aiohttp import web
 from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.openai_http import OpenAIHttpEngine, OpenAIHttpError, ShortOutputError
+from perfsuite.adapters.openai_stream import Piece, Received, to_record
 from perfsuite.engine import FinishReason, Request, SamplingParams
-from perfsuite.measure.metrics import request_metrics
+from perfsuite.measure.metrics import request_metrics, run_metrics
+from perfsuite.measure.prefix_cache import cached_prompts
 from perfsuite.serve import ServerThread
 
 pytest_plugins = ["pytester"]
@@ -63,6 +65,9 @@ class Behaviour:
     tokens_per_chunk: int = 1
     api_key: str | None = None
     html_error: tuple[str, int] | None = None  # (path, status): a web server's HTML error page, not an API's JSON
+    # usage.prompt_tokens_details.cached_tokens, vLLM's: a prompt seen before is cached but for its last token
+    prefix_cache: bool = False
+    cached_tokens: object = None  # sent as cached_tokens whatever the prompt (a broken server)
 
 
 VLLM = Behaviour()
@@ -88,6 +93,7 @@ LLAMA_CPP = Behaviour(
 class FakeOpenAIServer:
     behaviour: Behaviour
     seen: list[tuple[str, dict, dict]] = field(default_factory=list)  # (path, headers, body)
+    prompts_seen: set[tuple[int, ...]] = field(default_factory=set)  # the prefix cache, when it has one
 
     @property
     def completion_bodies(self) -> list[dict]:
@@ -167,10 +173,21 @@ class FakeOpenAIServer:
             finish = reason if number == len(starts) - 1 else None
             await response.write(self._event({"choices": [self._choice(body, chunk_ids, text, finish)]}))
         if self.behaviour.sends_usage and body.get("stream_options", {}).get("include_usage"):
-            usage = {"completion_tokens": num_tokens + self.behaviour.usage_extra}
+            usage = {"completion_tokens": num_tokens + self.behaviour.usage_extra, **self._prompt_details(body)}
             await response.write(self._event({"choices": [], "usage": usage}))
         await response.write(b"data: [DONE]\n\n")
         return response
+
+    def _prompt_details(self, body: dict) -> dict:
+        if self.behaviour.cached_tokens is not None:
+            return {"prompt_tokens_details": {"cached_tokens": self.behaviour.cached_tokens}}
+        if not self.behaviour.prefix_cache:
+            return {}
+        prompt = body["prompt"] if "prompt" in body else body["messages"][-1]["content"]
+        prompt = tuple(prompt) if isinstance(prompt, list) else tuple(encode(prompt))
+        cached = len(prompt) - 1 if prompt in self.prompts_seen else 0
+        self.prompts_seen.add(prompt)
+        return {"prompt_tokens_details": {"cached_tokens": cached}}
 
     def _choice(self, body: dict, token_ids: list[int], text: str, finish: str | None) -> dict:
         choice = {"index": 0, "finish_reason": finish}
@@ -442,3 +459,44 @@ def test_pytest_options_build_the_client_options(pytester, monkeypatch):
     assert options == HttpClientOptions("m", "sk-from-env", "text", "ignore_eos", "chat", True)
     assert read_options(pytester.parseconfig("--perf-api-key", "sk-flag")).http_client.api_key == "sk-flag"
     assert "sk-from-env" not in repr(read_options(config))
+
+
+# --------------------------------------------------------------------------- 6. the server's prefix cache
+
+
+def test_the_servers_cached_tokens_are_recorded_per_request_and_sum_to_its_hit_rate(serve):
+    _, url = serve(replace(VLLM, prefix_cache=True))
+    engine = engine_for(url)
+    shared = tuple(encode("Shared prefix"))  # not the probe request's prompt: the first run meets it uncached
+    other = Request("r3", tuple(encode("Other prompt")), SamplingParams(6, ignore_eos=True))
+    first, *again = requests(3, prompt=shared)
+    (missed,) = engine.run([first]).records
+    run = engine.run([*again, other])
+    assert missed.num_cached_tokens == 0
+    cached = {r.request_id: r.num_cached_tokens for r in run.records}
+    assert cached == {"r1": len(shared) - 1, "r2": len(shared) - 1, "r3": 0}
+    prompts = cached_prompts(run_metrics(run).requests)
+    assert prompts.num_hits == 2
+    assert prompts.hit_rate == 2 * (len(shared) - 1) / (2 * len(shared) + other.num_prompt_tokens)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_a_server_that_does_not_say_leaves_cached_tokens_unknown(serve, api):
+    _, url = serve(VLLM)
+    (record,) = engine_for(url, api=api).run(requests(1)).records
+    assert record.num_cached_tokens is None
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "4", True])
+def test_a_malformed_cached_tokens_is_an_error_naming_the_request_and_the_field(serve, value):
+    _, url = serve(replace(VLLM, cached_tokens=value))
+    expected = r"request '(perfsuite-probe|r0)': the server's usage.prompt_tokens_details.cached_tokens is"
+    with pytest.raises(OpenAIHttpError, match=expected):
+        engine_for(url).run(requests(1))
+
+
+def test_cached_tokens_count_at_most_the_prompt_a_chat_template_adds_to():
+    request = requests(1)[0]
+    received = Received(request, 1.0, 2.0, (Piece(1.5, "ab", (1, 2)),), FinishReason.LENGTH, 2,
+                        num_cached_tokens=len(PROMPT) + 7)  # fmt: skip
+    assert to_record(received, encode).num_cached_tokens == len(PROMPT)

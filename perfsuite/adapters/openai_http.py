@@ -21,7 +21,8 @@ as ``Authorization: Bearer`` on every request, ``/v1/models`` included.
 Timestamps are the client's ``time.perf_counter`` when each streamed chunk
 arrives, so latencies include the network and the server's HTTP layer. How
 tokens are counted and timed (exact token ids, or text only) is
-``perfsuite.adapters.openai_stream``'s rule; tokens are never invented.
+``perfsuite.adapters.openai_stream``'s rule; tokens are never invented. A server that reports its prefix
+cache hits per request (``usage.prompt_tokens_details.cached_tokens``) has them recorded too (same module).
 
 After a run, every request must have produced what it asked for
 (``perfsuite.adapters.output_lengths``): a short or empty output fails the run
@@ -483,6 +484,7 @@ class _Client:
             pieces=tuple(state.pieces),
             finish_reason=state.finish_reason,
             num_usage_tokens=state.num_usage_tokens,
+            num_cached_tokens=state.num_cached_tokens,
         )
 
     async def _stream(self, request: Request, payload: dict) -> StreamState:

@@ -15,6 +15,13 @@ How tokens are counted and timed, per request:
   so it claims no more timestamps than it observed.
 
 Tokens are never invented: no id or time is repeated to make up a count.
+
+**Prefix cache**: a server that says how many of the prompt's tokens it found in its prefix cache
+(``usage.prompt_tokens_details.cached_tokens``: vLLM with ``--enable-prompt-tokens-details``, in the final
+usage chunk that ``stream_options.include_usage`` asks for; SGLang) has it read into
+``RequestRecord.num_cached_tokens``, at most the prompt's tokens as perfsuite counts them (a chat template's
+tokens are the server's, not the prompt's); a server that does not say (no ``prompt_tokens_details``, or a
+null one) leaves it None. Anything but a non-negative integer is an error naming the request.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class StreamState:
     pieces: list[Piece] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_usage_tokens: int | None = None
+    num_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: not said
     is_done: bool = False
 
     def take(self, data: str, arrival: float) -> list[Piece]:
@@ -86,7 +94,21 @@ class StreamState:
         usage = chunk.get("usage")
         if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
             self.num_usage_tokens = int(usage["completion_tokens"])
+        if isinstance(usage, dict):
+            self._take_cached_tokens(usage.get("prompt_tokens_details"))
         return new_pieces
+
+    def _take_cached_tokens(self, details: object) -> None:
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if cached is None:
+            return
+        if isinstance(cached, bool) or not isinstance(cached, int) or cached < 0:
+            raise OpenAIHttpError(
+                f"request {self.request_id!r}: the server's usage.prompt_tokens_details.cached_tokens is "
+                f"{cached!r}, not a count of tokens (an integer >= 0); the server's usage is malformed "
+                "(report it to the server's maintainers)"
+            )
+        self.num_cached_tokens = cached
 
     def _take_finish_reason(self, reason: object) -> None:
         if reason is None:
@@ -128,6 +150,7 @@ class Received:
     finish_reason: FinishReason
     num_usage_tokens: int | None
     send_times: SendTimes | None = None  # open loop only
+    num_cached_tokens: int | None = None  # the server's prefix cache hit, in prompt tokens; None: not said
 
     @property
     def has_exact_ids(self) -> bool:
@@ -184,4 +207,6 @@ def _record(
         scheduled_time=received.send_times.scheduled if received.send_times else None,
         send_ready_time=received.send_times.ready if received.send_times else None,
         sent_time=received.send_times.sent if received.send_times else None,
+        num_cached_tokens=None if received.num_cached_tokens is None
+        else min(received.num_cached_tokens, request.num_prompt_tokens),
     )

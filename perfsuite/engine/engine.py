@@ -89,6 +89,11 @@ class Engine:
     def max_seq_len(self) -> int:
         return self.scheduler.max_seq_len
 
+    @property
+    def counters(self) -> EngineCounters:
+        """Counted since the last ``run`` started, or since ``forget_finished`` last found nothing in flight."""
+        return self._counters
+
     # -- requests -----------------------------------------------------------
 
     def add_request(self, request: Request, arrival_time: float | None = None) -> None:

@@ -50,6 +50,13 @@ from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
+from perfsuite.measure.prefix_cache import (
+    CachedPrompts,
+    PrefixCacheFigures,
+    TtftSplit,
+    prefix_cache_figures,
+    ttft_split,
+)
 from perfsuite.measure.send_lag import SendLag
 from perfsuite.measure.summaries import (
     GOODPUT,
@@ -102,6 +109,7 @@ class Measurement:
     environment: Environment | ServerEnvironment | None = None  # the fingerprint its baseline lives under
     unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
     send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
+    cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing, older
 
     @classmethod
     def of(
@@ -125,6 +133,7 @@ class Measurement:
             timeline=measured.timeline,
             environment=environment,
             send_lag=measured.send_lag,
+            cached_prompts=measured.cached_prompts,
         )
 
 
@@ -168,6 +177,18 @@ class TestResult:
         if any(name in measured.unrecorded_counters for name in KV_COUNTERS):
             return None
         return memory_use(measured.counters, measured.timeline, measured.samples)
+
+    @property
+    def prefix_cache(self) -> PrefixCacheFigures | None:
+        """The prefix cache hit rate shown for this test (``measure.prefix_cache`` says whose); None: nothing was
+        looked up, or nothing says."""
+        # An older file reads the cache counters as 0 (unrecorded) and holds no reports: None, never a measured 0%.
+        return prefix_cache_figures(self.measurement.counters, self.measurement.cached_prompts)
+
+    @property
+    def ttft_by_cache_hit(self) -> TtftSplit | None:
+        """TTFT of the requests that hit the prefix cache and of those that missed; None when none hit."""
+        return ttft_split(self.measurement.request_samples)
 
     @property
     def is_paired(self) -> bool:

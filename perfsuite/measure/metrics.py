@@ -143,6 +143,7 @@ class RequestMetrics:
     tpot: float | None
     e2e: float | None
     itls: tuple[float, ...]
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache; None: not known
 
 
 def request_metrics(record: RequestRecord) -> RequestMetrics:
@@ -162,6 +163,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
         tpot=tpot,
         e2e=e2e,
         itls=tuple(later - earlier for earlier, later in zip(times, times[1:])),
+        num_cached_tokens=record.num_cached_tokens,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult
 from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
+from perfsuite.measure.prefix_cache import CachedPrompts, cached_prompts, ttft_by_cache_hit
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.measure.send_lag import SendLag, client_bound_reason, worst_send_lag
 
@@ -289,6 +290,7 @@ class Measured:
     timeline: RunTimeline  # of the last repeat
     noisy: str | None
     send_lag: SendLag | None = None  # open loop: the repeat whose sends kept the schedule worst
+    cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing
 
 
 def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) -> Measured:
@@ -316,6 +318,7 @@ def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) 
         # A client-bound run's latencies are judged like a noisy one's: not at all.
         noisy="; ".join(filter(None, (repeats.noisy, client_bound_reason(repeats.runs)))) or None,
         send_lag=worst_send_lag(repeats.runs),
+        cached_prompts=cached_prompts(m for r in per_run for m in r.requests),
     )
 
 
@@ -349,12 +352,14 @@ def vllm_summary(runs: Sequence[RunMetrics], slo: SLO | None = None) -> RunSumma
 
 
 def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ...]]:
-    """TTFT, TPOT and E2E of every request of every repeat, in ms (for distributions)."""
+    """TTFT, TPOT and E2E of every request of every repeat, in ms (for distributions); where some request hit
+    the prefix cache, TTFT of the hits and of the misses too (``measure.prefix_cache``)."""
     requests = [m for r in runs for m in r.requests]
     return {
         "ttft_ms": tuple(1e3 * m.ttft for m in requests if m.ttft is not None),
         "tpot_ms": tuple(1e3 * m.tpot for m in requests if m.tpot is not None),
         "e2el_ms": tuple(1e3 * m.e2e for m in requests if m.e2e is not None),
+        **ttft_by_cache_hit(requests),
     }
 
 

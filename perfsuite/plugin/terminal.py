@@ -10,7 +10,9 @@ machine without matching baselines, the one line to read.
 Below the verdicts, a second small table gives each test's KV cache and
 device memory (``report.table.memory_table``, when any test recorded them):
 measurements to read, not verdicts, so they get columns of their own rather
-than widening every row of the verdict table.
+than widening every row of the verdict table. Below it, the same for the prefix cache
+(``report.table.prefix_cache_table``, when any test looked anything up): hit rate, evictions, and TTFT of
+the requests that hit and missed.
 
 After the warnings, the change points at the head of the session's run
 history (``perfsuite.history.head``): one line each, red where
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfsuite.plugin.session import PerfSession
-from perfsuite.report.table import memory_table
+from perfsuite.report.table import memory_table, prefix_cache_table
 from perfsuite.report.verdict_table import verdict_table
 
 
@@ -76,9 +78,9 @@ def _write_results(
 ) -> None:
     if perf_session.results:
         write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
-        table = memory_table(perf_session.results)
-        if table is not None:
-            write(table)
+        for table in (memory_table(perf_session.results), prefix_cache_table(perf_session.results)):
+            if table is not None:
+                write(table)
     for warning in perf_session.warnings:
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:

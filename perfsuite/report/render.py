@@ -83,6 +83,7 @@ class TestSection:
     timelines: Figure | None = None  # an A/B test: A's and B's timed runs, stacked
     send_lag: Figure | None = None  # an open-loop test: each request's send lag in the last repeat
     capacity: Figure | None = None  # a capacity test: its probes against the rate, the SLO, the capacity
+    splits_ttft_by_cache_hit: bool = False  # its distributions draw TTFT of prefix cache hits and misses
 
     @property
     def anchor(self) -> str:
@@ -409,6 +410,7 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
         timelines=_paired_timelines(test, results.against) if paired else None,
         send_lag=_send_lag_figure(test),
         capacity=_capacity_figure(test),
+        splits_ttft_by_cache_hit=test.ttft_by_cache_hit is not None,
     )
 
 
@@ -462,8 +464,8 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         ("requests completed", summary.completed),
     )  # fmt: skip
     shown_facts = [(label, _format_value(value)) for label, value in shown]
-    return (facts + shown_facts + _memory_facts(test) + _machine_facts(test) + send_lag_view.send_lag_facts(test)
-            + capacity_view.capacity_facts(test))  # fmt: skip
+    return (facts + shown_facts + _memory_facts(test) + _prefix_cache_facts(test) + _machine_facts(test)
+            + send_lag_view.send_lag_facts(test) + capacity_view.capacity_facts(test))  # fmt: skip
 
 
 def _machine_facts(test: TestResult) -> list[tuple[str, str]]:
@@ -528,6 +530,29 @@ def _memory_facts(test: TestResult) -> list[tuple[str, str]]:
     if memory.max_memory_allocated_bytes is not None:
         facts.append(("CUDA peak allocated", f"{memory.max_memory_allocated_bytes / 2**20:,.1f} MiB"))
     return facts
+
+
+def _prefix_cache_facts(test: TestResult) -> list[tuple[str, str]]:
+    """The hit rate (cached prompt tokens over those looked up) and evictions, where the run looked anything up;
+    TTFT of the requests that hit and of those that missed, where some hit."""
+    figures, split = test.prefix_cache, test.ttft_by_cache_hit
+    facts = []
+    if figures is not None:
+        facts.append(("prefix cache hit rate", figures.describe()))
+        if figures.num_evicted_blocks is not None:
+            facts.append(("prefix cache evicted blocks", str(figures.num_evicted_blocks)))
+    if split is not None:
+        facts += [
+            ("TTFT p50 / p90 ms, cache hit", _split_tails(split.hit_p50_ms, split.hit_p90_ms, split.num_hits)),
+            ("TTFT p50 / p90 ms, cache miss", _split_tails(split.miss_p50_ms, split.miss_p90_ms, split.num_misses)),
+        ]  # fmt: skip
+    return facts
+
+
+def _split_tails(p50: float | None, p90: float | None, count: int) -> str:
+    if p50 is None or p90 is None:
+        return "no requests"
+    return f"{_format_value(p50)} / {_format_value(p90)} ({count} request{'' if count == 1 else 's'})"
 
 
 def _counter_rows(test: TestResult) -> list[CounterRow]:

@@ -1,4 +1,5 @@
-"""Plain-text tables for the terminal, and the KV cache and device memory table of a session's tests."""
+"""Plain-text tables for the terminal: the KV cache and device memory table of a session's tests, and their
+prefix cache table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI and the benchmarks import this module for format_table alone: keep it free
     from perfsuite.judge.results import TestResult
 
+PREFIX_CACHE_COLUMNS = ["test", "prefix cache hit rate", "cached / looked-up tokens", "evicted blocks",
+                        "TTFT p50 ms hit / miss (requests)", "from"]  # fmt: skip
 MEMORY_COLUMNS = ["test", "KV blocks peak/mean/pool", "block", "KV util", "preempted (recomputed tok)",
                   "max running", "CUDA peak"]  # fmt: skip
 
@@ -69,3 +72,35 @@ def format_bytes(value: int | None) -> str:
             break
     decimals = 2 if scaled < 10 else 1 if scaled < 100 else 0
     return f"{scaled:.{decimals}f} {unit}"
+
+
+def prefix_cache_table(results: Sequence[TestResult]) -> str | None:
+    """Each test's prefix cache hit rate, evictions and TTFT of hits and misses, under a title; None when no test
+    looked anything up (``measure.prefix_cache`` says whose figures are shown)."""
+    rows = prefix_cache_rows(results)
+    if not rows:
+        return None
+    return "Prefix cache:\n" + format_table(PREFIX_CACHE_COLUMNS, rows)
+
+
+def prefix_cache_rows(results: Sequence[TestResult]) -> list[list[str]]:
+    rows = []
+    for result in results:
+        figures = result.prefix_cache
+        if figures is None:
+            continue
+        split = result.ttft_by_cache_hit
+        rows.append([
+            result.test_id.rpartition("::")[2],
+            f"{figures.hit_rate:.1%}",
+            f"{figures.num_hit_tokens:,} / {figures.num_queried_tokens:,}",
+            "-" if figures.num_evicted_blocks is None else str(figures.num_evicted_blocks),
+            "-" if split is None else f"{_ms(split.hit_p50_ms)} / {_ms(split.miss_p50_ms)} "
+                                      f"({split.num_hits} / {split.num_misses})",
+            figures.source.value,
+        ])  # fmt: skip
+    return rows
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else _cell(float(value))

@@ -11,6 +11,8 @@ Endpoints:
   ``delta`` carries the text (the first with ``role``), or returned whole as a
   ``chat.completion``. A model without a chat template answers 400.
 - ``GET /health``: 200 with the engine's load (running, waiting, free slots).
+- ``GET /metrics``: the load and the totals (prefix cache queries and hits, preemptions, tokens, finished
+  requests) in Prometheus' text format under vLLM's metric names (``perfsuite.serve.metrics``).
 - ``GET /v1/models``: the one model served, under its served name, with its
   ``max_model_len`` and ``root`` (the folder of its tokenizer files, when it
   has one, so a client can load the same tokenizer).
@@ -18,9 +20,14 @@ Endpoints:
 Besides OpenAI's fields, a request may carry vLLM's ``ignore_eos``,
 ``stop_token_ids`` and ``min_tokens`` (EOS and stop tokens do not end it
 before that many tokens), ``max_completion_tokens`` (another name for
-``max_tokens``) and ``stream_options`` (``include_usage``,
+``max_tokens``), ``add_special_tokens`` (tokenize with the tokenizer's special
+tokens: default true for a completion's text prompt, false on top of a chat
+template, as in vLLM) and ``stream_options`` (``include_usage``,
 ``continuous_usage_stats``); every choice carries the generated ``token_ids``
-so that a client can compare outputs exactly. Any other field is rejected
+so that a client can compare outputs exactly. The usage of a whole answer, and
+the final usage chunk of a stream, carry ``prompt_tokens_details.cached_tokens``
+(the prompt tokens the engine found in its prefix cache, summed over the
+request's prompts) when the engine says. Any other field is rejected
 with a 400 that names it (``completion_request``), and a ``model`` other than
 the served name gets a 404, as from vLLM.
 
@@ -56,6 +63,7 @@ from perfsuite.serve.detokenizer import IncrementalDetokenizer
 from perfsuite.serve.errors import ApiError, EngineFailure, invalid_request
 from perfsuite.serve.json_body import check_json_content_type, parse_json_body
 from perfsuite.serve.limits import ServeLimits
+from perfsuite.serve.metrics import CONTENT_TYPE, metrics_registry, metrics_text
 from perfsuite.serve.responses import CompletionEnvelope, sse_event
 from perfsuite.serve.worker import EngineWorker, TokenStream
 
@@ -105,6 +113,7 @@ class CompletionServer:
             engine.max_seq_len, vocab_size, limits.default_max_tokens, model_name, limits.max_prompts
         )
         self._worker = EngineWorker(engine, limits.num_recent_records)
+        self._metrics = metrics_registry(self._worker, model_name)
         self._ids = itertools.count()
         self._started = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -122,6 +131,7 @@ class CompletionServer:
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics_page)
         # handler_cancellation: a client that disconnects cancels its handler,
         # whose cleanup aborts the request even while it waits for a token.
         self._runner = web.AppRunner(
@@ -171,6 +181,9 @@ class CompletionServer:
             }
         )
 
+    async def _metrics_page(self, _: web.Request) -> web.Response:
+        return web.Response(body=metrics_text(self._metrics), headers={"Content-Type": CONTENT_TYPE})
+
     async def _models(self, _: web.Request) -> web.Response:
         model = {
             "id": self._model_name,
@@ -193,11 +206,11 @@ class CompletionServer:
         request = parse_chat_request(body, self._prompt_limits, self._render_chat)
         return await self._serve(http_request, request, f"chatcmpl-{next(self._ids)}")
 
-    def _tokenize(self, text: str) -> Sequence[int]:
-        return self._tokenizer(text)["input_ids"]
+    def _tokenize(self, text: str, add_special_tokens: bool) -> Sequence[int]:
+        return self._tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
-    def _render_chat(self, messages: list[dict]) -> Sequence[int]:
-        return render_chat_prompt(self._tokenizer, self._model_name, messages)
+    def _render_chat(self, messages: list[dict], add_special_tokens: bool) -> Sequence[int]:
+        return render_chat_prompt(self._tokenizer, self._model_name, messages, add_special_tokens)
 
     async def _serve(
         self, http_request: web.Request, request: CompletionRequest, completion_id: str
@@ -231,8 +244,8 @@ class CompletionServer:
         except EngineFailure as failure:
             raise ApiError(500, str(failure)) from None
         decode = lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        body = completion.body(choices.whole(completion, decode), completion.usage(choices.num_output_tokens))
-        return web.json_response(body)
+        usage = completion.usage(choices.num_output_tokens, self._worker.take_cached_tokens(choices.request_ids))
+        return web.json_response(completion.body(choices.whole(completion, decode), usage))
 
     async def _stream(
         self, http_request: web.Request, completion: CompletionEnvelope, choices: _Choices, stream: TokenStream
@@ -268,7 +281,9 @@ class CompletionServer:
             await response.write(sse_event(ApiError(500, str(failure)).body()))
         else:
             if completion.request.include_usage:
-                await response.write(sse_event(completion.body([], completion.usage(choices.num_output_tokens))))
+                cached = self._worker.take_cached_tokens(choices.request_ids)
+                usage = completion.usage(choices.num_output_tokens, cached)
+                await response.write(sse_event(completion.body([], usage)))
         await response.write(sse_event("[DONE]"))
         await response.write_eof()
 

@@ -67,8 +67,11 @@ def _text_part(part: object, where: str) -> str:
     return part["text"]
 
 
-def render_chat_prompt(tokenizer: Any, model_name: str, messages: list[dict[str, str]]) -> Sequence[int]:
-    """The token ids of ``messages`` under the tokenizer's chat template, ready for the assistant's reply."""
+def render_chat_prompt(
+    tokenizer: Any, model_name: str, messages: list[dict[str, str]], add_special_tokens: bool = False
+) -> Sequence[int]:
+    """The token ids of ``messages`` under the tokenizer's chat template, ready for the assistant's reply; with
+    ``add_special_tokens`` (vLLM's field), the tokenizer's special tokens (BOS) on top of the template's."""
     if not getattr(tokenizer, "chat_template", None):
         raise invalid_request(
             f"the model {model_name!r} has no chat template, so /v1/chat/completions cannot render messages; "
@@ -79,4 +82,4 @@ def render_chat_prompt(tokenizer: Any, model_name: str, messages: list[dict[str,
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except Exception as error:  # jinja2's TemplateError, or a template's raise_exception(...)
         raise invalid_request(f"the model's chat template rejected the messages: {error}", "messages") from None
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]

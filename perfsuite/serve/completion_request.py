@@ -120,6 +120,7 @@ _SUPPORTED_FIELDS = frozenset(
         "return_token_ids",  # vLLM: every choice carries token_ids here anyway
         "seed",  # greedy decoding does not sample, so any seed gives the same tokens
         "user",  # an end-user id for the server's logs; this server keeps none
+        "add_special_tokens",  # vLLM: whether tokenizing adds the tokenizer's special tokens (BOS); see below
     }
 )
 COMPLETION_FIELDS = frozenset({*_SUPPORTED_FIELDS, "prompt", *_NEUTRAL_VALUES, *_COMPLETION_NEUTRAL_VALUES})
@@ -127,26 +128,36 @@ CHAT_FIELDS = frozenset({*_SUPPORTED_FIELDS, "messages", *_NEUTRAL_VALUES, *_CHA
 _STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 _OTHER_ENDPOINT = {"messages": "/v1/chat/completions", "prompt": "/v1/completions"}
 
-Tokenize = Callable[[str], Sequence[int]]
+# (text, add_special_tokens) -> token ids
+Tokenize = Callable[[str, bool], Sequence[int]]
 
 
 def parse_completion_request(body: object, limits: PromptLimits, tokenize: Tokenize) -> CompletionRequest:
-    """The ``/v1/completions`` request a JSON body asks for; ``ApiError`` saying which field is wrong otherwise."""
+    """The ``/v1/completions`` request a JSON body asks for; ``ApiError`` saying which field is wrong otherwise.
+
+    vLLM's ``add_special_tokens`` (default true, as in vLLM) says whether a text prompt is tokenized with the
+    tokenizer's special tokens (BOS); a prompt of token ids is taken as it is.
+    """
     body = _checked_body(body, COMPLETION_FIELDS, _COMPLETION_NEUTRAL_VALUES, limits)
-    prompts = _completion_prompts(body.get("prompt"), limits, tokenize)
+    add_special_tokens = _boolean(body, "add_special_tokens", default=True)
+    prompts = _completion_prompts(body.get("prompt"), limits, lambda text: tokenize(text, add_special_tokens))
     where = ["the prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
     return _request(COMPLETIONS, body, _Prompts(prompts, where, "prompt"), limits, limits.default_max_tokens)
 
 
 def parse_chat_request(
-    body: object, limits: PromptLimits, render: Callable[[list[dict]], Sequence[int]]
+    body: object, limits: PromptLimits, render: Callable[[list[dict], bool], Sequence[int]]
 ) -> CompletionRequest:
-    """The ``/v1/chat/completions`` request a JSON body asks for; ``render`` turns its messages into token ids.
+    """The ``/v1/chat/completions`` request a JSON body asks for; ``render`` turns its messages into token ids
+    (``render(messages, add_special_tokens)``).
 
-    As in vLLM, a chat request without ``max_tokens`` may run to the end of its slot.
+    As in vLLM, a chat request without ``max_tokens`` may run to the end of its slot, and ``add_special_tokens``
+    (default false: the chat template writes the special tokens it wants) adds the tokenizer's special tokens on
+    top of the rendered template (inference-perf sends it with chat templates).
     """
     body = _checked_body(body, CHAT_FIELDS, _CHAT_NEUTRAL_VALUES, limits)
-    token_ids = tuple(render(parse_messages(body.get("messages"))))
+    add_special_tokens = _boolean(body, "add_special_tokens", default=False)
+    token_ids = tuple(render(parse_messages(body.get("messages")), add_special_tokens))
     if not token_ids:
         raise invalid_request("the messages render to an empty prompt; send at least one message with text", "messages")
     return _request(CHAT, body, _Prompts([token_ids], ["the rendered messages"], "messages"), limits, None)
@@ -373,10 +384,10 @@ def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
     return include_usage, continuous
 
 
-def _boolean(body: dict, name: str, param: str | None = None) -> bool:
+def _boolean(body: dict, name: str, param: str | None = None, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise invalid_request(f"{param or name} must be true or false, got {json.dumps(value)}", param or name)
     return value

@@ -43,13 +43,18 @@ class CompletionEnvelope:
             body["usage"] = usage
         return body
 
-    def usage(self, num_output_tokens: int) -> dict:
+    def usage(self, num_output_tokens: int, num_cached_tokens: int | None = None) -> dict:
+        """OpenAI's usage; with ``prompt_tokens_details.cached_tokens`` (vLLM's and OpenAI's field) when the
+        engine said how many prompt tokens it found in its prefix cache."""
         num_prompt_tokens = self.request.num_prompt_tokens
-        return {
+        usage: dict = {
             "prompt_tokens": num_prompt_tokens,
             "completion_tokens": num_output_tokens,
             "total_tokens": num_prompt_tokens + num_output_tokens,
         }
+        if num_cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
+        return usage
 
     def choice(self, index: int, text: str, token_ids: list[int], finish_reason: FinishReason | None) -> dict:
         """A whole choice (not streamed)."""

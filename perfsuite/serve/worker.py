@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
-from perfsuite.engine import Engine, Request, RequestRecord, StepOutput
+from perfsuite.engine import Engine, EngineCounters, FinishReason, Request, RequestRecord, StepOutput
 from perfsuite.serve.errors import EngineFailure, invalid_request
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,46 @@ class EngineLoad:
     num_waiting: int
     num_free_slots: int
     num_slots: int
+    kv_cache_usage: float = 0.0  # the share of the KV cache held by requests, 0..1 (vLLM's kv_cache_usage_perc)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedTotals:
+    """What the engine has done since the server started, for ``/metrics``: every figure only grows.
+
+    The prefix cache lookups and preemptions are the engine's exact counters, summed step by step (the engine
+    starts its own over whenever it goes idle); prompt tokens count each request as it is added, generation
+    tokens each token as it is made, finished requests each as it leaves, by why it finished.
+    """
+
+    num_prefix_cache_queried_tokens: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_stopped: int = 0
+    num_length_capped: int = 0
+    num_aborted: int = 0
+
+    def after_step(self, before: EngineCounters, after: EngineCounters, num_tokens: int) -> ServedTotals:
+        return replace(
+            self,
+            num_prefix_cache_queried_tokens=self.num_prefix_cache_queried_tokens
+            + after.num_prefix_cache_queried_tokens - before.num_prefix_cache_queried_tokens,
+            num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens
+            + after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
+            num_preemptions=self.num_preemptions + after.num_preemptions - before.num_preemptions,
+            num_generation_tokens=self.num_generation_tokens + num_tokens,
+        )
+
+    def after_finishing(self, records: Sequence[RequestRecord]) -> ServedTotals:
+        reasons = [r.finish_reason for r in records]
+        return replace(
+            self,
+            num_stopped=self.num_stopped + reasons.count(FinishReason.STOP),
+            num_length_capped=self.num_length_capped + reasons.count(FinishReason.LENGTH),
+            num_aborted=self.num_aborted + reasons.count(FinishReason.ABORT),
+        )
 
 
 class TokenStream:
@@ -78,9 +119,15 @@ class EngineWorker:
         # Written on the engine thread, read anywhere:
         self._load = self._current_load()
         self._recent_records: deque[RequestRecord] = deque(maxlen=num_recent_records)
+        # Each finished request's cached prompt tokens, by engine request id, until its handler takes them; as
+        # bounded as the records (an aborted request's handler has gone and never takes them).
+        self._cached_tokens: OrderedDict[str, int | None] = OrderedDict()
+        self._max_cached_tokens = num_recent_records
         self._records_lock = threading.Lock()
+        self._totals = ServedTotals()
         if not engine.has_unfinished_requests():
             engine.forget_finished()  # earlier runs (a warm-up) are not this server's requests
+        self._counted = engine.counters  # the engine's counters when the totals last took them in
 
     # -- the asyncio side ---------------------------------------------------
 
@@ -103,10 +150,22 @@ class EngineWorker:
     def num_open_requests(self) -> int:
         return len(self._streams)
 
+    @property
+    def totals(self) -> ServedTotals:
+        return self._totals
+
     def recent_records(self) -> tuple[RequestRecord, ...]:
         """The engine's records of recently finished requests, named by their ``X-Request-Id`` when sent."""
         with self._records_lock:
             return tuple(self._recent_records)
+
+    def take_cached_tokens(self, request_ids: Sequence[str]) -> int | None:
+        """The prompt tokens the finished requests ``request_ids`` found in the prefix cache, summed; None when
+        the engine did not say for one of them. Call once their last tokens have arrived (their records are
+        archived in the step that made them)."""
+        with self._records_lock:
+            counts = [self._cached_tokens.pop(request_id, None) for request_id in request_ids]
+        return None if None in counts else sum(counts)  # type: ignore[arg-type]
 
     async def open(self, requests: Sequence[Request], client_ids: Sequence[str | None]) -> TokenStream:
         """Add ``requests`` to the running batch; their outputs arrive on the returned stream.
@@ -130,6 +189,9 @@ class EngineWorker:
         for request_id in request_ids:
             if self._streams.pop(request_id, None) is not None:
                 self._submit_abort(request_id)
+        with self._records_lock:  # an answer without usage never took them
+            for request_id in request_ids:
+                self._cached_tokens.pop(request_id, None)
 
     def _submit_abort(self, request_id: str) -> None:
         try:
@@ -176,6 +238,8 @@ class EngineWorker:
             for request, client_id in zip(requests, client_ids, strict=True):
                 self._engine.add_request(request)
                 added.append(request.request_id)
+                self._totals = replace(self._totals, num_prompt_tokens=self._totals.num_prompt_tokens
+                                       + request.num_prompt_tokens)  # fmt: skip
                 if client_id is not None:
                     self._client_ids[request.request_id] = client_id
         except ValueError:
@@ -194,12 +258,14 @@ class EngineWorker:
 
     def _step(self) -> tuple[list[StepOutput], bool]:
         outputs = self._engine.step()
+        self._totals = self._totals.after_step(self._counted, self._engine.counters, len(outputs))
         self._settle()
         return outputs, self._engine.has_unfinished_requests()
 
     def _settle(self) -> None:
         self._load = self._current_load()
         self._archive_records()
+        self._counted = self._engine.counters  # taken after forget_finished, which may start them over
 
     def _archive_records(self) -> None:
         # The engine keeps a record per request (and its step traces) until
@@ -208,9 +274,14 @@ class EngineWorker:
         records = self._engine.forget_finished()
         if not records:
             return
+        self._totals = self._totals.after_finishing(records)
         named = [replace(r, request_id=self._client_ids.pop(r.request_id, r.request_id)) for r in records]
         with self._records_lock:
             self._recent_records.extend(named)
+            for record in records:
+                self._cached_tokens[record.request_id] = record.num_cached_tokens
+            while len(self._cached_tokens) > self._max_cached_tokens:
+                self._cached_tokens.popitem(last=False)
 
     def _current_load(self) -> EngineLoad:
         scheduler = self._engine.scheduler
@@ -219,4 +290,13 @@ class EngineWorker:
             num_waiting=scheduler.num_waiting,
             num_free_slots=scheduler.kv_cache.num_free_slots,
             num_slots=scheduler.kv_cache.num_slots,
+            kv_cache_usage=kv_cache_usage(scheduler.kv_cache),
         )
+
+
+def kv_cache_usage(kv_cache: Any) -> float:
+    """The share of a KV cache in use: a paged pool's blocks that are not free (as the pool counts free blocks;
+    vLLM counts a cached block no request holds as free), else a slot cache's slots."""
+    if hasattr(kv_cache, "num_free_blocks"):
+        return 1.0 - kv_cache.num_free_blocks / kv_cache.num_blocks
+    return 1.0 - kv_cache.num_free_slots / kv_cache.num_slots
