@@ -231,7 +231,8 @@ def test_a_sweeps_trace_is_read_at_load_relative_to_the_config(tmp_path):
     config = tmp_path / "sweep.toml"
     config.write_text('[sweep]\nengines = ["paged"]\nbatch_sizes = [2]\n\n'
                       '[workload]\nkind = "trace"\npath = "trace.jsonl"\nblock_size = 16\n')  # fmt: skip
-    with pytest.raises(ValueError, match=rf"{config}: workload\[0\]: {tmp_path / 'trace.jsonl'} line 2: \"input_length\""):
+    bad_line = rf"{config}: workload\[0\]: {tmp_path / 'trace.jsonl'} line 2: \"input_length\""
+    with pytest.raises(ValueError, match=bad_line):
         load_sweep(config)
     write_trace(tmp_path, line(0, 20, 4, (1, 2)))
     [case] = load_sweep(config).cases()
@@ -241,7 +242,10 @@ def test_a_sweeps_trace_is_read_at_load_relative_to_the_config(tmp_path):
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"sweep": {**SHAPED_SWEEP["sweep"], "num_requests": 4}}, r"\[workload\] sets the requests, so sweep.num_requests"),
+        (
+            {"sweep": {**SHAPED_SWEEP["sweep"], "num_requests": 4}},
+            r"\[workload\] sets the requests, so sweep.num_requests",
+        ),
         ({"capacity": {}}, r"\[capacity\] searches the load"),
         ({"workload": [{"kind": "shared_prefix", "groups": 2}]}, r"workload\[0\]: workload kind 'shared_prefix' needs"),
         ({"workload": {"kind": "trace", "path": "t.jsonl"}, "sweep": {**SHAPED_SWEEP["sweep"], "arrivals": [2.0]}},

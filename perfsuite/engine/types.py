@@ -100,7 +100,9 @@ class FollowUp:
 
     def __post_init__(self) -> None:
         if not isinstance(self.think_time, (int, float)) or not 0 <= self.think_time < float("inf"):
-            raise ValueError(f"follow-up of {self.parent_id!r}: think_time must be seconds >= 0, got {self.think_time!r}")
+            raise ValueError(
+                f"follow-up of {self.parent_id!r}: think_time must be seconds >= 0, got {self.think_time!r}"
+            )
         if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 1:
             raise ValueError(
                 f"follow-up of {self.parent_id!r}: max_context_tokens must be the parent's max_total_tokens "

@@ -121,7 +121,8 @@ def parse_workload_option(text: str) -> Shape:
         if not equals and kind == "trace" and index == 0:
             key, value = "path", item
         elif not equals:
-            raise ValueError(f"--workload {kind}: {item!r} is not KEY=VALUE; it takes {', '.join(SHAPE_KINDS[kind][2])}")
+            known = ", ".join(SHAPE_KINDS[kind][2])
+            raise ValueError(f"--workload {kind}: {item!r} is not KEY=VALUE; it takes {known}")
         if key in table:
             raise ValueError(f"--workload {kind}: {key} is given twice; give it once")
         table[key] = value if key == "path" else _number(key, value)

@@ -116,7 +116,8 @@ def parse_trace_line(raw: str, where: str, number: int, block_size: int) -> Trac
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON ({err.msg}, column {err.colno}); write one object per line") from None
+        message = f"not valid JSON ({err.msg}, column {err.colno}); write one object per line"
+        raise ValueError(f"{where}: {message}") from None
     if not isinstance(obj, dict):
         raise ValueError(f'{where}: expected a JSON object like {{"timestamp": 0, ...}}, got {json.dumps(obj)}')
     missing = [key for key in TRACE_FIELDS if key not in obj]
