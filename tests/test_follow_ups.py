@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from perfsuite.engine import FinishReason, Request, SamplingParams, build_engine
@@ -140,3 +142,41 @@ def test_a_run_loop_that_cannot_feed_outputs_back_refuses_follow_ups_naming_them
 def test_bad_follow_ups_are_refused_with_the_fix(make, words):
     with pytest.raises(ValueError, match=words):
         make()
+
+
+class FakeReference:
+    """Unbatched greedy decoding over the fake model, as ``check_greedy_equal`` asks of a reference."""
+
+    def __init__(self) -> None:
+        self.prompts: dict[str, tuple[int, ...]] = {}
+
+    def generate(self, request):
+        self.prompts[request.request_id] = request.prompt_token_ids
+        tokens = fake_reference(request.prompt_token_ids, request.sampling_params, None, VOCAB)
+        return SimpleNamespace(token_ids=tokens, top2_margins=[1.0] * len(tokens))
+
+
+def test_the_greedy_check_decodes_a_follow_up_on_the_conversation_its_reference_made():
+    from perfsuite.correctness import check_greedy_equal
+
+    requests = conversation("s0", 3, think_time=0.0)
+    reference = FakeReference()
+    engine = build_engine("paged", FakeRunner(VOCAB), batch_size=2, max_seq_len=64, eos_token_id=None)
+    check = check_greedy_equal(engine, requests, reference)
+    check.assert_passed()
+    assert check.num_requests == 3
+    first_output = fake_reference(requests[0].prompt_token_ids, requests[0].sampling_params, None, VOCAB)
+    assert reference.prompts["s0-t1"] == requests[0].prompt_token_ids + first_output + requests[1].prompt_token_ids
+
+
+def test_a_turns_ttft_counts_from_its_own_arrival_not_the_sessions():
+    from perfsuite.measure.metrics import run_metrics
+
+    requests = conversation("s0", 3, think_time=0.5)
+    result = run("inflight", requests)
+    metrics = {m.request_id: m for m in run_metrics(result).requests}
+    records = {r.request_id: r for r in result.records}
+    for turn in ("s0-t1", "s0-t2"):
+        # a token or two of prefill after arriving, never the 0.5 s think time or the turns before
+        assert 0 < metrics[turn].ttft < 0.05
+        assert metrics[turn].ttft == pytest.approx(records[turn].token_times[0] - records[turn].arrival_time)
