@@ -180,3 +180,11 @@ def test_a_turns_ttft_counts_from_its_own_arrival_not_the_sessions():
         # a token or two of prefill after arriving, never the 0.5 s think time or the turns before
         assert 0 < metrics[turn].ttft < 0.05
         assert metrics[turn].ttft == pytest.approx(records[turn].token_times[0] - records[turn].arrival_time)
+
+
+def test_a_follow_up_travels_to_an_ab_worker_whole_and_a_plain_request_as_before():
+    from perfsuite.codec import decode, encode
+
+    requests = conversation("s0", 2, think_time=0.5)
+    assert [decode(Request, encode(r)) for r in requests] == requests
+    assert "follows" not in encode(requests[0]), "a tree without follow-ups still reads a plain request"
