@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run the default mixed workload on static and in-flight engines and print a table",
-        description="Shipped prompts, max_new_tokens uniform in [min, max] (seeded), EOS ignored, all at t0.",
+        description="Shipped prompts, max_new_tokens uniform in [min, max] (seeded), EOS ignored, all at t0; "
+        "or --workload: shared-prefix groups, multi-turn chat or a replayed trace (docs/workloads.md).",
     )
     run.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory (default {DEFAULT_MODEL})")
     run.add_argument(

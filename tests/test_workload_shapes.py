@@ -256,3 +256,12 @@ def test_a_sweeps_trace_is_read_at_load_relative_to_the_config(tmp_path):
 def test_a_bad_workload_section_is_refused_naming_the_key(change, words):
     with pytest.raises(ValueError, match=words):
         parse_sweep({**SHAPED_SWEEP, **change}, source="s.toml")
+
+
+def test_the_example_workloads_config_loads_and_stays_cpu_sized():
+    from perfsuite.engine import ENGINE_KINDS
+    from perfsuite.workload.sweep import load_sweep
+
+    cases = load_sweep(Path(__file__).resolve().parents[1] / "examples" / "workloads.toml").cases()
+    assert len(cases) == 8 and {case.engine for case in cases} <= set(ENGINE_KINDS)
+    assert all(case.workload.num_requests <= 8 for case in cases)

@@ -156,19 +156,18 @@ def resolved_prompts(requests: Sequence[Request], outputs: Mapping[str, Sequence
     """
     by_id = {r.request_id: r for r in requests}
     prompts: dict[str, tuple[int, ...]] = {}
-
-    def prompt_of(request: Request) -> tuple[int, ...]:
-        if request.request_id not in prompts:
-            if request.follows is None:
-                prompts[request.request_id] = request.prompt_token_ids
-            else:
-                parent = by_id[request.follows.parent_id]
-                context = prompt_of(parent) + tuple(outputs[parent.request_id])
-                prompts[request.request_id] = context + request.prompt_token_ids
-        return prompts[request.request_id]
-
     for request in requests:
-        prompt_of(request)
+        unresolved = []  # the request and its ancestors up to one resolved already, or the conversation's start
+        current: Request | None = request
+        while current is not None and current.request_id not in prompts:
+            unresolved.append(current)
+            current = None if current.follows is None else by_id[current.follows.parent_id]
+        for turn in reversed(unresolved):
+            if turn.follows is None:
+                prompts[turn.request_id] = turn.prompt_token_ids
+            else:
+                parent_id = turn.follows.parent_id
+                prompts[turn.request_id] = prompts[parent_id] + tuple(outputs[parent_id]) + turn.prompt_token_ids
     return prompts
 
 
