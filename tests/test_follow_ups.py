@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfsuite.engine import FinishReason, Request, SamplingParams, build_engine
 from perfsuite.engine.arrivals import ArrivalQueue, resolved_prompts
@@ -188,3 +190,47 @@ def test_a_follow_up_travels_to_an_ab_worker_whole_and_a_plain_request_as_before
     requests = conversation("s0", 2, think_time=0.5)
     assert [decode(Request, encode(r)) for r in requests] == requests
     assert "follows" not in encode(requests[0]), "a tree without follow-ups still reads a plain request"
+
+
+def serve_conversations(kind, turns, think_time, output, max_concurrency, tight_pool):
+    """Serve sessions of ``turns`` turns and check each turn: served once, on the prompt its conversation made,
+    greedy-equal, never before its parent's end plus think time. The run's result."""
+    sessions = [conversation(f"s{session}", count, think_time, output) for session, count in enumerate(turns)]
+    requests = [request for session in sessions for request in session]
+    clock = StepClock()
+    largest = max(r.max_total_tokens for r in requests)
+    engine = build_engine(kind, FakeRunner(VOCAB, on_execute=clock.on_execute), batch_size=2, max_seq_len=largest,
+                          eos_token_id=None, num_kv_blocks=-(-largest // 16) if tight_pool else None,
+                          clock=clock, sleep=clock.sleep)  # fmt: skip
+    result = engine.run(requests, max_concurrency=max_concurrency)
+    records = {r.request_id: r for r in result.records}
+    assert sorted(records) == sorted(r.request_id for r in requests)
+    prompts = resolved_prompts(requests, result.outputs())
+    for request in requests:
+        record = records[request.request_id]
+        expected = fake_reference(prompts[request.request_id], request.sampling_params, None, VOCAB)
+        assert record.output_token_ids == expected and record.num_prompt_tokens == len(prompts[request.request_id])
+        if request.follows is not None:
+            parent = records[request.follows.parent_id]
+            assert record.arrival_time >= parent.finished_time + think_time - 1e-9
+    return result
+
+
+@settings(max_examples=30)
+@given(
+    kind=st.sampled_from(["static", "inflight", "paged"]),
+    turns=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    think_time=st.sampled_from([0.0, 0.005, 0.03]),
+    output=st.integers(1, 30),
+    max_concurrency=st.sampled_from([None, 1, 2]),
+    tight_pool=st.booleans(),
+)
+def test_any_mix_of_conversations_is_served_whole_greedy_equal_and_on_time(
+    kind, turns, think_time, output, max_concurrency, tight_pool
+):
+    serve_conversations(kind, turns, think_time, output, max_concurrency, tight_pool)
+
+
+def test_a_turn_preempted_from_a_tight_pool_is_still_served_whole():
+    result = serve_conversations("paged", [2, 2, 2], 0.0, 30, None, tight_pool=True)
+    assert result.counters.num_preemptions > 0
