@@ -234,3 +234,13 @@ def test_any_mix_of_conversations_is_served_whole_greedy_equal_and_on_time(
 def test_a_turn_preempted_from_a_tight_pool_is_still_served_whole():
     result = serve_conversations("paged", [2, 2, 2], 0.0, 30, None, tight_pool=True)
     assert result.counters.num_preemptions > 0
+
+
+def test_a_run_loop_that_forgets_to_report_a_finish_fails_instead_of_waiting_forever():
+    clock = StepClock()
+    queue = ArrivalQueue(conversation("s0", 2, 0.0), None, clock=clock, resolves_follow_ups=True)
+    queue.start()
+    assert [a.request.request_id for a in queue.admit(num_unfinished=0)] == ["s0-t0"]
+    assert len(queue) == 1
+    with pytest.raises(RuntimeError, match=r"follow-ups \['s0-t1'\] wait for \['s0-t0'\].*ArrivalQueue.finished"):
+        queue.seconds_to_next_arrival()

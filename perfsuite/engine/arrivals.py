@@ -106,7 +106,16 @@ class ArrivalQueue:
         return self.max_concurrency is None or num_unfinished < self.max_concurrency
 
     def seconds_to_next_arrival(self) -> float:
-        """How long until the next pending request arrives (0 if it has); inf when none is pending."""
+        """How long until the next pending request arrives (0 if it has); inf when none is pending.
+
+        Asked with only follow-ups left, whose parents are gone, it raises: they would wait forever.
+        """
+        if not self._pending and self._follow_ups:
+            waiting = sorted(child.request_id for children in self._follow_ups.values() for child in children)
+            raise RuntimeError(
+                f"follow-ups {waiting} wait for {sorted(self._follow_ups)}, which are no longer in flight: "
+                "the run loop did not report them finished (ArrivalQueue.finished)"
+            )
         if not self._pending:
             return float("inf")
         return max(0.0, self._pending[0].arrival_time - (self._clock() - self.start_time))
