@@ -28,7 +28,7 @@ from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
 from perfsuite.report.table import format_table, memory_table, prefix_cache_table
-from perfsuite.workload import mixed_workload
+from perfsuite.workload import ShapedWorkload, Trace, Vocab, Workload, mixed_workload, parse_workload_option
 
 if TYPE_CHECKING:
     from perfsuite.judge.results import Results
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run the default mixed workload on static and in-flight engines and print a table",
-        description="Shipped prompts, max_new_tokens uniform in [min, max] (seeded), EOS ignored, all at t0.",
+        description="Shipped prompts, max_new_tokens uniform in [min, max] (seeded), EOS ignored, all at t0; "
+        "or --workload: shared-prefix groups, multi-turn chat or a replayed trace (docs/workloads.md).",
     )
     run.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory (default {DEFAULT_MODEL})")
     run.add_argument(
@@ -53,9 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
     run.add_argument("--token-budget", type=positive_int, help="in-flight: max tokens per step (default: no limit)")
-    run.add_argument("--num-requests", type=positive_int, default=32, help="requests in the workload (32)")
-    run.add_argument("--min-new-tokens", type=positive_int, default=8, help="shortest output (8)")
-    run.add_argument("--max-new-tokens", type=positive_int, default=128, help="longest output (128)")
+    run.add_argument("--num-requests", type=positive_int, help="requests in the default workload (32)")
+    run.add_argument("--min-new-tokens", type=positive_int, help="shortest output of the default workload (8)")
+    run.add_argument("--max-new-tokens", type=positive_int, help="longest output of the default workload (128)")
+    run.add_argument(
+        "--workload", type=argument_type(parse_workload_option), metavar="KIND:KEY=VALUE,...",
+        help="instead of the default workload: shared_prefix:groups=8,prompts=8,prefix=256,suffix=32,output=32; "
+        "multi_turn:sessions=4,turns=3,prompt=64,message=32,output=32,think_time=0; "
+        "trace:FILE[,block_size=512,time_scale=1,max_requests=N] (docs/workloads.md)",
+    )  # fmt: skip
     run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
@@ -95,6 +102,12 @@ def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error(_in_run_flags(str(error)))
     if args.endpoint and "openai-http" not in args.engines:
         parser.error(f"--endpoint is used only by --engines openai-http; add it to --engines {','.join(args.engines)}")
+    default_workload_flags = [flag for flag, value in (("--num-requests", args.num_requests),
+                              ("--min-new-tokens", args.min_new_tokens), ("--max-new-tokens", args.max_new_tokens))
+                              if value is not None]  # fmt: skip
+    if args.workload is not None and default_workload_flags:
+        parser.error(f"{', '.join(default_workload_flags)} size the default workload, which --workload replaces; "
+                     "set those sizes in --workload's KEY=VALUE list")  # fmt: skip
 
 
 def _http_client_options(args: argparse.Namespace) -> HttpClientOptions:
@@ -407,10 +420,11 @@ def _write_output(path: Path, text: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from perfsuite.adapters import Backend, EngineConfig
+    from perfsuite.adapters.protocol import check_serves_follow_ups
     from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
     from perfsuite.models import load_model
 
-    workload = mixed_workload(args.num_requests, args.min_new_tokens, args.max_new_tokens, args.seed)
+    workload = _workload(args)
     http_options = _http_client_options(args)
     if args.endpoint:
         _check_server(args.endpoint, http_options)  # seconds, where loading the model takes tens of them
@@ -422,18 +436,22 @@ def _run(args: argparse.Namespace) -> int:
         f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
         + (f" ({threads} threads)" if threads else "")
         + f", loaded in {time.perf_counter() - started:.1f}s; {workload.num_requests} requests, "
-        f"max_new_tokens uniform {workload.lengths.low}..{workload.lengths.high} (seed {workload.seed}), "
-        f"B={args.batch_size}",
+        + _described(workload)
+        + f" (seed {workload.seed}), B={args.batch_size}",
         file=sys.stderr,
     )
-    requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
     backend = Backend.from_loaded(loaded, endpoint=args.endpoint, http_options=http_options)
+    if isinstance(workload, ShapedWorkload):
+        requests = workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
+    else:
+        requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
     config = EngineConfig(
         args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
     )
     rows, cache_lines = [], []
     for kind in args.engines:
         engine = _built(kind, backend, config)
+        check_serves_follow_ups(engine, requests)
         warm_up(engine, requests)
         progress = None if args.no_progress else Progress(kind, len(requests))
         result = timed_run(engine, requests, device, on_step=progress)
@@ -457,6 +475,21 @@ def prefix_cache_line(result: RunResult, metrics: RunMetrics) -> str | None:
         return None
     evicted = "" if figures.num_evicted_blocks is None else f"; {figures.num_evicted_blocks} blocks evicted"
     return f"prefix cache ({result.engine_name}): hit rate {figures.describe()}{evicted}"
+
+
+def _workload(args: argparse.Namespace) -> Workload | ShapedWorkload:
+    """``--workload``'s, its trace read now (a bad line fails before the model loads); else the default."""
+    if args.workload is None:
+        return mixed_workload(args.num_requests or 32, args.min_new_tokens or 8, args.max_new_tokens or 128, args.seed)
+    if isinstance(args.workload, Trace):
+        args.workload.lines()
+    return ShapedWorkload(args.workload, seed=args.seed)
+
+
+def _described(workload: Workload | ShapedWorkload) -> str:
+    if isinstance(workload, ShapedWorkload):
+        return f"workload {workload.label}"
+    return f"max_new_tokens uniform {workload.lengths.low}..{workload.lengths.high}"
 
 
 def _built(kind: str, backend, config):

@@ -175,16 +175,41 @@ def check_greedy_equal(
 
     The reference decodes first and the engine runs after, so the two never
     share a model at the same time (a server thread may hold the same one).
+    A multi-turn follow-up is decoded on the conversation the reference's own
+    outputs make: a greedy-equal engine serves it that same prompt.
     """
-    expected, margins = {}, {}
-    for request in requests:
-        output = reference.generate(request)
-        expected[request.request_id] = tuple(output.token_ids)
-        margins[request.request_id] = tuple(output.top2_margins)
+    expected, margins = reference_outputs(requests, reference)
     name = engine_name or engine.name
     actual = engine.run(requests).outputs()
     divergences = find_divergences(name, expected, actual, margins)
     return GreedyCheck(name, len(requests), tuple(divergences), near_tie_tolerance)
+
+
+def reference_outputs(
+    requests: Sequence[Request], reference: GreedyReference
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[float, ...]]]:
+    """Each request's reference tokens and margins; a follow-up's after its parent's, on the prompt they make."""
+    expected: dict[str, tuple[int, ...]] = {}
+    margins: dict[str, tuple[float, ...]] = {}
+    prompts: dict[str, tuple[int, ...]] = {}
+    pending = list(requests)
+    while pending:
+        waiting = [r for r in pending if r.follows is not None and r.follows.parent_id not in expected]
+        if len(waiting) == len(pending):
+            raise ValueError(f"requests {[r.request_id for r in waiting]} follow requests that are not among them")
+        waiting_ids = {r.request_id for r in waiting}
+        for request in pending:
+            if request.request_id in waiting_ids:
+                continue
+            if request.follows is not None:
+                parent_id = request.follows.parent_id
+                request = request.continued(prompts[parent_id], expected[parent_id], 0.0)
+            output = reference.generate(request)
+            prompts[request.request_id] = request.prompt_token_ids
+            expected[request.request_id] = tuple(output.token_ids)
+            margins[request.request_id] = tuple(output.top2_margins)
+        pending = waiting
+    return expected, margins
 
 
 def check_server_greedy(

@@ -85,7 +85,7 @@ class HFContinuousBatchingEngine:
         ``on_step`` sees a request's outputs when its result arrives, all at
         once: the manager reports finished requests, not steps.
         """
-        arrivals = ArrivalQueue(requests, max_concurrency)
+        arrivals = ArrivalQueue(requests, max_concurrency, engine_name=self.name)
         check_requests_fit(arrivals.requests, self.config.max_seq_len, self.model.get_input_embeddings().num_embeddings)
         if not arrivals.requests:
             start = arrivals.start()

@@ -140,7 +140,7 @@ class HFStaticEngine:
         Requests get in between steps, as in ``Engine.run``; one that gets in
         while a batch runs waits for the next batch.
         """
-        arrivals = ArrivalQueue(requests, max_concurrency)
+        arrivals = ArrivalQueue(requests, max_concurrency, engine_name=self.name)
         check_requests_fit(arrivals.requests, self.config.max_seq_len, self.model.get_input_embeddings().num_embeddings)
         records: dict[str, RecordBuilder] = {}
         waiting: deque[RecordBuilder] = deque()

@@ -85,6 +85,7 @@ from perfsuite.adapters.server_info import (
     auth_headers,
     fetch_server_info,
 )
+from perfsuite.engine.arrivals import refuse_follow_ups
 from perfsuite.engine.types import (
     EngineCounters,
     FinishReason,
@@ -257,6 +258,7 @@ class OpenAIHttpEngine:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         ordered = sorted(requests, key=lambda r: r.arrival_time)
         check_unique_ids(ordered)
+        refuse_follow_ups(ordered, self.name)
         served = self.served_model
         check_prompts_fit(ordered, served.max_model_len, served.model_id, self.base_url)
         received, start, end = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency))

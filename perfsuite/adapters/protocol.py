@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.engine.arrivals import refuse_follow_ups
 from perfsuite.engine.types import DecodeMode, Request, RunResult, StepOutput
 
 
@@ -38,7 +39,11 @@ class BatchingEngine(Protocol):
 
     Optionally, ``runs_in_process = False`` says the work happens in another
     process (a server): its CPU use then does not count as other work when
-    the recorder checks whether the machine was busy.
+    the recorder checks whether the machine was busy. ``resolves_follow_ups =
+    True`` says ``run`` serves multi-turn follow-ups (``Request.follows``: a
+    turn's prompt is made from its parent's output when the parent finishes,
+    as ``Engine.run`` does); an engine without it is refused such a workload
+    (``check_serves_follow_ups``).
     """
 
     name: str
@@ -53,6 +58,13 @@ class BatchingEngine(Protocol):
         on_step: Callable[[list[StepOutput]], None] | None = None,
         max_concurrency: int | None = None,
     ) -> RunResult: ...
+
+
+def check_serves_follow_ups(engine: BatchingEngine, requests: Sequence[Request]) -> None:
+    """``ValueError`` naming the engine when ``requests`` hold follow-ups that its ``run`` would not resolve."""
+    if getattr(engine, "resolves_follow_ups", False):
+        return
+    refuse_follow_ups(requests, f"engine {engine.name!r}")
 
 
 @dataclass(frozen=True, slots=True)

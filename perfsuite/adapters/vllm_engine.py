@@ -196,7 +196,7 @@ class VLLMEngine:
         max_concurrency: int | None = None,
     ) -> RunResult:
         """Serve ``requests`` with ``Engine.run``'s semantics; ``on_step`` sees each vLLM step's outputs."""
-        arrivals = ArrivalQueue(requests, max_concurrency)
+        arrivals = ArrivalQueue(requests, max_concurrency, engine_name=self.name)
         check_requests_fit(arrivals.requests, self.config.max_seq_len, self.vocab_size)
         serving = _Serving(self, arrivals, on_step)
         start = arrivals.start()

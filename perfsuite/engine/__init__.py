@@ -13,6 +13,7 @@ from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticSched
 from perfsuite.engine.types import (
     EngineCounters,
     FinishReason,
+    FollowUp,
     Request,
     RequestRecord,
     RunResult,
@@ -29,6 +30,7 @@ __all__ = [
     "Engine",
     "EngineCounters",
     "FinishReason",
+    "FollowUp",
     "InflightScheduler",
     "KVCacheManager",
     "PagedScheduler",

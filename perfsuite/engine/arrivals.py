@@ -9,6 +9,11 @@ hf-cb, vllm) serve a run with these, so their latencies are comparable:
   while fewer than that many are unfinished, and its arrival is that moment;
 - every request gets a record; duplicate ids raise ``ValueError`` before
   anything runs;
+- a request that ``follows`` another (a conversation's next turn, ``FollowUp``)
+  waits for it: when the parent finishes (``finished``), its prompt becomes the
+  parent's prompt and output plus its own message, and it is due
+  ``think_time`` later. Only a run loop that reports finished requests can
+  serve follow-ups (``resolves_follow_ups=True``); any other refuses them;
 - an open-loop admission carries when it was scheduled, when it could first
   have got in (not before the engine's last step ended: ``engine_free_since``)
   and when it did, for the load generator's self-check (``perfsuite.measure.send_lag``).
@@ -16,9 +21,10 @@ hf-cb, vllm) serve a run with these, so their latencies are comparable:
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfsuite.engine.types import FinishReason, Request, RequestRecord, StepOutput, check_unique_ids
@@ -43,18 +49,32 @@ class ArrivalQueue:
         requests: Iterable[Request],
         max_concurrency: int | None,
         clock: Callable[[], float] = time.perf_counter,
+        *,
+        resolves_follow_ups: bool = False,
+        engine_name: str = "this engine",
     ) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         self.requests = tuple(sorted(requests, key=lambda r: r.arrival_time))
         check_unique_ids(self.requests)
+        if not resolves_follow_ups:
+            refuse_follow_ups(self.requests, engine_name)
+        self._follow_ups = follow_ups_by_parent(self.requests)
         self.max_concurrency = max_concurrency
-        self._pending = deque(self.requests)
+        self._pending = deque(r for r in self.requests if r.follows is None)
         self._clock = clock
         self.start_time = clock()
 
     def __len__(self) -> int:
-        return len(self._pending)
+        """Requests not in the engine yet, follow-ups whose parent has not finished included."""
+        return len(self._pending) + sum(len(children) for children in self._follow_ups.values())
+
+    def finished(self, request: Request, output_token_ids: Sequence[int], finished_time: float) -> None:
+        """``request`` (as the engine served it) finished at ``finished_time``: its follow-ups become due."""
+        offset = finished_time - self.start_time
+        for child in self._follow_ups.pop(request.request_id, ()):
+            due = child.continued(request.prompt_token_ids, tuple(output_token_ids), offset + child.follows.think_time)
+            bisect.insort(self._pending, due, key=lambda r: r.arrival_time)
 
     def start(self) -> float:
         """Start the run's clock now (after the engine's set-up) and return the start time."""
@@ -86,10 +106,78 @@ class ArrivalQueue:
         return self.max_concurrency is None or num_unfinished < self.max_concurrency
 
     def seconds_to_next_arrival(self) -> float:
-        """How long until the next pending request arrives (0 if it has); inf when none is pending."""
+        """How long until the next pending request arrives (0 if it has); inf when none is pending.
+
+        Asked with only follow-ups left, whose parents are gone, it raises: they would wait forever.
+        """
+        if not self._pending and self._follow_ups:
+            waiting = sorted(child.request_id for children in self._follow_ups.values() for child in children)
+            raise RuntimeError(
+                f"follow-ups {waiting} wait for {sorted(self._follow_ups)}, which are no longer in flight: "
+                "the run loop did not report them finished (ArrivalQueue.finished)"
+            )
         if not self._pending:
             return float("inf")
         return max(0.0, self._pending[0].arrival_time - (self._clock() - self.start_time))
+
+
+def refuse_follow_ups(requests: Iterable[Request], engine_name: str) -> None:
+    """``ValueError`` when any request is a conversation's later turn, which ``engine_name`` cannot serve."""
+    follow_ups = [r.request_id for r in requests if r.follows is not None]
+    if follow_ups:
+        shown = ", ".join(repr(request_id) for request_id in follow_ups[:3])
+        more = f" and {len(follow_ups) - 3} more" if len(follow_ups) > 3 else ""
+        raise ValueError(
+            f"{engine_name} cannot serve multi-turn follow-ups ({shown}{more} wait for an earlier turn's output, "
+            "which its run loop does not feed back); run a multi_turn workload on static, inflight or paged"
+        )
+
+
+def follow_ups_by_parent(requests: Sequence[Request]) -> dict[str, list[Request]]:
+    """Each parent's follow-ups, checked: the parent is in the run and the bounds agree.
+
+    The bounds also rule out a cycle: each turn's ``max_total_tokens`` exceeds its parent's.
+    """
+    by_id = {r.request_id: r for r in requests}
+    children: dict[str, list[Request]] = {}
+    for request in requests:
+        if request.follows is None:
+            continue
+        parent = by_id.get(request.follows.parent_id)
+        if parent is None:
+            raise ValueError(
+                f"request {request.request_id!r} follows {request.follows.parent_id!r}, which is not in the run; "
+                "serve a conversation's turns in one run"
+            )
+        if request.follows.max_context_tokens != parent.max_total_tokens:
+            raise ValueError(
+                f"request {request.request_id!r}: max_context_tokens={request.follows.max_context_tokens} but its "
+                f"parent {parent.request_id!r} can reach {parent.max_total_tokens} tokens; make them equal"
+            )
+        children.setdefault(parent.request_id, []).append(request)
+    return children
+
+
+def resolved_prompts(requests: Sequence[Request], outputs: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """Each request's prompt as the engine served it, follow-ups' from their parents' ``outputs`` (by request id).
+
+    For checks after a run (greedy equivalence, lengths): a follow-up's prompt is only known then.
+    """
+    by_id = {r.request_id: r for r in requests}
+    prompts: dict[str, tuple[int, ...]] = {}
+    for request in requests:
+        unresolved = []  # the request and its ancestors up to one resolved already, or the conversation's start
+        current: Request | None = request
+        while current is not None and current.request_id not in prompts:
+            unresolved.append(current)
+            current = None if current.follows is None else by_id[current.follows.parent_id]
+        for turn in reversed(unresolved):
+            if turn.follows is None:
+                prompts[turn.request_id] = turn.prompt_token_ids
+            else:
+                parent_id = turn.follows.parent_id
+                prompts[turn.request_id] = prompts[parent_id] + tuple(outputs[parent_id]) + turn.prompt_token_ids
+    return prompts
 
 
 @dataclass(slots=True)

@@ -54,6 +54,7 @@ class Engine:
     """One scheduler over one runner and a KV cache that the engine owns."""
 
     greedy_equal = True  # held to it by tests/test_equivalence.py
+    resolves_follow_ups = True  # Engine.run feeds a finished turn's output to the next (multi-turn workloads)
 
     def __init__(
         self,
@@ -184,7 +185,7 @@ class Engine:
         requests = tuple(requests)
         for request in requests:  # refused before any runs: a refusal mid-run would leave the others half served
             self.scheduler.check_request(request)
-        arrivals = ArrivalQueue(requests, max_concurrency, clock=self._clock)
+        arrivals = ArrivalQueue(requests, max_concurrency, clock=self._clock, resolves_follow_ups=True)
         self._reset_accounting()
         start = arrivals.start()
         while arrivals or self.has_unfinished_requests():
@@ -195,11 +196,18 @@ class Engine:
                 self._records[admission.request.request_id] = RecordBuilder.admitted(admission)  # with send times
             if self.has_unfinished_requests():
                 step_outputs = self.step()
+                self._release_follow_ups(arrivals, step_outputs)
                 if on_step is not None:
                     on_step(step_outputs)
             elif arrivals:
                 self._sleep(arrivals.seconds_to_next_arrival())
         return self.result(start, self._clock())
+
+    def _release_follow_ups(self, arrivals: ArrivalQueue, step_outputs: list[StepOutput]) -> None:
+        for output in step_outputs:
+            if output.finished:
+                record = self._records[output.request_id]
+                arrivals.finished(record.request, record.token_ids, record.finished_time)
 
     def result(self, start_time: float, end_time: float) -> RunResult:
         """Everything recorded since the last ``run`` started."""

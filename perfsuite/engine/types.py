@@ -82,17 +82,52 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowUp:
+    """The next turn of a conversation: a request whose prompt is only known once another has finished.
+
+    When the parent request finishes, the follow-up's prompt becomes the
+    parent's prompt, then its output, then the follow-up's own
+    ``prompt_token_ids`` (the new user message), and it arrives
+    ``think_time`` seconds after the parent's last token.
+    ``max_context_tokens`` is the parent's ``max_total_tokens``, the longest
+    the conversation can be before the new message, so the follow-up's size
+    is bounded before the run (engines are sized from it).
+    """
+
+    parent_id: str
+    think_time: float
+    max_context_tokens: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.think_time, (int, float)) or not 0 <= self.think_time < float("inf"):
+            raise ValueError(
+                f"follow-up of {self.parent_id!r}: think_time must be seconds >= 0, got {self.think_time!r}"
+            )
+        if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 1:
+            raise ValueError(
+                f"follow-up of {self.parent_id!r}: max_context_tokens must be the parent's max_total_tokens "
+                f"(>= 1), got {self.max_context_tokens!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """One generation request.
 
     ``arrival_time`` is seconds after the start of a run: 0.0 for offline runs
     where every request is there at t0.
+
+    A request that ``follows`` another (a later turn of a conversation) holds
+    only its new message in ``prompt_token_ids``; the engine's arrival queue
+    makes the whole prompt when the parent finishes (``FollowUp``). Its
+    ``arrival_time`` stays 0: it arrives ``think_time`` after its parent ends.
     """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0
+    follows: FollowUp | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
@@ -106,14 +141,38 @@ class Request:
                 f"request {self.request_id!r}: arrival_time must be >= 0 seconds "
                 f"after the run starts, got {self.arrival_time}"
             )
+        if self.follows is not None and self.arrival_time != 0:
+            raise ValueError(
+                f"request {self.request_id!r} follows {self.follows.parent_id!r}, so it arrives think_time after "
+                f"that one finishes; leave its arrival_time at 0, got {self.arrival_time}"
+            )
 
     @property
     def num_prompt_tokens(self) -> int:
+        """The prompt's tokens; of a follow-up not yet resolved, its new message's only."""
         return len(self.prompt_token_ids)
 
     @property
+    def max_prompt_tokens(self) -> int:
+        """The longest the prompt can be: a follow-up's includes the conversation before it."""
+        context = 0 if self.follows is None else self.follows.max_context_tokens
+        return context + self.num_prompt_tokens
+
+    @property
     def max_total_tokens(self) -> int:
-        return self.num_prompt_tokens + self.sampling_params.max_new_tokens
+        return self.max_prompt_tokens + self.sampling_params.max_new_tokens
+
+    def continued(self, parent_prompt: tuple[int, ...], parent_output: tuple[int, ...], arrival_time: float) -> Request:
+        """This follow-up with its whole prompt (the parent's prompt and output, then its message)."""
+        if self.follows is None:
+            raise ValueError(f"request {self.request_id!r} follows no other request; there is nothing to continue")
+        context = tuple(parent_prompt) + tuple(parent_output)
+        if len(context) > self.follows.max_context_tokens:
+            raise ValueError(
+                f"request {self.request_id!r}: the conversation before it holds {len(context)} tokens, more than "
+                f"its max_context_tokens={self.follows.max_context_tokens}; set that to the parent's max_total_tokens"
+            )
+        return Request(self.request_id, context + self.prompt_token_ids, self.sampling_params, arrival_time)
 
     def check_fits(self, max_seq_len: int) -> None:
         """Refuse a request that no slot of ``max_seq_len`` tokens could hold (it would fail or wait forever)."""

@@ -78,6 +78,8 @@ def workload_digest(
                 r.sampling_params.ignore_eos,
                 list(r.sampling_params.stop_token_ids),
                 round(r.arrival_time, 9),
+                # Only a follow-up adds its parent and think time, so every earlier digest stays as it was.
+                *([r.follows.parent_id, round(r.follows.think_time, 9)] if r.follows is not None else []),
             ]
             for r in requests
         ],

@@ -411,7 +411,8 @@ def sizing_parameters(
     return SizingParameters(
         model=model,
         precision=precision,
-        input_length=statistics.fmean(r.num_prompt_tokens for r in requests),
+        # A follow-up's whole prompt is only known once its parent has run; its bound is exact under ignore_eos.
+        input_length=statistics.fmean(r.max_prompt_tokens for r in requests),
         output_length=statistics.fmean(r.sampling_params.max_new_tokens for r in requests),
         concurrency=concurrency,
     )

@@ -143,6 +143,7 @@ class WorkerEngine:
     config: EngineConfig
     greedy_equal = False  # checked by the correctness tests, not here
     runs_in_process = True
+    resolves_follow_ups = True  # the engine each worker builds decides: a peer there refuses multi-turn itself
 
     @property
     def batch_size(self) -> int:

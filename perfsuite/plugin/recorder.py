@@ -21,7 +21,7 @@ from typing import NoReturn
 
 import pytest
 
-from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig
+from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, check_serves_follow_ups
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import server_environment
@@ -74,6 +74,10 @@ class PerfRecorder:
         """Warm up (discarded), then time ``repeats`` (default: the profile's) through pytest-benchmark."""
         options = self.session.options
         repeats = repeats or self.session.repeats
+        try:
+            check_serves_follow_ups(engine, requests)
+        except ValueError as error:
+            pytest.fail(f"{self.test_id}: {error}", pytrace=False)
         if self.session.against is not None:
             return self._measure_paired(engine, requests, max_concurrency, arrival_rate, repeats)
         for _ in range(options.profile.warmup_runs):

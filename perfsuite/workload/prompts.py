@@ -77,6 +77,17 @@ class Vocab:
         return tuple(_nth_allowed(self.first_id + rng.randrange(num_allowed), skipped) for _ in range(count))
 
 
+    def draw_distinct(self, rng: random.Random, count: int, what: str) -> tuple[int, ...]:
+        """``count`` different ids: the first tokens that keep ``what`` (groups, sessions) from sharing a prefix."""
+        if count > self.num_allowed:
+            raise ValueError(
+                f"{count} {what} need as many different first tokens, but the vocabulary has {self.num_allowed}; "
+                f"ask for at most {self.num_allowed}"
+            )
+        skipped = self.skipped_ids
+        return tuple(_nth_allowed(self.first_id + i, skipped) for i in rng.sample(range(self.num_allowed), count))
+
+
 def _nth_allowed(token_id: int, skipped: tuple[int, ...]) -> int:
     """Map a draw from a range with the skipped ids removed onto the real id (``skipped`` sorted)."""
     for special in skipped:

@@ -10,10 +10,21 @@
     seed = 0                                  # optional
     repeats = 3                               # optional; default: the profile's
 
+    [workload]                                # optional: related requests instead of prompts x output_lengths
+    kind = "shared_prefix"                    # or "multi_turn", "trace" (docs/workloads.md); [[workload]]
+    groups = 8                                # tables, one per entry, make it an axis
+    prompts = 8
+    prefix = 256
+
     [capacity]                                # optional: capacity cases too (test_sweep_capacity)
     by = "concurrency"                        # optional: "rate" or "concurrency"; default --perf-capacity-by
     target_share = 0.9                        # optional: share of requests within --perf-slo; default 0.9
     tolerance = 0.1                           # optional: how narrow the final bracket; default 0.1
+
+A ``[workload]`` section (or several ``[[workload]]`` tables) replaces the
+``prompts`` x ``output_lengths`` x ``num_requests`` of the grid with
+``shaped.ShapedWorkload`` shapes, each crossed with the ``arrivals`` axis;
+those three keys are then refused, and so is ``[capacity]``.
 
 The list entries of ``prompts``, ``output_lengths`` and ``arrivals`` take the
 values those keys take in ``Workload.from_dict``; rates and concurrencies share
@@ -40,11 +51,15 @@ from perfsuite.workload.arrivals import Arrivals, parse_arrivals
 from perfsuite.workload.checks import is_int, is_number, reject_unknown_keys
 from perfsuite.workload.lengths import OutputLengths, parse_output_lengths
 from perfsuite.workload.prompts import JsonlPrompts, PromptSource, ShippedPrompts, parse_prompts
+from perfsuite.workload.shaped import Shape, ShapedWorkload, parse_shape
+from perfsuite.workload.trace import Trace
 from perfsuite.workload.workload import Workload
 
 AXIS_KEYS = ("engines", "batch_sizes", "prompts", "output_lengths", "arrivals")
 SWEEP_KEYS = (*AXIS_KEYS, "num_requests", "seed", "repeats")
 REQUIRED_KEYS = ("engines", "batch_sizes", "output_lengths", "num_requests")
+SHAPED_REQUIRED_KEYS = ("engines", "batch_sizes")
+SHAPED_REPLACES = ("prompts", "output_lengths", "num_requests")  # what a [workload] section stands for
 CAPACITY_KEYS = ("by", "target_share", "tolerance")
 CAPACITY_KINDS = ("rate", "concurrency")  # measure.capacity.SEARCH_KINDS, which a workload may not import
 
@@ -57,7 +72,7 @@ class SweepCase:
 
     engine: str
     batch_size: int
-    workload: Workload
+    workload: Workload | ShapedWorkload
     repeats: int | None = None
 
     @property
@@ -104,25 +119,27 @@ class Sweep:
 
     engines: tuple[str, ...]
     batch_sizes: tuple[int, ...]
-    output_lengths: tuple[OutputLengths, ...]
-    num_requests: int
+    output_lengths: tuple[OutputLengths, ...] = ()  # unused with workloads
+    num_requests: int | None = None  # unused with workloads
     prompts: tuple[PromptSource, ...] = (ShippedPrompts(),)
     arrivals: tuple[Arrivals, ...] = (Arrivals(),)
     seed: int = 0
     repeats: int | None = None
     capacity: CapacitySettings | None = None  # a [capacity] section: capacity cases too
+    workloads: tuple[Shape, ...] = ()  # a [workload] section: these instead of prompts x output_lengths
 
     @property
     def num_cases(self) -> int:
-        return (
-            len(self.engines)
-            * len(self.batch_sizes)
-            * len(self.prompts)
-            * len(self.output_lengths)
-            * len(self.arrivals)
-        )
+        workloads = len(self.workloads) if self.workloads else len(self.prompts) * len(self.output_lengths)
+        return len(self.engines) * len(self.batch_sizes) * workloads * len(self.arrivals)
 
     def cases(self) -> list[SweepCase]:
+        if self.workloads:
+            shaped = itertools.product(self.engines, self.batch_sizes, self.workloads, self.arrivals)
+            return [
+                SweepCase(engine, batch_size, ShapedWorkload(shape, arrivals, self.seed), self.repeats)
+                for engine, batch_size, shape, arrivals in shaped
+            ]
         grid = itertools.product(self.engines, self.batch_sizes, self.prompts, self.output_lengths, self.arrivals)
         return [
             SweepCase(engine, batch_size, self._workload(prompts, lengths, arrivals), self.repeats)
@@ -159,6 +176,8 @@ def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: P
     """A ``Sweep`` from a parsed TOML document (``{"sweep": {...}}``, ``"capacity"`` optional); no file is read."""
     table = _sweep_table(data, source)
     reject_unknown_keys(table, SWEEP_KEYS, "sweep key", source)
+    if "workload" in data:
+        return _shaped_sweep(data, table, source, base_dir)
     missing = [key for key in REQUIRED_KEYS if key not in table]
     if missing:
         raise ValueError(f"{source}: [sweep] needs {', '.join(missing)}; see examples/sweep.toml")
@@ -172,6 +191,43 @@ def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: P
         seed=_setting(table, "seed", source, minimum=None, default=0),
         repeats=_setting(table, "repeats", source, minimum=1, default=None),
         capacity=_capacity(data["capacity"], source) if "capacity" in data else None,
+    )
+    _check_cases(sweep, source)
+    return sweep
+
+
+def _shaped_sweep(
+    data: Mapping[str, object], table: Mapping[str, object], source: str, base_dir: Path | None
+) -> Sweep:
+    """A sweep whose workloads are a ``[workload]`` table or ``[[workload]]`` tables (``shaped.parse_shape``)."""
+    replaced = [key for key in SHAPED_REPLACES if key in table]
+    if replaced:
+        raise ValueError(
+            f"{source}: [workload] sets the requests, so sweep.{', sweep.'.join(replaced)} cannot apply; "
+            "remove them (or the [workload] section)"
+        )
+    if "capacity" in data:
+        raise ValueError(
+            f"{source}: [capacity] searches the load of prompts x output_lengths workloads, not of a [workload] "
+            "section; drop one of the two sections"
+        )
+    missing = [key for key in SHAPED_REQUIRED_KEYS if key not in table]
+    if missing:
+        raise ValueError(f"{source}: [sweep] needs {', '.join(missing)}; see docs/workloads.md")
+    entries = data["workload"]
+    sweep = Sweep(
+        engines=_axis(table, "engines", _engine_name, source),
+        batch_sizes=_axis(table, "batch_sizes", _batch_size, source),
+        arrivals=_axis(table, "arrivals", parse_arrivals, source, default=("offline",)),
+        seed=_setting(table, "seed", source, minimum=None, default=0),
+        repeats=_setting(table, "repeats", source, minimum=1, default=None),
+        workloads=_axis(
+            {"workload": [entries] if isinstance(entries, Mapping) else entries},
+            "workload",
+            lambda value: parse_shape(value, base_dir),
+            source,
+            name="workload",
+        ),
     )
     _check_cases(sweep, source)
     return sweep
@@ -194,9 +250,9 @@ def _read_toml(path: Path) -> dict[str, object]:
 
 def _sweep_table(data: Mapping[str, object], source: str) -> Mapping[str, object]:
     for key in data:
-        if key not in ("sweep", "capacity"):
+        if key not in ("sweep", "capacity", "workload"):
             raise ValueError(
-                f"{source}: unknown top-level key {key!r}; put every setting under [sweep] (or [capacity])"
+                f"{source}: unknown top-level key {key!r}; put every setting under [sweep] (or [workload], [capacity])"
             )
     table = data.get("sweep")
     if not isinstance(table, Mapping):
@@ -210,20 +266,22 @@ def _axis(
     parse: Callable[[object], Entry],
     source: str,
     default: tuple[object, ...] | None = None,
+    name: str | None = None,
 ) -> tuple[Entry, ...]:
+    name = name or f"sweep.{key}"
     values = table.get(key, default)
     if not isinstance(values, (list, tuple)):
-        raise ValueError(f"{source}: sweep.{key} must be a list in brackets, got {values!r}")
+        raise ValueError(f"{source}: {name} must be a list in brackets, got {values!r}")
     if not values:
-        raise ValueError(f"{source}: sweep.{key} is empty; list at least one entry or leave the key out")
+        raise ValueError(f"{source}: {name} is empty; list at least one entry or leave the key out")
     entries = []
     for index, value in enumerate(values):
         try:
             entry = parse(value)
         except ValueError as err:
-            raise ValueError(f"{source}: sweep.{key}[{index}]: {err}") from None
+            raise ValueError(f"{source}: {name}[{index}]: {err}") from None
         if entry in entries:
-            raise ValueError(f"{source}: sweep.{key}[{index}] repeats an earlier entry ({value!r}); remove one")
+            raise ValueError(f"{source}: {name}[{index}] repeats an earlier entry ({value!r}); remove one")
         entries.append(entry)
     return tuple(entries)
 
@@ -279,7 +337,8 @@ def _check_cases(sweep: Sweep, source: str) -> None:
     try:
         cases = sweep.cases()
     except ValueError as err:
-        raise ValueError(f"{source}: sweep.prompts x sweep.output_lengths: {err}") from None
+        axes = "workload x sweep.arrivals" if sweep.workloads else "sweep.prompts x sweep.output_lengths"
+        raise ValueError(f"{source}: {axes}: {err}") from None
     seen: set[str] = set()
     for case in cases:
         if case.id in seen:
@@ -291,6 +350,12 @@ def _check_cases(sweep: Sweep, source: str) -> None:
 
 
 def _check_prompt_files(sweep: Sweep, source: str) -> None:
+    for index, shape in enumerate(sweep.workloads):
+        if isinstance(shape, Trace):
+            try:
+                shape.lines()
+            except ValueError as err:
+                raise ValueError(f"{source}: workload[{index}]: {err}") from None
     for index, prompts in enumerate(sweep.prompts):
         if not isinstance(prompts, JsonlPrompts):
             continue
