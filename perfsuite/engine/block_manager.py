@@ -62,6 +62,10 @@ class BlockManager:
         """Whether ``num_tokens`` tokens of one request fit the whole pool (else it can never run)."""
         return self.num_blocks_for(num_tokens) <= self.num_blocks
 
+    def free_block_ids(self) -> set[int]:
+        """The blocks on the free list (for checks: it costs the pool's size)."""
+        return self._free_blocks.ids()
+
     def block_table(self, request_id: str) -> tuple[int, ...]:
         return tuple(self._table(request_id, "has no block table; allocate blocks for it first"))
 
