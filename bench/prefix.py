@@ -99,7 +99,9 @@ class Conversation:
     answer: tuple[int, ...] = ()
 
 
-def first_turns(sessions: int, system_len: int, user_len: int, vocab_size: int, rng: random.Random) -> list[Conversation]:
+def first_turns(
+    sessions: int, system_len: int, user_len: int, vocab_size: int, rng: random.Random
+) -> list[Conversation]:
     return [
         Conversation(session, random_tokens(rng, system_len, vocab_size) + random_tokens(rng, user_len, vocab_size))
         for session in range(sessions)

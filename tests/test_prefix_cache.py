@@ -91,7 +91,9 @@ def test_a_hash_collision_cannot_give_another_blocks_kv():
 
 def test_the_hash_chains_the_parent_and_is_the_same_in_every_process():
     assert block_hash(None, (1, 2)) != block_hash(block_hash(None, (0, 0)), (1, 2))
-    code = "from perfsuite.engine.prefix_cache import block_hash; print(block_hash(block_hash(None, (1,)), (2, 3)).hex())"
+    code = (
+        "from perfsuite.engine.prefix_cache import block_hash; print(block_hash(block_hash(None, (1,)), (2, 3)).hex())"
+    )
     digests = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()  # fmt: skip

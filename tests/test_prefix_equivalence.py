@@ -10,18 +10,22 @@ that are a prefix of another, arrivals while the sharer is still prefilling
 preempt sharers.
 
 Mutants the property kills (each a seam below; ``test_each_mutant_is_killed``
-checks it on every CI run, with no ``@example`` to help; the counts are the
-examples, under the derandomized ``ci`` profile, up to and including the
-first failing one):
+checks it on every CI run, with no ``@example`` to help, generation only;
+the count is the generated example that first failed, under the
+derandomized ``ci`` profile, as the test prints it):
 
 - **hash without the parent** (a block is found by its own tokens wherever
-  it sits): killed at example 3;
+  it sits): killed at example 18 (the fake runner reads a block computed
+  under another prefix);
 - **eviction of a referenced block** (a hit leaves the block among the
-  evictable ones, so it is handed out while a table holds it): killed at example 3;
+  evictable ones, so it is handed out while a table holds it): killed at
+  example 6 (a cell overwritten under its reader);
 - **reuse of a partially filled block** (the last, partial block is cached
-  and shared, so two requests write into it): killed at example 5;
+  and shared, so two requests write into it): killed at example 41 (outputs
+  differ from the reference);
 - **refcount not decremented on preemption** (the preempted request's table
-  is dropped, its blocks still counted as held): killed at example 4.
+  is dropped, its blocks still counted as held): killed at example 6 (the
+  leaked blocks stall the engine).
 """
 
 from __future__ import annotations

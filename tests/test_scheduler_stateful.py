@@ -235,12 +235,15 @@ class PrefixCacheMachine(SchedulerMachine):
       the runner is left to compute; a record's ``num_cached_tokens`` is its
       first admission's hit.
 
-    It kills the mutants of tests/test_prefix_equivalence.py: under the ci
-    profile, at run 1 of the machine, refcount not decremented on
-    preemption (refcount invariant); at run 1, eviction of a referenced block
-    (evictable while held); at run 1, reuse of a partially filled block (a
-    block being written is shared); hash without the parent at run 4 (the
-    fake runner's read of a block computed under another prefix).
+    It kills the mutants of tests/test_prefix_equivalence.py. Measured by
+    applying each in turn (its seams there) under the ci profile with
+    generation only, counting machine runs, invalid ones included, up to the
+    first that failed: reuse of a partially filled block at run 5 (a block
+    being written is cached); eviction of a referenced block at run 9 (a
+    held block is evictable); refcount not decremented on preemption at run
+    16 (a step schedules nothing: the leaked blocks leave a lone request no
+    room); hash without the parent at run 93 (the fake runner reads a block
+    computed under another prefix).
     """
 
     @initialize(

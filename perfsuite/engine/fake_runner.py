@@ -89,7 +89,9 @@ class FakePagedKVCache:
         block, offset = self._cell(chunk, position - 1)
         cell = self.cells[block][offset]
         if cell is None:
-            raise AssertionError(f"{chunk.request_id!r} starts at {position} but position {position - 1} was never computed")
+            raise AssertionError(
+                f"{chunk.request_id!r} starts at {position} but position {position - 1} was never computed"
+            )
         return cell[1]
 
     def _checked_cell(self, chunk: ScheduledChunk, position: int, state_before: int) -> tuple[int, int]:
