@@ -63,6 +63,17 @@ class PagedScheduler(Scheduler):
     step) and is still how a full pool makes room. With nothing running the
     watermark is waived: the request fits the pool on its own (checked when
     it was added), and holding blocks back from it would only starve it.
+
+    **Prefix caching** (engine ``paged-prefix``: a ``PrefixCachingBlockManager``,
+    see ``perfsuite.engine.prefix_cache``). A request being admitted, new or
+    readmitted after a preemption, first looks up the longest cached prefix of
+    its full blocks, shares those blocks and starts its first chunk after
+    them; the admission check and the watermark count only the blocks it
+    takes from the free ones (evictable cached blocks count as free). Once a
+    step has run, each request's newly computed full blocks are cached. The
+    step's output counts the tokens looked up and found, and the cached
+    blocks evicted. With a plain ``BlockManager`` nothing is found and
+    nothing counted.
     """
 
     def __init__(
