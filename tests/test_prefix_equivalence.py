@@ -31,6 +31,7 @@ derandomized ``ci`` profile, as the test prints it):
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
@@ -46,20 +47,23 @@ VOCAB_SIZE = 31  # few token ids, so drawn suffixes collide with stems now and t
 MAX_EXAMPLES = 120
 
 
+@dataclass(frozen=True)
+class _FakeOutput:
+    token_ids: tuple[int, ...]
+    top2_margins: tuple[float, ...]
+
+
 class _FakeDecoder:
+    """Unbatched greedy decoding of the fake model; every margin 1.0, so no flip is a near-tie."""
+
     def generate(self, request):
         tokens = fake_reference(request.prompt_token_ids, request.sampling_params, None, VOCAB_SIZE)
-        return _Output(tokens, (1.0,) * len(tokens))
+        return _FakeOutput(tokens, (1.0,) * len(tokens))
 
 
 @functools.lru_cache(maxsize=None)
 def _reference() -> CachedReference:
     return CachedReference(_FakeDecoder())
-
-
-class _Output:
-    def __init__(self, token_ids, top2_margins):
-        self.token_ids, self.top2_margins = token_ids, top2_margins
 
 
 class _Tally:
