@@ -16,6 +16,7 @@ PURE_MODULES = [
     "perfsuite.engine.kv_cache",
     "perfsuite.engine.kv_memory",
     "perfsuite.engine.fake_runner",
+    "perfsuite.engine.prefix_cache",
     "perfsuite.adapters",
     "perfsuite.adapters.builtin",
     "perfsuite.plugin.recorder",

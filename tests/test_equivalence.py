@@ -19,7 +19,15 @@ from perfsuite.correctness import assert_outputs_equal, find_divergences
 from perfsuite.engine import Request, SamplingParams, inflight_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.models import load_model
-from perfsuite.testing import FLOAT32_NEAR_TIE, Scenario, cached_reference, check_runner, drive, scenarios
+from perfsuite.testing import (
+    FLOAT32_NEAR_TIE,
+    Scenario,
+    cached_reference,
+    check_runner,
+    drive,
+    scenarios,
+    shared_prefix_scenarios,
+)
 from smollm2 import load_smollm2_or_skip
 
 TINY_MAX_SEQ_LEN = 64
@@ -95,6 +103,35 @@ def test_the_paged_engine_preempts_and_recomputes_yet_equals_the_reference(tiny)
     counters = engine.result(0.0, 1.0).counters
     assert counters.num_preemptions >= 2 and counters.num_recomputed_tokens > 0
     assert counters.peak_kv_blocks_used == 8
+
+
+def test_tiny_random_float64_prefix_caching_equals_reference(tiny):
+    """The model runner under paged-prefix: a chunk starts after blocks another request computed, and attends to them.
+
+    Only the prefix engine runs here (tests/test_prefix_equivalence.py runs the
+    property over all four engines on the fake runner, with many more examples).
+    """
+    loaded, runner, reference = tiny
+    hits = []
+
+    @settings(max_examples=8)
+    @given(scenario=shared_prefix_scenarios(vocab_size=320, max_requests=4, max_prompt_len=16, max_new_tokens=6))
+    @example(scenario=dataclasses.replace(
+        _scenario(6, 9, 4, prompt_len=12, max_num_batched_tokens=8, arrival_steps=(0, 1, 3), num_kv_blocks=12,
+                  kv_block_size=4),
+        requests=tuple(Request(f"r{i}", tuple(range(3, 15)) + (40 + i,) * i, SamplingParams(n, ignore_eos=True))
+                       for i, n in enumerate((6, 9, 4))),
+        prefix_caching=True,
+    ))  # fmt: skip
+    def prefix_engine_equals_reference(scenario):
+        engine = scenario.paged_engine(runner, loaded.eos_token_id, TINY_MAX_SEQ_LEN, enable_prefix_caching=True)
+        expected, margins = reference.outputs(scenario.requests)
+        assert_outputs_equal("paged-prefix", expected, drive(engine, scenario), margins)
+        hits.append(engine.result(0.0, 1.0).counters.num_prefix_cache_hit_tokens > 0)
+
+    prefix_engine_equals_reference()
+    print(f"paged-prefix runs that hit: {sum(hits)} of {len(hits)}")
+    assert sum(hits) >= len(hits) // 3, f"only {sum(hits)} of {len(hits)} runs hit the prefix cache"
 
 
 # -- mutants: the property must catch bugs in positions, masks and slots ------

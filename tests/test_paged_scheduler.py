@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfsuite.engine import ENGINE_KINDS, Request, SamplingParams, build_engine, paged_engine
-from perfsuite.engine.fake_runner import FakeRunner, fake_reference
+from perfsuite.engine.fake_runner import FakeRunner, fake_reference, next_token
 
 VOCAB = 97
 
@@ -190,6 +190,24 @@ def test_an_aborted_preempted_request_leaves_nothing_behind():
     assert engine.scheduler.kv_cache.num_used_blocks == 0 and engine.scheduler.kv_cache.owners() == {}
 
 
+def test_the_fake_runners_blocks_hold_kv_that_depends_on_the_whole_prefix():
+    from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
+
+    runner = FakeRunner(VOCAB)
+    cache = runner.new_paged_kv_cache(num_blocks=4, block_size=2)
+    runner.execute(SchedulerOutput((ScheduledChunk("a", 0, (1, 2, 3, 4), 0, True, True, block_table=(0, 1)),),
+                                   num_waiting=0), cache)  # fmt: skip
+    # b shares a's first block (the same prefix) and computes its own second block: read as if it were its own
+    shared = ScheduledChunk("b", 1, (3, 9), 2, samples=True, is_prefill=True, block_table=(0, 2))
+    assert runner.execute(SchedulerOutput((shared,), num_waiting=0), cache) == [next_token((1, 2, 3, 9), VOCAB)]
+    # c's prefix is (5, 6), so a's block 1, computed after (1, 2), holds the wrong KV for it even with equal tokens
+    runner.execute(SchedulerOutput((ScheduledChunk("c", 2, (5, 6), 0, False, True, block_table=(3,)),),
+                                   num_waiting=0), cache)  # fmt: skip
+    stale = ScheduledChunk("c", 2, (7,), 4, samples=True, is_prefill=True, block_table=(3, 1, 2))
+    with pytest.raises(AssertionError, match="'c' reads position 2 from block 1.*computed under another prefix"):
+        runner.execute(SchedulerOutput((stale,), num_waiting=0), cache)
+
+
 def test_the_fake_runner_catches_a_block_two_requests_share():
     from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 
@@ -197,7 +215,10 @@ def test_the_fake_runner_catches_a_block_two_requests_share():
     cache = runner.new_paged_kv_cache(num_blocks=4, block_size=4)
     first = ScheduledChunk("a", 0, (1, 2, 3), 0, samples=True, is_prefill=True, block_table=(1,))
     second = ScheduledChunk("b", 1, (4, 5), 0, samples=True, is_prefill=True, block_table=(1,))
-    with pytest.raises(AssertionError, match="'a' reads position 0 from block 1, which holds .'b', 4.: a block shared"):
+    with pytest.raises(AssertionError, match="'a' reads position 2 from block 1, .*: a cell never filled, overwritten"):
+        runner.execute(SchedulerOutput((first, second), num_waiting=0), cache)
+    first = ScheduledChunk("a", 0, (1, 2), 0, samples=True, is_prefill=True, block_table=(1,))
+    with pytest.raises(AssertionError, match=r"'a' wrote \(1, 2\) from position 0 but reads back \(4, 5\): a block"):
         runner.execute(SchedulerOutput((first, second), num_waiting=0), cache)
     past = ScheduledChunk("c", 0, (1,) * 5, 0, samples=True, is_prefill=True, block_table=(2,))
     with pytest.raises(AssertionError, match="'c' position 4 is past its 1 blocks"):

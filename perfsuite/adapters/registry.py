@@ -31,6 +31,7 @@ BUILTIN_ENGINES: dict[str, str] = {
     "static": "perfsuite.adapters.builtin:build_static",
     "inflight": "perfsuite.adapters.builtin:build_inflight",
     "paged": "perfsuite.adapters.builtin:build_paged",
+    "paged-prefix": "perfsuite.adapters.builtin:build_paged_prefix",
     "hf-static": "perfsuite.adapters.hf_static:build",
     "hf-cb": "perfsuite.adapters.hf_cb:build",
     "openai-http": "perfsuite.adapters.openai_http:build",

@@ -194,6 +194,7 @@ class RecordBuilder:
     scheduled_time: float | None = None
     send_ready_time: float | None = None
     sent_time: float | None = None
+    num_cached_tokens: int | None = None
 
     @classmethod
     def admitted(cls, admission: Admission) -> RecordBuilder:
@@ -205,9 +206,11 @@ class RecordBuilder:
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
-    def scheduled_at(self, scheduled_time: float) -> None:
+    def scheduled_at(self, scheduled_time: float, num_cached_tokens: int | None = None) -> None:
+        """The request's first step (later calls change nothing); ``num_cached_tokens``: its prefix cache hit."""
         if self.first_scheduled_time is None:
             self.first_scheduled_time = scheduled_time
+            self.num_cached_tokens = num_cached_tokens
 
     def add(self, output: StepOutput, token_time: float) -> None:
         """A token whose finish reason the engine decided (perfsuite's scheduler)."""
@@ -253,4 +256,5 @@ class RecordBuilder:
             scheduled_time=self.scheduled_time,
             send_ready_time=self.send_ready_time,
             sent_time=self.sent_time,
+            num_cached_tokens=self.num_cached_tokens,
         )

@@ -16,6 +16,7 @@ from perfsuite.engine.block_manager import BlockManager
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.kv_memory import KVSizing, check_kv_memory, default_paged_pool, paged_pool, slot_cache
 from perfsuite.engine.paged_scheduler import PagedScheduler
+from perfsuite.engine.prefix_cache import PrefixCachingBlockManager
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
 from perfsuite.engine.types import (
     EngineCounters,
@@ -146,7 +147,9 @@ class Engine:
         start = self._clock()
         for chunk in output.chunks:
             if not chunk.is_padding:  # a padding row's request has finished; its record may be handed out
-                self._records[chunk.request_id].scheduled_at(start)
+                record = self._records[chunk.request_id]
+                if record.first_scheduled_time is None:
+                    record.scheduled_at(start, self.scheduler.num_cached_tokens(chunk.request_id))
         sampled = self.runner.execute(output, self.kv_cache)
         now = self._clock()
         step_outputs = self.scheduler.update_from_output(output, sampled)
@@ -270,6 +273,7 @@ def paged_engine(
     max_num_batched_tokens: int | None = None,
     num_kv_blocks: int | None = None,
     kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+    enable_prefix_caching: bool = False,
     **engine_kwargs,
 ) -> Engine:
     """In-flight batching over ``num_kv_blocks`` blocks of ``kv_block_size`` tokens, with preemption.
@@ -277,6 +281,11 @@ def paged_engine(
     Without ``num_kv_blocks`` the pool holds what the slot engine's cache
     holds, ``decode_batch_size`` x ``max_seq_len`` tokens, so it never
     preempts and the two compare at the same memory.
+
+    ``enable_prefix_caching`` shares cached full blocks between requests
+    (``perfsuite.engine.prefix_cache``); the engine is then named
+    ``paged-prefix``, a kind of its own, so that stored runs of ``paged``
+    keep measuring the engine without it (see docs/prefix-caching.md).
     """
     if num_kv_blocks is None:
         blocks_per_request = -(-max_seq_len // kv_block_size)
@@ -284,18 +293,24 @@ def paged_engine(
         num_kv_blocks = decode_batch_size * blocks_per_request
     else:
         check_kv_fits(runner, paged_pool(num_kv_blocks, kv_block_size))
+    block_manager = (
+        PrefixCachingBlockManager(num_kv_blocks, kv_block_size)
+        if enable_prefix_caching
+        else BlockManager(num_kv_blocks, kv_block_size)
+    )
     scheduler = PagedScheduler(
-        BlockManager(num_kv_blocks, kv_block_size),
+        block_manager,
         eos_token_id,
         max_seq_len=max_seq_len,
         decode_batch_size=decode_batch_size,
         prefill_batch_size=prefill_batch_size,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    return Engine("paged", runner, scheduler, **engine_kwargs)
+    return Engine(PAGED_PREFIX if enable_prefix_caching else "paged", runner, scheduler, **engine_kwargs)
 
 
-ENGINE_KINDS = ("static", "inflight", "paged")
+PAGED_PREFIX = "paged-prefix"
+ENGINE_KINDS = ("static", "inflight", "paged", PAGED_PREFIX)
 
 
 def build_engine(
@@ -312,7 +327,7 @@ def build_engine(
 ) -> Engine:
     """An engine by name; ``batch_size`` is the static batch or the in-flight ``decode_batch_size``.
 
-    ``num_kv_blocks`` sizes the paged engine's pool; the others ignore it.
+    ``num_kv_blocks`` sizes the paged engines' pool; the others ignore it.
     """
     if kind == "static":
         return static_engine(
@@ -328,7 +343,7 @@ def build_engine(
             max_num_batched_tokens=max_num_batched_tokens,
             **engine_kwargs,
         )
-    if kind == "paged":
+    if kind in ("paged", PAGED_PREFIX):
         return paged_engine(
             runner,
             decode_batch_size=batch_size,
@@ -337,6 +352,7 @@ def build_engine(
             prefill_batch_size=prefill_batch_size,
             max_num_batched_tokens=max_num_batched_tokens,
             num_kv_blocks=num_kv_blocks,
+            enable_prefix_caching=kind == PAGED_PREFIX,
             **engine_kwargs,
         )
     raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

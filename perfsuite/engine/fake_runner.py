@@ -6,10 +6,14 @@ slot) changes the outputs. It also enforces the cache contract directly: a
 chunk must start exactly where its slot's computed tokens end, so a running
 sequence's cache is never recomputed or overwritten by another request.
 
-Over a paged cache every cell of every block remembers which request wrote
-it; a chunk reads its sequence back through its block table, so a block
-shared by two tables, a cell never written, or one overwritten by another
-request fails the chunk that reads it.
+Over a paged cache every cell holds its token and, as its "keys and
+values", the hash state of the whole sequence up to it, computed when the
+cell is written from the state before it (read through the writer's block
+table). As in a real model, a cell's KV depends on every token before it:
+a block shared by requests with the same prefix is read correctly by all
+of them (prefix caching), while a cell never written, one overwritten by
+another request, or a block reused under another prefix breaks the chain
+and fails the chunk that reads it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,17 @@ from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 
 
+_INITIAL_STATE = 17
+
+
+def _next_state(state: int, token: int) -> int:
+    return (state * 1_000_003 + token + 1) % 2_147_483_647
+
+
 def next_token(token_ids: Sequence[int], vocab_size: int) -> int:
-    value = 17
+    value = _INITIAL_STATE
     for token in token_ids:
-        value = (value * 1_000_003 + token + 1) % 2_147_483_647
+        value = _next_state(value, token)
     return value % vocab_size
 
 
@@ -44,29 +55,54 @@ class FakeKVCache:
 class FakePagedKVCache:
     num_blocks: int
     block_size: int
-    cells: list[list[tuple[str, int] | None]] = field(default_factory=list)  # [block][offset] = (writer, token)
+    cells: list[list[tuple[int, int] | None]] = field(default_factory=list)  # [block][offset] = (token, state)
 
     def __post_init__(self) -> None:
         self.cells = [[None] * self.block_size for _ in range(self.num_blocks)]
 
     def write(self, chunk: ScheduledChunk) -> None:
+        """Compute the chunk's cells from the state before it, as attention reads the keys before a position."""
+        state = self._state_before(chunk, chunk.start_position)
         for position, token in enumerate(chunk.token_ids, start=chunk.start_position):
             block, offset = self._cell(chunk, position)
-            self.cells[block][offset] = (chunk.request_id, token)
+            state = _next_state(state, token)
+            self.cells[block][offset] = (token, state)
 
     def read(self, chunk: ScheduledChunk) -> list[int]:
-        """The chunk's sequence so far, read back through its block table."""
+        """The chunk's sequence so far, read back through its block table, each cell checked against its prefix."""
         tokens = []
+        state = _INITIAL_STATE
         for position in range(chunk.start_position + chunk.num_tokens):
-            block, offset = self._cell(chunk, position)
-            cell = self.cells[block][offset]
-            if cell is None or cell[0] != chunk.request_id:
-                raise AssertionError(
-                    f"{chunk.request_id!r} reads position {position} from block {block}, which holds {cell}: "
-                    "a block shared, lost, or never filled"
-                )
-            tokens.append(cell[1])
+            token, state = self._checked_cell(chunk, position, state)
+            tokens.append(token)
+        own = tuple(tokens[chunk.start_position :])
+        if own != chunk.token_ids:
+            raise AssertionError(
+                f"{chunk.request_id!r} wrote {chunk.token_ids} from position {chunk.start_position} but reads back "
+                f"{own}: a block two requests write at once"
+            )
         return tokens
+
+    def _state_before(self, chunk: ScheduledChunk, position: int) -> int:
+        if position == 0:
+            return _INITIAL_STATE
+        block, offset = self._cell(chunk, position - 1)
+        cell = self.cells[block][offset]
+        if cell is None:
+            raise AssertionError(
+                f"{chunk.request_id!r} starts at {position} but position {position - 1} was never computed"
+            )
+        return cell[1]
+
+    def _checked_cell(self, chunk: ScheduledChunk, position: int, state_before: int) -> tuple[int, int]:
+        block, offset = self._cell(chunk, position)
+        cell = self.cells[block][offset]
+        if cell is None or cell[1] != _next_state(state_before, cell[0]):
+            raise AssertionError(
+                f"{chunk.request_id!r} reads position {position} from block {block}, which holds {cell}: "
+                "a cell never filled, overwritten, or computed under another prefix"
+            )
+        return cell
 
     def _cell(self, chunk: ScheduledChunk, position: int) -> tuple[int, int]:
         index = position // self.block_size

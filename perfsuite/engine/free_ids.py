@@ -32,3 +32,7 @@ class FreeIds:
 
     def push(self, id_: int) -> None:
         heapq.heappush(self._given_back, id_)
+
+    def ids(self) -> set[int]:
+        """Every free id (for checks: it costs the pool's size)."""
+        return {*self._given_back, *range(self.size - self._num_never_used, self.size)}

@@ -21,6 +21,9 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 from perfsuite.engine.block_manager import BlockManager
 from perfsuite.engine.free_ids import FreeIds
 from perfsuite.engine.scheduler import Scheduler
@@ -60,6 +63,17 @@ class PagedScheduler(Scheduler):
     step) and is still how a full pool makes room. With nothing running the
     watermark is waived: the request fits the pool on its own (checked when
     it was added), and holding blocks back from it would only starve it.
+
+    **Prefix caching** (engine ``paged-prefix``: a ``PrefixCachingBlockManager``,
+    see ``perfsuite.engine.prefix_cache``). A request being admitted, new or
+    readmitted after a preemption, first looks up the longest cached prefix of
+    its full blocks, shares those blocks and starts its first chunk after
+    them; the admission check and the watermark count only the blocks it
+    takes from the free ones (evictable cached blocks count as free). Once a
+    step has run, each request's newly computed full blocks are cached. The
+    step's output counts the tokens looked up and found, and the cached
+    blocks evicted. With a plain ``BlockManager`` nothing is found and
+    nothing counted.
     """
 
     def __init__(
@@ -124,6 +138,8 @@ class PagedScheduler(Scheduler):
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
+        lookups = PrefixLookups()
+        num_evicted_before = self.kv_cache.num_evicted_blocks
         index = 0
         while index < len(self.running) and budget > 0:
             sequence = self.running[index]
@@ -134,13 +150,18 @@ class PagedScheduler(Scheduler):
             budget -= num_tokens
             index += 1
         if not preempted:  # as vLLM v1: memory just ran out, so admitting more would only preempt again
-            budget = self._admit_waiting(chunks, budget)
-        output = self._output(chunks, tuple(preempted), sum(map(_num_recomputed, chunks, self._sequences(chunks))))
+            budget = self._admit_waiting(chunks, budget, lookups)
+        output = dataclasses.replace(
+            self._output(chunks, tuple(preempted), sum(map(_num_recomputed, chunks, self._sequences(chunks)))),
+            num_prefix_cache_queried_tokens=lookups.num_queried_tokens,
+            num_prefix_cache_hit_tokens=lookups.num_hit_tokens,
+            num_evicted_blocks=self.kv_cache.num_evicted_blocks - num_evicted_before,
+        )
         assert output.num_scheduled_tokens <= self.max_num_batched_tokens
         assert len(self.running) <= self.decode_batch_size
         return output
 
-    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int, lookups: PrefixLookups) -> int:
         num_admitted = 0
         while (
             self.waiting
@@ -149,20 +170,27 @@ class PagedScheduler(Scheduler):
             and len(self.running) < self.decode_batch_size
         ):
             sequence = self.waiting[0]
-            num_tokens = min(sequence.num_uncomputed_tokens, budget)
-            if not self._can_admit(num_tokens):
+            cached_blocks = self.kv_cache.cached_prefix(sequence.all_token_ids)
+            num_cached_tokens = len(cached_blocks) * self.kv_cache.block_size
+            num_new_tokens = min(sequence.num_tokens - num_cached_tokens, budget)
+            if not self._can_admit(num_cached_tokens + num_new_tokens, cached_blocks):
                 break
             self.waiting.popleft()
-            self._admit_with(sequence, num_tokens)
+            self._admit_with(sequence, num_cached_tokens + num_new_tokens, cached_blocks)
+            sequence.num_computed_tokens = num_cached_tokens
+            if self.kv_cache.has_prefix_cache:
+                lookups.add(sequence.num_tokens, num_cached_tokens)
+            if sequence.num_cached_tokens is None:  # a readmission after preemption keeps its first admission's
+                sequence.num_cached_tokens = num_cached_tokens
             chunks.append(self._chunk_for(sequence, budget))
-            budget -= num_tokens
+            budget -= num_new_tokens
             num_admitted += 1
         return budget
 
-    def _can_admit(self, num_tokens: int) -> bool:
+    def _can_admit(self, num_tokens: int, cached_blocks: tuple[int, ...]) -> bool:
         if not self.running:
-            return self.kv_cache.can_allocate(num_tokens)
-        num_left = self.kv_cache.num_free_blocks - self.kv_cache.num_blocks_for(num_tokens)
+            return self.kv_cache.can_allocate(num_tokens, cached_blocks)
+        num_left = self.kv_cache.num_free_blocks - self.kv_cache.num_blocks_taken(num_tokens, cached_blocks)
         return num_left >= self.num_watermark_blocks
 
     def _grow_or_preempt(self, sequence: Sequence, num_tokens: int, preempted: list[str]) -> bool:
@@ -193,8 +221,8 @@ class PagedScheduler(Scheduler):
 
     # -- blocks and rows ----------------------------------------------------
 
-    def _admit_with(self, sequence: Sequence, num_tokens: int) -> None:
-        self.kv_cache.allocate(sequence.request_id, num_tokens)
+    def _admit_with(self, sequence: Sequence, num_tokens: int, cached_blocks: tuple[int, ...]) -> None:
+        self.kv_cache.allocate(sequence.request_id, num_tokens, cached_blocks)
         sequence.slot = self._free_rows.pop()
         sequence.status = SequenceStatus.RUNNING
         self.running.append(sequence)
@@ -210,8 +238,24 @@ class PagedScheduler(Scheduler):
         if sequence in self.running:
             self.running.remove(sequence)
 
+    def _on_computed(self, sequence: Sequence) -> None:
+        # After the step, not when it is scheduled: a block becomes shareable once its KV is written.
+        self.kv_cache.cache_computed_blocks(sequence.request_id, sequence.all_token_ids, sequence.num_computed_tokens)
+
     def _on_finished(self, sequence: Sequence) -> None:
         self._release(sequence)
+
+
+@dataclass(slots=True)
+class PrefixLookups:
+    """One step's admissions: prompt tokens looked up in the prefix cache, and those found there."""
+
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    def add(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        self.num_queried_tokens += num_queried_tokens
+        self.num_hit_tokens += num_hit_tokens
 
 
 def _num_recomputed(chunk: ScheduledChunk, sequence: Sequence) -> int:

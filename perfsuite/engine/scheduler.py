@@ -70,6 +70,10 @@ class Scheduler(abc.ABC):
     def is_active(self, request_id: str) -> bool:
         return request_id in self._active
 
+    def num_cached_tokens(self, request_id: str) -> int:
+        """Prompt tokens of an active request that a prefix cache held at its first admission (0 without one)."""
+        return self._active[request_id].num_cached_tokens or 0
+
     @property
     def max_seq_len(self) -> int:
         """The longest prompt + output a request may ask for."""
@@ -96,6 +100,7 @@ class Scheduler(abc.ABC):
             sequence = self._active.get(chunk.request_id)
             if sequence is not None and not chunk.is_padding:
                 sequence.num_computed_tokens += chunk.num_tokens
+                self._on_computed(sequence)
         step_outputs = []
         for chunk, token_id in zip(sampling_chunks, sampled_token_ids, strict=True):
             sequence = self._active.get(chunk.request_id)
@@ -176,6 +181,9 @@ class Scheduler(abc.ABC):
             sequence.slot = None
         if sequence in self.running:
             self.running.remove(sequence)
+
+    def _on_computed(self, sequence: Sequence) -> None:
+        """A step computed more of ``sequence``'s tokens (the paged engine caches its full blocks then)."""
 
     @abc.abstractmethod
     def _on_finished(self, sequence: Sequence) -> None: ...

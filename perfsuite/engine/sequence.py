@@ -28,6 +28,9 @@ class Sequence:
     A preempted sequence (paged engine) loses its cache: ``num_computed_tokens``
     drops to 0 and ``num_previously_computed_tokens`` keeps how far it had
     got, so the tokens computed again are counted as recomputed.
+
+    ``num_cached_tokens``: the tokens a prefix cache held for it at its first
+    admission (None until it is admitted; 0 for an engine without one).
     """
 
     request: Request
@@ -36,6 +39,7 @@ class Sequence:
     slot: int | None = None
     num_previously_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
+    num_cached_tokens: int | None = None
     all_token_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:

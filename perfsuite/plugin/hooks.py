@@ -362,7 +362,7 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     ``requests``, the requests the engine will serve, size its cache (``max_seq_len``)
     for the longest of them, so a static decode step attends over what this
     test needs; without them it is ``perf_max_seq_len``. ``num_kv_blocks=...``
-    sizes the paged engine's KV pool; unset, a ``paged`` engine gets
+    sizes the paged engines' KV pool; unset, a ``paged`` or ``paged-prefix`` engine gets
     ``--perf-kv-blocks`` (the others ignore both). A pool too small for the
     largest of ``requests`` fails the test here, before anything runs, and so
     does a KV cache the device's memory cannot hold (naming the option or
@@ -386,8 +386,8 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
         from perfsuite.plugin.recorder import BuiltEngine
 
         max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
-        pool_from_option = name == PAGED and num_kv_blocks is None
-        if name == PAGED:
+        pool_from_option = name in PAGED_ENGINES and num_kv_blocks is None
+        if name in PAGED_ENGINES:
             if num_kv_blocks is None:
                 num_kv_blocks = perf_session.options.kv_blocks
             _check_pool_fits(num_kv_blocks, requests)
@@ -408,7 +408,7 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     return make
 
 
-PAGED = "paged"
+PAGED_ENGINES = ("paged", "paged-prefix")  # the engines with a KV block pool
 
 
 def _check_pool_fits(num_kv_blocks: int | None, requests) -> None:

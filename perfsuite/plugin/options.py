@@ -144,8 +144,9 @@ _OPTIONS = (
     ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
     ("perf_engines", engine_names, ",".join(DEFAULT_ENGINES),
-     "comma-separated engines to measure: static, inflight, paged, hf-static, hf-cb, openai-http, vllm (where vLLM "
-     "is installed) or one registered by a conftest.py or an entry point"),
+     "comma-separated engines to measure: static, inflight, paged, paged-prefix (paged with prefix caching), "
+     "hf-static, hf-cb, openai-http, vllm (where vLLM is installed) or one registered by a conftest.py or an "
+     "entry point"),
     ("perf_endpoint", argument_type(endpoint_url), None,
      "base URL (http://HOST:PORT) of an OpenAI-compatible server, needed by --perf-engines openai-http"),
     ("perf_server_label", server_label, None,
@@ -160,8 +161,8 @@ _OPTIONS = (
     ("perf_api", one_of(APIS), _HTTP_DEFAULTS.api, "openai-http endpoint: completions or chat (never greedy-equal)"),
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
     ("perf_kv_blocks", kv_blocks, None,
-     "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (engine paged only; "
-     "the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens. "
+     "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (paged and paged-prefix "
+     "only; the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens. "
      "A pool that --perf-model's KV cache would not fit in 90% of the device's available memory is a usage error"),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
     ("perf_repeats", repeats, None,

@@ -324,7 +324,7 @@ def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | 
 
 
 # The engines the timeline sets side by side, in this order, when tests of the same parameters measured them.
-TIMELINE_ENGINES = ("static", "inflight", "paged")
+TIMELINE_ENGINES = ("static", "inflight", "paged", "paged-prefix")
 
 
 def _engine_group(tests: Sequence[TestResult]) -> tuple[TestResult, ...] | None:

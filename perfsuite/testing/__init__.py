@@ -29,6 +29,8 @@ The pieces, for tests of your own::
         check_engine(my_engine, scenario, reference, seconds_per_step=0.002).assert_passed()
 
 - ``scenarios(vocab_size, ...)``: the Hypothesis strategy of ``Scenario``;
+  ``shared_prefix_scenarios(vocab_size, ...)``: scenarios whose prompts share
+  prefixes on purpose, also served by the paged engine with prefix caching;
 - ``check_engine(engine_or_builder, scenario, reference)`` through
   ``BatchingEngine.run`` (any engine, a server through ``openai-http``) and
   ``check_runner(runner, scenario, reference, eos_token_id=...)`` through
@@ -54,7 +56,7 @@ from perfsuite.testing.reference import (
     cached_reference,
     near_tie_tolerance,
 )
-from perfsuite.testing.scenarios import Scenario, scenarios
+from perfsuite.testing.scenarios import Scenario, scenarios, shared_prefix_scenarios
 
 __all__ = [
     "FLOAT32_NEAR_TIE",
@@ -74,4 +76,5 @@ __all__ = [
     "near_tie_tolerance",
     "runner_equivalence_test",
     "scenarios",
+    "shared_prefix_scenarios",
 ]

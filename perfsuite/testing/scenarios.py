@@ -36,7 +36,9 @@ class Scenario:
     ``batch_size`` is the static batch and the in-flight ``decode_batch_size``;
     ``num_kv_blocks`` blocks of ``kv_block_size`` tokens are the paged engine's
     pool (None: as much as the slot engines' cache) and ``paged_batch_size`` its
-    ``decode_batch_size`` (None: ``batch_size``).
+    ``decode_batch_size`` (None: ``batch_size``). With ``prefix_caching`` the
+    paged engine with prefix caching (``paged-prefix``) serves them too, over
+    the same pool.
     """
 
     requests: tuple[Request, ...]
@@ -47,6 +49,7 @@ class Scenario:
     num_kv_blocks: int | None = None
     kv_block_size: int = 16
     paged_batch_size: int | None = None
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if len(self.arrival_steps) != len(self.requests):
@@ -74,7 +77,7 @@ class Scenario:
         )
 
     def engines(self, runner: Runner, eos_token_id: int | None, max_seq_len: int) -> Iterator[Engine]:
-        """perfsuite's static, in-flight and paged engines over ``runner``, with this scenario's knobs."""
+        """perfsuite's static, in-flight and paged engines over ``runner`` (and ``paged-prefix``), with its knobs."""
         yield static_engine(runner, batch_size=self.batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id)
         yield inflight_engine(
             runner,
@@ -85,8 +88,12 @@ class Scenario:
             eos_token_id=eos_token_id,
         )
         yield self.paged_engine(runner, eos_token_id, max_seq_len)
+        if self.prefix_caching:
+            yield self.paged_engine(runner, eos_token_id, max_seq_len, enable_prefix_caching=True)
 
-    def paged_engine(self, runner: Runner, eos_token_id: int | None, max_seq_len: int) -> Engine:
+    def paged_engine(
+        self, runner: Runner, eos_token_id: int | None, max_seq_len: int, enable_prefix_caching: bool = False
+    ) -> Engine:
         return paged_engine(
             runner,
             decode_batch_size=self.paged_batch_size or self.batch_size,
@@ -96,6 +103,7 @@ class Scenario:
             eos_token_id=eos_token_id,
             num_kv_blocks=self.num_kv_blocks,
             kv_block_size=self.kv_block_size,
+            enable_prefix_caching=enable_prefix_caching,
         )
 
     def describe(self) -> str:
@@ -175,3 +183,74 @@ def scenarios(
         kv_block_size=kv_block_size,
         paged_batch_size=draw(st.integers(max(2, batch_size), max_batch_size + 2)),
     )
+
+
+SHARING_KINDS = ("same", "shares_blocks", "prefix_of", "fresh")
+
+
+@st.composite
+def shared_prefix_scenarios(
+    draw: st.DrawFn,
+    vocab_size: int,
+    max_requests: int = 8,
+    max_prompt_len: int = 32,
+    max_new_tokens: int = 12,
+    max_batch_size: int = 4,
+    kv_block_sizes: Sequence[int] = DEFAULT_KV_BLOCK_SIZES,
+    avoid_token_ids: Collection[int] = (),
+) -> Scenario:
+    """Scenarios whose prompts share prefixes on purpose, served with prefix caching too (``prefix_caching``).
+
+    Each prompt after the first is an earlier prompt again (``same``), the
+    first 0..n full blocks of one of a few shared stems and then a cut
+    mid-block and a suffix of its own (``shares_blocks``), a prefix of an
+    earlier prompt (``prefix_of``) or a prompt of its own (``fresh``).
+    Requests arrive within a few steps of each other while the token budget
+    chunks prefills, so one often arrives while its sharer is still
+    prefilling. The pool holds the longest request and at most one block
+    more, as in ``scenarios``: cached blocks are evicted and sharers
+    preempted.
+    """
+    prompt_token = _prompt_tokens(vocab_size, avoid_token_ids)
+    block_size = draw(st.sampled_from(list(kv_block_sizes)))
+    stems = draw(st.lists(st.lists(prompt_token, min_size=1, max_size=max_prompt_len), min_size=1, max_size=3))
+    prompts: list[tuple[int, ...]] = []
+    requests, arrival_steps = [], []
+    for index in range(draw(st.integers(2, max_requests))):
+        kind = draw(st.sampled_from(SHARING_KINDS)) if prompts else "shares_blocks"
+        if kind == "same":
+            prompt = draw(st.sampled_from(prompts))
+        elif kind == "prefix_of":
+            earlier = draw(st.sampled_from(prompts))
+            prompt = earlier[: draw(st.integers(1, len(earlier)))]
+        elif kind == "shares_blocks":
+            stem = draw(st.sampled_from(stems))
+            cut = draw(st.integers(0, len(stem) // block_size)) * block_size + draw(st.integers(0, block_size - 1))
+            suffix = draw(st.lists(prompt_token, min_size=1, max_size=max(1, max_prompt_len // 4)))
+            prompt = (tuple(stem[:cut]) + tuple(suffix))[:max_prompt_len]
+        else:
+            prompt = tuple(draw(st.lists(prompt_token, min_size=1, max_size=max_prompt_len)))
+        prompts.append(prompt)
+        params = SamplingParams(draw(st.integers(1, max_new_tokens)), ignore_eos=draw(st.booleans()))
+        requests.append(Request(f"r{index}", prompt, params))
+        arrival_steps.append(draw(st.integers(0, 6)))
+    batch_size = draw(st.integers(1, max_batch_size))
+    num_blocks_longest = max(-(-request.max_total_tokens // block_size) for request in requests)
+    return Scenario(
+        requests=tuple(requests),
+        arrival_steps=tuple(arrival_steps),
+        batch_size=batch_size,
+        prefill_batch_size=draw(st.integers(1, batch_size)),
+        max_num_batched_tokens=draw(st.integers(1, max_prompt_len)),
+        num_kv_blocks=num_blocks_longest + draw(st.integers(0, 1)),
+        kv_block_size=block_size,
+        paged_batch_size=draw(st.integers(max(2, batch_size), max_batch_size + 2)),
+        prefix_caching=True,
+    )
+
+
+def _prompt_tokens(vocab_size: int, avoid_token_ids: Collection[int]) -> st.SearchStrategy[int]:
+    if not avoid_token_ids:
+        return st.integers(0, vocab_size - 1)
+    avoided = frozenset(avoid_token_ids)
+    return st.sampled_from([token for token in range(vocab_size) if token not in avoided])
