@@ -3,28 +3,28 @@
     python bench/prefix.py [--model smollm2-135m | --model tiny-random] [--kv-tokens 8192] [--block-size 16]
                            [--batch-size 16] [--max-num-batched-tokens 2048] [--repeats 2]
                            [--groups 8 --prompts-per-group 8 --prefix-len 256 --suffix-len 32 --output-len 32]
-                           [--sessions 4 --turns 4 --system-len 128 --user-len 32 --answer-len 32]
+                           [--sessions 4 --turns 4 --system-len 128 --user-len 32 --answer-len 32 --think-time 0]
 
 Both engines (``paged`` and ``paged-prefix``) get the same pool: ``--kv-tokens
 // --block-size`` blocks, ``--batch-size`` rows a step and a token budget of
 ``--max-num-batched-tokens``. Prompts are seeded random token ids (no
 tokenizer needed), outputs ignore EOS.
 
-Workloads (built here, on purpose apart from ``perfsuite.workload``):
+Workloads (``perfsuite.workload``'s, as ``perfsuite run --workload`` and sweeps serve them):
 
-- ``shared-prefix``: ``--groups`` groups of ``--prompts-per-group`` prompts;
-  the prompts of a group share a ``--prefix-len`` prefix and end in a
-  ``--suffix-len`` suffix of their own; ``--output-len`` tokens each. All
-  arrive at once, round robin over the groups (the first prompt of every
-  group, then the second, ...), as independent users of a few system prompts
-  would. A block is cached once the step that computed it has run, so a
-  request admitted in the same step as the first of its group misses.
-- ``multi-turn``: ``--sessions`` conversations of ``--turns`` turns. Turn 1 is
-  a ``--system-len`` system prompt (one per session) and a ``--user-len``
-  message; each later turn's prompt is the previous prompt, the previous
-  answer (``--answer-len`` tokens) and a new message. The engine serves a
-  turn of every session at once, then the next (the answers of one turn make
-  the next turn's prompts), over one engine whose cache lives across turns.
+- ``shared-prefix`` (``SharedPrefix``): ``--groups`` groups of
+  ``--prompts-per-group`` prompts; the prompts of a group share a
+  ``--prefix-len`` prefix and end in a ``--suffix-len`` suffix of their own;
+  ``--output-len`` tokens each. All arrive at once, the groups interleaved in
+  a seeded order, as independent users of a few system prompts would. A
+  block is cached once the step that computed it has run, so a request
+  admitted in the same step as the first of its group misses.
+- ``multi-turn`` (``MultiTurn``): ``--sessions`` conversations of ``--turns``
+  turns, all in one engine run. Turn 1 is a ``--system-len`` system prompt
+  (one per session) and a ``--user-len`` message; each later turn follows the
+  one before (``Request.follows``): it arrives ``--think-time`` seconds after
+  that turn's answer (``--answer-len`` tokens) is complete, and its prompt is
+  the previous prompt, that answer and a new message.
 
 Each engine gets a throw-away warm-up run on an engine of its own (a warm-up
 must not fill the cache being measured); each repeat builds fresh engines,
@@ -34,7 +34,8 @@ ratio is taken within a repeat.
 Printed per workload: each engine's median TTFT, output tok/s, prefill
 tokens computed, prefix cache hit rate (hit prompt tokens / prompt tokens
 looked up) and evicted blocks, the hit rate from the second turn on for
-multi-turn; then ``ttft prefix/paged=<x> throughput prefix/paged=<y>``. The
+multi-turn (cached prompt tokens / prompt tokens of the turns that follow
+another); then ``ttft prefix/paged=<x> throughput prefix/paged=<y>``. The
 last line is the shared-prefix workload's throughput ratio (the first
 workload's when it is not run) and the hit rate (multi-turn from its second
 turn when it ran, else shared-prefix overall):
@@ -45,9 +46,6 @@ turn when it ran, else shared-prefix overall):
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import operator
-import random
 import statistics
 import sys
 import time
@@ -56,11 +54,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import add_model_arguments, comma_choices, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine import Engine, build_engine  # noqa: E402
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
+from perfsuite.workload import MultiTurn, SharedPrefix, Vocab  # noqa: E402
 
 ENGINES = ("paged", "paged-prefix")
 WORKLOADS = ("shared-prefix", "multi-turn")
@@ -71,108 +72,60 @@ FIRST_TOKEN_ID = 100  # clear of the special tokens at the start of a vocabulary
 # -- the workloads ------------------------------------------------------------------------------------------------
 
 
-def random_tokens(rng: random.Random, length: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(length))
+def bench_vocab(vocab_size: int, eos_token_id: int | None) -> Vocab:
+    return Vocab(vocab_size, special_ids=() if eos_token_id is None else (eos_token_id,), first_id=FIRST_TOKEN_ID)
 
 
-def shared_prefix_requests(
-    groups: int, prompts_per_group: int, prefix_len: int, suffix_len: int, output_len: int, vocab_size: int,
-    seed: int = 0,
-) -> list[Request]:  # fmt: skip
-    """``groups`` x ``prompts_per_group`` requests, round robin over the groups; a group shares its prefix."""
-    rng = random.Random(seed)
-    prefixes = [random_tokens(rng, prefix_len, vocab_size) for _ in range(groups)]
-    params = SamplingParams(output_len, ignore_eos=True)
-    return [
-        Request(f"g{group}-p{index}", prefixes[group] + random_tokens(rng, suffix_len, vocab_size), params)
-        for index in range(prompts_per_group)
-        for group in range(groups)
-    ]
+def shared_prefix_workload(args: argparse.Namespace) -> SharedPrefix:
+    return SharedPrefix(args.groups, args.prompts_per_group, args.prefix_len, args.suffix_len, args.output_len)
 
 
-@dataclass(frozen=True)
-class Conversation:
-    """One multi-turn session so far: its last prompt and the answer to it (empty before the first turn)."""
-
-    session: int
-    prompt: tuple[int, ...]
-    answer: tuple[int, ...] = ()
+def multi_turn_workload(args: argparse.Namespace) -> MultiTurn:
+    return MultiTurn(args.sessions, args.turns, prompt=args.system_len + args.user_len, message=args.user_len,
+                     output=args.answer_len, think_time=args.think_time)  # fmt: skip
 
 
-def first_turns(
-    sessions: int, system_len: int, user_len: int, vocab_size: int, rng: random.Random
-) -> list[Conversation]:
-    return [
-        Conversation(session, random_tokens(rng, system_len, vocab_size) + random_tokens(rng, user_len, vocab_size))
-        for session in range(sessions)
-    ]
-
-
-def next_turns(conversations: Sequence[Conversation], user_len: int, vocab_size: int,
-               rng: random.Random) -> list[Conversation]:  # fmt: skip
-    """Each session's next prompt: the whole conversation so far and a new user message."""
-    return [
-        Conversation(c.session, c.prompt + c.answer + random_tokens(rng, user_len, vocab_size)) for c in conversations
-    ]
-
-
-def turn_requests(conversations: Sequence[Conversation], turn: int, answer_len: int) -> list[Request]:
-    params = SamplingParams(answer_len, ignore_eos=True)
-    return [Request(f"s{c.session}-t{turn}", c.prompt, params) for c in conversations]
+def workload_requests(workload: str, args: argparse.Namespace, vocab: Vocab) -> list[Request]:
+    """Every request of ``workload``, arriving at once (a multi-turn run: its first turns; the rest follow)."""
+    shape = shared_prefix_workload(args) if workload == "shared-prefix" else multi_turn_workload(args)
+    num_starts = args.sessions if workload == "multi-turn" else shape.num_requests
+    return shape.requests(vocab, args.seed, [0.0] * num_starts)
 
 
 # -- measuring ------------------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineRun:
     """One engine's timed run of a workload (every turn of a multi-turn one)."""
 
     engine: str
-    results: list[RunResult] = field(default_factory=list)  # one per turn; one in all for shared-prefix
+    result: RunResult
+    follow_up_ids: frozenset[str] = frozenset()  # the requests that follow another: turns from the second on
 
     @property
     def counters(self) -> EngineCounters:
-        return _sum_counters(result.counters for result in self.results)
+        return self.result.counters
 
-    @property
-    def later_turns_counters(self) -> EngineCounters:
-        """The counters from the second turn on (a shared-prefix run has none)."""
-        return _sum_counters(result.counters for result in self.results[1:])
-
-    @property
-    def duration(self) -> float:
-        return sum(result.duration for result in self.results)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(len(record.output_token_ids) for result in self.results for record in result.records)
+    def later_turns_hit_rate(self) -> float | None:
+        """Cached prompt tokens over prompt tokens of the turns from the second on; None when there are none."""
+        later = [record for record in self.result.records if record.request_id in self.follow_up_ids]
+        num_prompt_tokens = sum(record.num_prompt_tokens for record in later)
+        if not num_prompt_tokens:
+            return None
+        return sum(record.num_cached_tokens or 0 for record in later) / num_prompt_tokens
 
     @property
     def throughput(self) -> float:
-        return self.num_output_tokens / self.duration
-
-    @property
-    def ttfts(self) -> list[float]:
-        return [record.token_times[0] - record.arrival_time for result in self.results for record in result.records]
+        num_output_tokens = sum(len(record.output_token_ids) for record in self.result.records)
+        return num_output_tokens / self.result.duration
 
     @property
     def median_ttft(self) -> float:
-        return statistics.median(self.ttfts)
+        return statistics.median(record.token_times[0] - record.arrival_time for record in self.result.records)
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
-        return {rid: tokens for result in self.results for rid, tokens in result.outputs().items()}
-
-
-def _sum_counters(counters) -> EngineCounters:
-    """Several runs' counters as one run's: sums, and the largest of each peak."""
-    total = EngineCounters()
-    for each in counters:
-        total = EngineCounters(**{
-            f.name: (max if f.name.startswith("peak_") else operator.add)(getattr(total, f.name), getattr(each, f.name))
-            for f in dataclasses.fields(EngineCounters)
-        })  # fmt: skip
-    return total
+        return self.result.outputs()
 
 
 @dataclass
@@ -197,7 +150,7 @@ class WorkloadResult:
     def hit_rate(self, later_turns: bool = False) -> float:
         """paged-prefix's hit rate over its last repeat (every repeat starts cold and sees the same prompts)."""
         run = self.runs["paged-prefix"][-1]
-        rate = (run.later_turns_counters if later_turns else run.counters).prefix_cache_hit_rate
+        rate = run.later_turns_hit_rate() if later_turns else run.counters.prefix_cache_hit_rate
         return 0.0 if rate is None else rate
 
     def rows(self) -> list[list]:
@@ -231,41 +184,15 @@ def build_engines(runner, args: argparse.Namespace, max_seq_len: int, eos_token_
     }
 
 
-def run_shared_prefix(engine: Engine, requests: Sequence[Request]) -> EngineRun:
-    return EngineRun(engine.name, [engine.run(requests)])
+def serve(engine: Engine, requests: Sequence[Request]) -> EngineRun:
+    follow_up_ids = frozenset(request.request_id for request in requests if request.follows is not None)
+    return EngineRun(engine.name, engine.run(requests), follow_up_ids)
 
 
-def run_multi_turn(engine: Engine, args: argparse.Namespace, vocab_size: int) -> EngineRun:
-    """Every session's turns, turn by turn; each turn's prompts carry this engine's answers to the last."""
-    rng = random.Random(args.seed)
-    conversations = first_turns(args.sessions, args.system_len, args.user_len, vocab_size, rng)
-    run = EngineRun(engine.name)
-    for turn in range(args.turns):
-        if turn:
-            conversations = next_turns(conversations, args.user_len, vocab_size, rng)
-        result = engine.run(turn_requests(conversations, turn, args.answer_len))
-        run.results.append(result)
-        outputs = result.outputs()
-        conversations = [
-            Conversation(c.session, c.prompt, outputs[f"s{c.session}-t{turn}"]) for c in conversations
-        ]
-    return run
-
-
-def multi_turn_max_seq_len(args: argparse.Namespace) -> int:
-    return args.system_len + args.turns * (args.user_len + args.answer_len)
-
-
-def measure(workload: str, runner, args: argparse.Namespace, vocab_size: int, eos_token_id: int | None,
+def measure(workload: str, runner, args: argparse.Namespace, vocab: Vocab, eos_token_id: int | None,
             max_context: int) -> WorkloadResult:  # fmt: skip
-    if workload == "shared-prefix":
-        requests = shared_prefix_requests(args.groups, args.prompts_per_group, args.prefix_len, args.suffix_len,
-                                          args.output_len, vocab_size, args.seed)  # fmt: skip
-        max_seq_len = args.prefix_len + args.suffix_len + args.output_len
-        serve = lambda engine: run_shared_prefix(engine, requests)  # noqa: E731
-    else:
-        max_seq_len = multi_turn_max_seq_len(args)
-        serve = lambda engine: run_multi_turn(engine, args, vocab_size)  # noqa: E731
+    requests = workload_requests(workload, args, vocab)
+    max_seq_len = max(request.max_total_tokens for request in requests)
     if max_seq_len > max_context:
         raise ValueError(f"{workload} needs {max_seq_len} tokens of context, the model has {max_context}; "
                          "shorten the prompts or outputs")  # fmt: skip
@@ -277,7 +204,7 @@ def measure(workload: str, runner, args: argparse.Namespace, vocab_size: int, eo
         engines = build_engines(runner, args, max_seq_len, eos_token_id)
         order = list(ENGINES) if repeat % 2 == 0 else list(reversed(ENGINES))
         for kind in order:
-            run = serve(engines[kind])
+            run = serve(engines[kind], requests)
             result.runs[kind].append(run)
             print(f"  {workload} repeat {repeat}: {kind:12s} {run.throughput:8.1f} tok/s, median TTFT "
                   f"{1e3 * run.median_ttft:.0f} ms", flush=True)  # fmt: skip
@@ -302,21 +229,12 @@ def summary_line(results: dict[str, WorkloadResult]) -> str:
     return f"prefix/paged={main.throughput_ratio:.2f} hit_rate={hit_rate:.2f}"
 
 
-def workload_names(text: str) -> tuple[str, ...]:
-    names = tuple(item.strip() for item in text.split(",") if item.strip())
-    unknown = [name for name in names if name not in WORKLOADS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown workload(s) {unknown or text!r}; choose from {', '.join(WORKLOADS)}")
-    return names
+workload_names = comma_choices(WORKLOADS)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from perfsuite.models import DEFAULT_MODEL
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="a model name (tiny-random for a quick check)")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="auto")
+    add_model_arguments(parser, model_help="a model name (tiny-random for a quick check)")
     parser.add_argument("--kv-tokens", type=positive_int, default=DEFAULT_KV_TOKENS,
                         help="the KV pool of both engines, in token positions")  # fmt: skip
     parser.add_argument("--block-size", type=positive_int, default=16)
@@ -333,9 +251,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--system-len", type=positive_int, default=128)
     parser.add_argument("--user-len", type=positive_int, default=32)
     parser.add_argument("--answer-len", type=positive_int, default=32)
+    parser.add_argument("--think-time", type=float, default=0.0, help="seconds between an answer and the next turn")
     parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     if args.kv_tokens < args.block_size:
         parser.error(f"--kv-tokens {args.kv_tokens} holds no block of {args.block_size} tokens; raise it")
@@ -344,15 +262,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from perfsuite.engine.model_runner import ModelRunner
-    from perfsuite.measure.timing import configure_threads, resolve_device
-    from perfsuite.models import load_model
 
     args = parse_args(argv)
-    device = resolve_device(args.device)
-    threads = configure_threads(args.threads) if device == "cpu" else None
-    loaded = load_model(args.model, device=device, dtype=args.dtype)
+    bench_model = load_bench_model(args)
+    loaded, device, threads = bench_model.loaded, bench_model.device, bench_model.threads
     runner = ModelRunner(loaded.model)
-    vocab_size = loaded.model.config.vocab_size
+    vocab = bench_vocab(loaded.model.config.vocab_size, loaded.eos_token_id)
     print(f"model={loaded.spec.name} dtype={args.dtype} device={device} threads={threads} kv_tokens={args.kv_tokens} "
           f"({args.kv_tokens // args.block_size} blocks of {args.block_size}) batch_size={args.batch_size} "
           f"max_num_batched_tokens={args.max_num_batched_tokens} repeats={args.repeats}", flush=True)  # fmt: skip
@@ -360,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for workload in args.workloads:
         started = time.perf_counter()
         try:
-            result = measure(workload, runner, args, vocab_size, loaded.eos_token_id, runner.max_context)
+            result = measure(workload, runner, args, vocab, loaded.eos_token_id, runner.max_context)
         except ValueError as error:
             raise SystemExit(f"bench/prefix.py: {workload}: {error}") from None
         results[workload] = result
