@@ -349,7 +349,8 @@ def test_a_list_of_prompts_gets_one_choice_each_and_summed_usage(url, loaded):
     assert [c["token_ids"] for c in body["choices"]] == [completion_ids(url, p, 5) for p in prompts]
     num_prompt_tokens = sum(len(loaded.tokenizer(p)["input_ids"]) for p in prompts[:2]) + 3
     assert body["usage"] == {"prompt_tokens": num_prompt_tokens, "completion_tokens": 15,
-                             "total_tokens": num_prompt_tokens + 15}  # fmt: skip
+                             "total_tokens": num_prompt_tokens + 15,
+                             "prompt_tokens_details": {"cached_tokens": 0}}, "the in-flight engine caches nothing"
 
 
 def test_a_streamed_list_of_prompts_tags_each_chunk_with_its_choice(url):
