@@ -180,7 +180,7 @@ def _add_report_commands(commands) -> None:
 def _add_serve_command(commands) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve the in-flight engine over an OpenAI-compatible HTTP API",
+        help="serve perfsuite's in-flight or paged engine over an OpenAI-compatible HTTP API",
         description="POST /v1/completions and /v1/chat/completions (streamed or not, greedy), GET /health and "
         "GET /v1/models. "
         "Measure it with `pytest --perf --perf-engines openai-http --perf-endpoint http://HOST:PORT`.",
@@ -188,7 +188,9 @@ def _add_serve_command(commands) -> None:
     serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory ({DEFAULT_MODEL})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=integer_at_least(0, "a TCP port"), default=8000, help="0 for any free (8000)")
-    serve.add_argument("--batch-size", type=positive_int, default=8, help="in-flight decode batch (8)")
+    serve.add_argument("--engine", default="inflight", help="inflight, paged, or paged-prefix: paged with prefix "
+                       "caching, whose hits usage.prompt_tokens_details.cached_tokens and /metrics show (inflight)")
+    serve.add_argument("--batch-size", type=positive_int, default=8, help="decode batch (8)")
     serve.add_argument("--max-seq-len", type=positive_int, help="prompt + output tokens (min(2048, context))")
     serve.add_argument("--max-open-requests", type=positive_int, default=256, help="more get HTTP 429 (256)")
     serve.add_argument("--served-model-name", help="the model name in /v1/models and requests; requests naming "
@@ -297,6 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_open_requests=args.max_open_requests,
         served_model_name=args.served_model_name,
+        engine=args.engine,
     )
     return serve(options)
 

@@ -410,7 +410,23 @@ def test_a_text_only_stream_has_one_time_per_chunk_and_the_servers_count():
 def test_serve_command_builds_a_working_server():
     args = build_parser().parse_args(["serve", "--model", "tiny-random", "--port", "0", "--max-seq-len", "64"])
     assert (args.command, args.port, args.max_seq_len, args.host) == ("serve", 0, 64, "127.0.0.1")
+    assert args.engine == "inflight"
     options = ServeOptions(model="tiny-random", port=0, batch_size=2, max_seq_len=64, device="cpu")
     with ServerThread(build_server(options)) as thread:
         assert health(thread)["num_slots"] == 2
         assert thread.server.recent_records() == (), "the warm-up is not one of the server's requests"
+
+
+def test_serve_engine_paged_prefix_reports_the_cached_prompt_tokens_of_a_repeated_prompt():
+    args = build_parser().parse_args(["serve", "--model", "tiny-random", "--engine", "paged-prefix"])
+    options = ServeOptions(model=args.model, port=0, batch_size=2, max_seq_len=64, device="cpu", engine=args.engine)
+    with ServerThread(build_server(options)) as thread:
+        body = {"prompt": list(range(100, 120)), "max_tokens": 2, "ignore_eos": True}
+        usages = [json.loads(call(thread.url + "/v1/completions", body)[1])["usage"] for _ in range(2)]
+    assert [usage["prompt_tokens_details"]["cached_tokens"] for usage in usages] == [0, 16], "one full block of 16"
+
+
+def test_serve_refuses_an_engine_it_does_not_run():
+    with pytest.raises(ValueError, match="--engine 'static' is not one perfsuite serve runs; choose from inflight, "
+                                         "paged, paged-prefix"):  # fmt: skip
+        ServeOptions(model="tiny-random", engine="static")

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfsuite.engine import EngineCounters, FinishReason, Request, RequestRecord, inflight_engine
+from perfsuite.engine import EngineCounters, FinishReason, Request, RequestRecord, inflight_engine, paged_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.models import build_byte_tokenizer
 from perfsuite.models.tokenizer import BOS_TOKEN_ID
@@ -157,6 +157,31 @@ def test_metrics_are_vllms_names_per_server_and_count_across_the_engine_going_id
     finally:
         first.__exit__(None, None, None)
         second.__exit__(None, None, None)
+
+
+def test_a_paged_prefix_engine_reports_real_hits_and_counts_its_idle_cached_blocks_as_free():
+    """The real prefix-caching engine (``perfsuite serve --engine paged-prefix``): the second of two identical
+    prompts finds its full blocks cached, in its usage and in /metrics; once idle, the blocks that stay cached
+    for later prompts count as free in vllm:kv_cache_usage_perc, as vLLM counts them."""
+    engine = paged_engine(FakeRunner(vocab_size=VOCAB), decode_batch_size=2, max_seq_len=MAX_SEQ_LEN,
+                          eos_token_id=None, kv_block_size=4, enable_prefix_caching=True)  # fmt: skip
+    thread = start(engine, "cached")
+    try:
+        body = {"prompt": list(range(40, 50)), "max_tokens": 2, "ignore_eos": True}
+        first, again = post(thread.url + "/v1/completions", body), post(thread.url + "/v1/completions", body)
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}, "two full blocks of 4"
+        metrics = scrape(thread)
+        label = (("model_name", "cached"),)
+        assert metrics[("vllm:prefix_cache_hits_total", label)] == 8
+        assert metrics[("vllm:prefix_cache_queries_total", label)] == 20
+        assert engine.scheduler.kv_cache.num_cached_blocks > 0
+        assert metrics[("vllm:kv_cache_usage_perc", label)] == 0
+        with _no_proxy.open(thread.url + "/health", timeout=10) as response:
+            health = json.loads(response.read())
+        assert (health["free_slots"], health["num_slots"]) == (2, 2), "a pool's slots: the running requests' limit"
+    finally:
+        thread.__exit__(None, None, None)
 
 
 class StubWorker:

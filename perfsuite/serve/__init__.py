@@ -1,4 +1,4 @@
-"""``perfsuite serve``: the in-flight engine behind an OpenAI-compatible HTTP API.
+"""``perfsuite serve``: perfsuite's in-flight or paged engine behind an OpenAI-compatible HTTP API.
 
 One job per module, dependencies pointing down the list:
 

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from perfsuite.models import LoadedModel
 
 DEFAULT_MAX_SEQ_LEN = 2048
+# perfsuite's own engines that serve one request at a time as it comes; paged-prefix reuses the KV of prompt
+# prefixes seen before (usage.prompt_tokens_details.cached_tokens and /metrics' prefix cache counters show it).
+SERVE_ENGINES = ("inflight", "paged", "paged-prefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +42,12 @@ class ServeOptions:
     threads: int | None = None
     max_open_requests: int = DEFAULT_MAX_OPEN_REQUESTS
     served_model_name: str | None = None  # None: the model's short name
+    engine: str = "inflight"
 
     def __post_init__(self) -> None:
+        if self.engine not in SERVE_ENGINES:
+            raise ValueError(f"--engine {self.engine!r} is not one perfsuite serve runs; choose from "
+                             f"{', '.join(SERVE_ENGINES)}")  # fmt: skip
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -66,13 +73,13 @@ def build_server(options: ServeOptions) -> CompletionServer:
     if max_seq_len > loaded.max_context:
         raise ValueError(f"--max-seq-len {max_seq_len} exceeds the model's context of {loaded.max_context} tokens")
     try:
-        engine = build_engine("inflight", Backend.from_loaded(loaded), EngineConfig(options.batch_size, max_seq_len))
+        engine = build_engine(options.engine, Backend.from_loaded(loaded), EngineConfig(options.batch_size, max_seq_len))
     except KVMemoryError as error:
         raise ValueError(f"{error.message('--batch-size')}, or lower --max-seq-len") from None
     warm_up(engine, [Request("warm-up", tuple(loaded.tokenizer("Hello")["input_ids"]) or (0,))])
     served_name = options.served_model_name or short_model_name(loaded)
     print(
-        f"perfsuite serve: {loaded.spec.name} {options.dtype} on {device}"
+        f"perfsuite serve: {loaded.spec.name} {options.dtype} on {device}, engine {options.engine}"
         + (f" ({threads} threads)" if threads else "")
         + f", batch size {options.batch_size}, max_seq_len {max_seq_len}, served as {served_name!r}",
         file=sys.stderr,

@@ -285,18 +285,27 @@ class EngineWorker:
 
     def _current_load(self) -> EngineLoad:
         scheduler = self._engine.scheduler
+        num_free_slots, num_slots = request_slots(scheduler)
         return EngineLoad(
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
-            num_free_slots=scheduler.kv_cache.num_free_slots,
-            num_slots=scheduler.kv_cache.num_slots,
+            num_free_slots=num_free_slots,
+            num_slots=num_slots,
             kv_cache_usage=kv_cache_usage(scheduler.kv_cache),
         )
 
 
+def request_slots(scheduler: Any) -> tuple[int, int]:
+    """Free and all request slots: a slot cache's, or for a paged pool (no slots) the running requests' limit."""
+    kv_cache = scheduler.kv_cache
+    if hasattr(kv_cache, "num_slots"):
+        return kv_cache.num_free_slots, kv_cache.num_slots
+    return max(0, scheduler.max_num_running - scheduler.num_running), scheduler.max_num_running
+
+
 def kv_cache_usage(kv_cache: Any) -> float:
-    """The share of a KV cache in use: a paged pool's blocks that are not free (as the pool counts free blocks;
-    vLLM counts a cached block no request holds as free), else a slot cache's slots."""
+    """The share of a KV cache in use: a paged pool's blocks that are not free (a prefix-caching pool counts a
+    cached block that no request holds as free, as vLLM does), else a slot cache's slots."""
     if hasattr(kv_cache, "num_free_blocks"):
         return 1.0 - kv_cache.num_free_blocks / kv_cache.num_blocks
     return 1.0 - kv_cache.num_free_slots / kv_cache.num_slots
