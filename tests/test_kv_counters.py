@@ -42,3 +42,13 @@ def test_the_static_batch_holds_a_finished_slot_until_the_batch_ends():
 def test_counters_of_an_empty_run_are_zero_and_their_means_defined():
     counters = EngineCounters()
     assert (counters.mean_kv_blocks_used, counters.kv_utilisation) == (0.0, 0.0)
+
+
+def test_counters_combine_as_one_runs_and_grow_since_an_earlier_reading():
+    first = EngineCounters(num_prefill_tokens=10, num_evicted_blocks=1, peak_kv_blocks_used=7, peak_num_running=2)
+    second = EngineCounters(num_prefill_tokens=4, num_evicted_blocks=2, peak_kv_blocks_used=3, peak_num_running=5)
+    both = first.combined(second)
+    assert (both.num_prefill_tokens, both.num_evicted_blocks, both.peak_kv_blocks_used, both.peak_num_running) == (
+        14, 3, 7, 5), "sums, and the larger of each peak"  # fmt: skip
+    grown = both.since(first)
+    assert (grown.num_prefill_tokens, grown.num_evicted_blocks, grown.peak_kv_blocks_used) == (4, 2, 7)

@@ -186,8 +186,8 @@ def test_a_paged_prefix_engine_reports_real_hits_and_counts_its_idle_cached_bloc
 
 class StubWorker:
     load = EngineLoad(num_running=3, num_waiting=2, num_free_slots=1, num_slots=4, kv_cache_usage=0.75)
-    totals = ServedTotals(num_prefix_cache_queried_tokens=400, num_prefix_cache_hit_tokens=160, num_preemptions=5,
-                          num_stopped=1, num_aborted=2)  # fmt: skip
+    totals = ServedTotals(EngineCounters(num_prefix_cache_queried_tokens=400, num_prefix_cache_hit_tokens=160,
+                                         num_preemptions=5), num_stopped=1, num_aborted=2)  # fmt: skip
 
 
 def test_the_collector_writes_the_load_and_totals_it_is_given():
@@ -202,12 +202,15 @@ def test_the_collector_writes_the_load_and_totals_it_is_given():
 
 
 def test_totals_add_each_steps_growth_of_the_engines_counters():
-    totals = ServedTotals(num_prefix_cache_queried_tokens=10, num_preemptions=1)
-    before = EngineCounters(num_prefix_cache_queried_tokens=4, num_prefix_cache_hit_tokens=2, num_preemptions=1)
-    after = EngineCounters(num_prefix_cache_queried_tokens=9, num_prefix_cache_hit_tokens=6, num_preemptions=3)
+    totals = ServedTotals(EngineCounters(num_prefix_cache_queried_tokens=10, num_preemptions=1, peak_num_running=5))
+    before = EngineCounters(num_prefix_cache_queried_tokens=4, num_prefix_cache_hit_tokens=2, num_preemptions=1,
+                            peak_num_running=2)  # fmt: skip
+    after = EngineCounters(num_prefix_cache_queried_tokens=9, num_prefix_cache_hit_tokens=6, num_preemptions=3,
+                           peak_num_running=3)  # fmt: skip
     grown = totals.after_step(before, after, num_tokens=2)
-    assert (grown.num_prefix_cache_queried_tokens, grown.num_prefix_cache_hit_tokens, grown.num_preemptions,
-            grown.num_generation_tokens) == (15, 4, 3, 2)  # fmt: skip
+    assert (grown.engine.num_prefix_cache_queried_tokens, grown.engine.num_prefix_cache_hit_tokens,
+            grown.engine.num_preemptions, grown.num_generation_tokens) == (15, 4, 3, 2)  # fmt: skip
+    assert grown.engine.peak_num_running == 5, "a peak is the largest seen, not a sum"
     records = [RequestRecord("r", 1, (), 0.0, None, (), None, reason) for reason in
                (FinishReason.STOP, FinishReason.LENGTH, FinishReason.LENGTH, FinishReason.ABORT)]  # fmt: skip
     finished = grown.after_finishing(records)

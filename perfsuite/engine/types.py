@@ -7,8 +7,9 @@ metrics and the tests use these types without importing torch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Container, Iterable
-from dataclasses import dataclass, field
+import operator
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass, field, fields
 
 
 class FinishReason(enum.Enum):
@@ -379,6 +380,21 @@ class EngineCounters:
             num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens + output.num_prefix_cache_hit_tokens,
             num_evicted_blocks=self.num_evicted_blocks + output.num_evicted_blocks,
         )
+
+    def combined(self, other: EngineCounters) -> EngineCounters:
+        """Two runs' counters as one run's: the sums, and the larger of each peak."""
+        return self._fieldwise(other, operator.add, max)
+
+    def since(self, earlier: EngineCounters) -> EngineCounters:
+        """What one run's counters grew by since ``earlier`` (of the same run); the peaks as they are now."""
+        return self._fieldwise(earlier, operator.sub, lambda now, _: now)
+
+    def _fieldwise(self, other: EngineCounters, count: Callable[[int, int], int],
+                   peak: Callable[[int, int], int]) -> EngineCounters:  # fmt: skip
+        return EngineCounters(**{
+            f.name: (peak if f.name.startswith("peak_") else count)(getattr(self, f.name), getattr(other, f.name))
+            for f in fields(self)
+        })  # fmt: skip
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:

@@ -49,9 +49,10 @@ class _WorkerCollector(Collector):
             yield gauge
         counters = (
             ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-             totals.num_prefix_cache_queried_tokens),
-            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", totals.num_prefix_cache_hit_tokens),
-            ("vllm:num_preemptions", "Preemptions.", totals.num_preemptions),
+             totals.engine.num_prefix_cache_queried_tokens),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             totals.engine.num_prefix_cache_hit_tokens),
+            ("vllm:num_preemptions", "Preemptions.", totals.engine.num_preemptions),
             ("vllm:prompt_tokens", "Prompt tokens of the requests added.", totals.num_prompt_tokens),
             ("vllm:generation_tokens", "Tokens generated.", totals.num_generation_tokens),
         )  # fmt: skip

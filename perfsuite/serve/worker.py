@@ -39,14 +39,12 @@ class EngineLoad:
 class ServedTotals:
     """What the engine has done since the server started, for ``/metrics``: every figure only grows.
 
-    The prefix cache lookups and preemptions are the engine's exact counters, summed step by step (the engine
+    ``engine``: the engine's exact counters (prefix cache lookups, preemptions), summed step by step (the engine
     starts its own over whenever it goes idle); prompt tokens count each request as it is added, generation
     tokens each token as it is made, finished requests each as it leaves, by why it finished.
     """
 
-    num_prefix_cache_queried_tokens: int = 0
-    num_prefix_cache_hit_tokens: int = 0
-    num_preemptions: int = 0
+    engine: EngineCounters = EngineCounters()
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_stopped: int = 0
@@ -56,11 +54,7 @@ class ServedTotals:
     def after_step(self, before: EngineCounters, after: EngineCounters, num_tokens: int) -> ServedTotals:
         return replace(
             self,
-            num_prefix_cache_queried_tokens=self.num_prefix_cache_queried_tokens
-            + after.num_prefix_cache_queried_tokens - before.num_prefix_cache_queried_tokens,
-            num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens
-            + after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
-            num_preemptions=self.num_preemptions + after.num_preemptions - before.num_preemptions,
+            engine=self.engine.combined(after.since(before)),
             num_generation_tokens=self.num_generation_tokens + num_tokens,
         )
 
