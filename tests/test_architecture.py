@@ -26,6 +26,7 @@ PURE_MODULES = [
     "perfsuite.workload.sweep",
     "perfsuite.workload.shaped",
     "perfsuite.workload.trace",
+    "perfsuite.workload.jsonl",
     "perfsuite.engine.arrivals",
     "perfsuite.measure.metrics",
     "perfsuite.measure.capacity",

@@ -187,6 +187,10 @@ def test_a_trace_must_be_in_timestamp_order_and_hold_a_request(tmp_path):
         Trace(write_trace(tmp_path, ""), block_size=16).lines()
     with pytest.raises(ValueError, match="cannot read trace"):
         Trace(tmp_path / "none.jsonl").lines()
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": "\xe9"}\n')
+    with pytest.raises(ValueError, match="latin1.jsonl is not UTF-8 text; save the trace as UTF-8"):
+        Trace(latin1).lines()
 
 
 def test_the_shipped_trace_is_what_make_trace_writes_and_replays_with_mooncake_blocks():

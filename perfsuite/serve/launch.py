@@ -73,7 +73,8 @@ def build_server(options: ServeOptions) -> CompletionServer:
     if max_seq_len > loaded.max_context:
         raise ValueError(f"--max-seq-len {max_seq_len} exceeds the model's context of {loaded.max_context} tokens")
     try:
-        engine = build_engine(options.engine, Backend.from_loaded(loaded), EngineConfig(options.batch_size, max_seq_len))
+        config = EngineConfig(options.batch_size, max_seq_len)
+        engine = build_engine(options.engine, Backend.from_loaded(loaded), config)
     except KVMemoryError as error:
         raise ValueError(f"{error.message('--batch-size')}, or lower --max-seq-len") from None
     warm_up(engine, [Request("warm-up", tuple(loaded.tokenizer("Hello")["input_ids"]) or (0,))])

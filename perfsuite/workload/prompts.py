@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from perfsuite.workload.checks import check_int, is_int, reject_unknown_keys
+from perfsuite.workload.jsonl import json_object, numbered_lines
 from perfsuite.workload.lengths import PROMPT_LENGTH_KINDS, PromptLengths, parse_prompt_lengths
 
 JSONL_KEYS = ("prompt", "output_len", "max_new_tokens")
@@ -150,14 +151,7 @@ class JsonlPrompts:
         return f"the JSONL file {self.path}"
 
     def lines(self) -> tuple[PromptLine, ...]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"cannot read prompt file {self.path}: {err.strerror}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{self.path} is not UTF-8 text; save the prompt file as UTF-8") from None
-        # split("\n"), not splitlines(): a JSON string may hold a raw U+2028.
-        numbered = [(number, line) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
+        numbered = numbered_lines(self.path, "prompt file")
         if not numbered:
             raise ValueError(
                 f"{self.path} has no prompts; write one JSON object per line, "
@@ -178,13 +172,7 @@ class JsonlPrompts:
 
 def _parse_prompt_line(path: Path, number: int, line: str) -> PromptLine:
     where = f"{path} line {number}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as err:
-        message = f"not valid JSON ({err.msg}, column {err.colno}); write one object per line"
-        raise ValueError(f"{where}: {message}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f'{where}: expected a JSON object like {{"prompt": "..."}}, got {json.dumps(obj)}')
+    obj = json_object(line, where, '{"prompt": "..."}')
     reject_unknown_keys(obj, JSONL_KEYS, "key", where)
     prompt = obj.get("prompt")
     if "prompt" not in obj:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from perfsuite.engine.types import Request, SamplingParams
 from perfsuite.workload.checks import check_int, check_positive, is_int, is_number
+from perfsuite.workload.jsonl import json_object, numbered_lines
 from perfsuite.workload.prompts import Vocab
 
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -69,16 +70,8 @@ class Trace:
 
     def lines(self) -> tuple[TraceLine, ...]:
         """The trace's first ``max_requests`` lines, each checked; blank lines are skipped."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"cannot read trace {self.path}: {err.strerror}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{self.path} is not UTF-8 text; save the trace as UTF-8") from None
         lines: list[TraceLine] = []
-        for number, raw in enumerate(text.split("\n"), start=1):
-            if not raw.strip():
-                continue
+        for number, raw in numbered_lines(self.path, "trace"):
             line = parse_trace_line(raw, f"{self.path} line {number}", number, self.block_size)
             if lines and line.timestamp < lines[-1].timestamp:
                 raise ValueError(
@@ -113,13 +106,7 @@ class Trace:
 
 
 def parse_trace_line(raw: str, where: str, number: int, block_size: int) -> TraceLine:
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as err:
-        message = f"not valid JSON ({err.msg}, column {err.colno}); write one object per line"
-        raise ValueError(f"{where}: {message}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f'{where}: expected a JSON object like {{"timestamp": 0, ...}}, got {json.dumps(obj)}')
+    obj = json_object(raw, where, '{"timestamp": 0, ...}')
     missing = [key for key in TRACE_FIELDS if key not in obj]
     if missing:
         raise ValueError(f"{where}: {', '.join(map(repr, missing))} missing; each line needs {', '.join(TRACE_FIELDS)}")
