@@ -36,6 +36,21 @@ REQUEST_ARGS = {
 }
 
 
+def small_paged_engine(runner, batch_size, prefill_batch_size, max_num_batched_tokens, kv_block_size, num_kv_tokens,
+                       enable_prefix_caching=False):  # fmt: skip
+    return paged_engine(
+        runner,
+        decode_batch_size=batch_size,
+        prefill_batch_size=min(prefill_batch_size, batch_size),
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_seq_len=MAX_SEQ_LEN,
+        eos_token_id=EOS,
+        num_kv_blocks=-(-num_kv_tokens // kv_block_size),
+        kv_block_size=kv_block_size,
+        enable_prefix_caching=enable_prefix_caching,
+    )
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(
         policy=st.sampled_from(["static", "inflight", "paged", "paged"]),  # paged twice: preemption needs examples
@@ -52,26 +67,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     ):
         # A pool of about one request (8 to 24 tokens; a request is 2 to 24): a second running request soon
         # needs a preemption, and a request larger than the pool must be refused when it is added.
-        num_kv_blocks = -(-num_kv_tokens // kv_block_size)
         self.runner = FakeRunner(VOCAB)
         self.num_preemptions = 0
         if policy == "paged":
-            self.engine = paged_engine(
-                self.runner,
-                decode_batch_size=batch_size,
-                prefill_batch_size=min(prefill_batch_size, batch_size),
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_seq_len=MAX_SEQ_LEN,
-                eos_token_id=EOS,
-                num_kv_blocks=num_kv_blocks,
-                kv_block_size=kv_block_size,
-            )
-            self.max_num_batched_tokens = max_num_batched_tokens
+            engine = small_paged_engine(self.runner, batch_size, prefill_batch_size, max_num_batched_tokens,
+                                        kv_block_size, num_kv_tokens)  # fmt: skip
+            self._start(engine, max_num_batched_tokens)
         elif policy == "static":
-            self.engine = static_engine(self.runner, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, eos_token_id=EOS)
-            self.max_num_batched_tokens = None
+            self._start(static_engine(self.runner, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, eos_token_id=EOS))
         else:
-            self.engine = inflight_engine(
+            engine = inflight_engine(
                 self.runner,
                 decode_batch_size=batch_size,
                 prefill_batch_size=min(prefill_batch_size, batch_size),
@@ -79,15 +84,19 @@ class SchedulerMachine(RuleBasedStateMachine):
                 max_seq_len=MAX_SEQ_LEN,
                 eos_token_id=EOS,
             )
-            self.max_num_batched_tokens = max_num_batched_tokens
+            self._start(engine, max_num_batched_tokens)
+        for request_args in initial_requests:  # a queue from the start, so pools fill and preempt
+            self._add(*request_args)
+
+    def _start(self, engine, max_num_batched_tokens: int | None = None) -> None:
+        self.engine = engine
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.scheduler = self.engine.scheduler
         self.kv = self.scheduler.kv_cache
         self.requests: dict[str, Request] = {}
         self.aborted: set[str] = set()
         self.outputs: dict[str, list[int]] = {}
         self.finish: dict[str, FinishReason] = {}
-        for request_args in initial_requests:  # a queue from the start, so pools fill and preempt
-            self._add(*request_args)
 
     @rule(**REQUEST_ARGS)
     def add(self, prompt, max_new_tokens, ignore_eos):
@@ -259,22 +268,10 @@ class PrefixCacheMachine(SchedulerMachine):
               initial_requests):  # fmt: skip
         self.runner = FakeRunner(VOCAB)
         self.num_preemptions = 0
-        self.engine = paged_engine(
-            self.runner,
-            decode_batch_size=batch_size,
-            prefill_batch_size=min(prefill_batch_size, batch_size),
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_seq_len=MAX_SEQ_LEN,
-            eos_token_id=EOS,
-            num_kv_blocks=-(-num_kv_tokens // kv_block_size),
-            kv_block_size=kv_block_size,
-            enable_prefix_caching=True,
-        )
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.scheduler = self.engine.scheduler
-        self.kv = self.scheduler.kv_cache
+        engine = small_paged_engine(self.runner, batch_size, prefill_batch_size, max_num_batched_tokens,
+                                    kv_block_size, num_kv_tokens, enable_prefix_caching=True)  # fmt: skip
+        self._start(engine, max_num_batched_tokens)
         self.stems = stems
-        self.requests, self.aborted, self.outputs, self.finish = {}, set(), {}, {}
         self.first_hits: dict[str, int] = {}
         self.num_hit_tokens = 0
         for request_args in initial_requests:
