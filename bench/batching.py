@@ -57,14 +57,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_common import add_model_arguments, comma_choices, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine import build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.engine.types import Request, RunResult  # noqa: E402
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
-from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
-from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
+from perfsuite.measure.timing import max_seq_len_for, timed_run, warm_up  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import OutputLengths, Workload, mixed_workload  # noqa: E402
 
@@ -245,19 +246,12 @@ def check_complete(kind: str, result: RunResult, requests: Sequence[Request]) ->
         raise RuntimeError(f"{kind}: {len(short)} requests did not make their max_new_tokens: {short[:5]}")
 
 
-def workload_names(text: str) -> tuple[str, ...]:
-    names = tuple(item.strip() for item in text.split(",") if item.strip())
-    unknown = [name for name in names if name not in WORKLOADS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown workload(s) {unknown or text!r}; choose from {', '.join(WORKLOADS)}")
-    return names
+workload_names = comma_choices(tuple(WORKLOADS))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="auto")
+    add_model_arguments(parser)
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--kv-tokens", type=positive_int, default=None,
                         help=f"the KV budget in token positions (default {DEFAULT_KV_TOKENS})")
@@ -272,7 +266,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--exp-cap", type=positive_int, default=256, help="the exponential workload's longest output")
     parser.add_argument("--repeats", type=positive_int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     if args.kv_mib is not None and args.kv_mib <= 0:
         parser.error("--kv-mib must be positive")
@@ -291,9 +284,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
 
     args = parse_args(argv)
-    device = resolve_device(args.device)
-    threads = configure_threads(args.threads) if device == "cpu" else None
-    loaded = load_model(args.model, device=device, dtype=args.dtype)
+    bench_model = load_bench_model(args)
+    loaded, device, threads = bench_model.loaded, bench_model.device, bench_model.threads
     bytes_per_token = kv_bytes_per_token(loaded.model.config, torch.empty((), dtype=getattr(torch, args.dtype))
                                          .element_size())  # fmt: skip
     try:

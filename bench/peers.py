@@ -51,11 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batching import ProfiledRunner  # noqa: E402
+from bench_common import add_model_arguments, load_bench_model  # noqa: E402
 from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine, check_engine_names  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
-from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up  # noqa: E402
+from perfsuite.measure.timing import max_seq_len_for, timed_run, warm_up  # noqa: E402
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
-from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import OutputLengths, Workload, mixed_workload  # noqa: E402
 
@@ -161,15 +161,12 @@ def workload_name(text: str) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="auto")
+    add_model_arguments(parser)
     parser.add_argument("--num-requests", type=positive_int, default=20)
     parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--batch-sizes", type=comma_list(positive_int), default=(8, 32))
     parser.add_argument("--workloads", type=comma_list(workload_name), default=tuple(WORKLOADS))
     parser.add_argument("--engines", type=comma_list(str), default=default_engines())
-    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     if not args.batch_sizes or not args.workloads or not args.engines:
         parser.error("--batch-sizes, --workloads and --engines each need at least one value")
@@ -182,9 +179,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    device = resolve_device(args.device)
-    threads = configure_threads(args.threads) if device == "cpu" else None
-    loaded = load_model(args.model, device=device, dtype=args.dtype)
+    bench_model = load_bench_model(args)
+    loaded, device, threads = bench_model.loaded, bench_model.device, bench_model.threads
     backend = dataclasses.replace(Backend.from_loaded(loaded), runner=ProfiledRunner(loaded.model))
     print(
         f"model={loaded.spec.name} dtype={args.dtype} device={device} threads={threads} "

@@ -56,7 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_model_arguments, comma_choices, load_bench_model  # noqa: E402
+from bench_common import add_model_arguments, comma_choices, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine import Engine, build_engine  # noqa: E402
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams  # noqa: E402
