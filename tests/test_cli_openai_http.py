@@ -71,8 +71,12 @@ def test_run_measures_a_server_beside_an_in_process_engine(served, capsys):
                  "--num-requests", "4", "--max-new-tokens", "8", "--batch-size", "2", "--no-progress"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
-    rows = {line.split()[0]: line.split() for line in out.strip().splitlines()[2:]}
+    lines = out.strip().splitlines()
+    cache_lines = [line for line in lines if line.startswith("prefix cache")]
+    rows = {line.split()[0]: line.split() for line in lines[2:] if line not in cache_lines}
     assert set(rows) == {"inflight", "openai-http"}
+    assert [line.partition(":")[0] for line in cache_lines] == ["prefix cache (openai-http)"], (
+        "the server says how many prompt tokens it found cached (none: its engine is inflight)")
     assert float(rows["openai-http"][1].replace(",", "")) > 0, "the server's tokens per second"
 
 
