@@ -44,7 +44,7 @@ from typing import Any
 from perfsuite.engine.types import EngineCounters
 from perfsuite.codec import decode, encode
 from perfsuite.judge.baselines import counters_from_json, write_json_atomic
-from perfsuite.judge.catalogue import NORMALISED, RAW_SERVER_FIGURES
+from perfsuite.judge.catalogue import BUSY_SHARE, NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
@@ -111,6 +111,11 @@ class Measurement:
     send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
     cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing, older
 
+    @property
+    def busy_shares(self) -> tuple[float, ...]:
+        """Other work's share of the machine's CPU during each repeat (none: not read, or a server's)."""
+        return tuple(self.samples.get(BUSY_SHARE, ()))
+
     @classmethod
     def of(
         cls,
@@ -156,6 +161,11 @@ class ReferenceSide:
     timeline: RunTimeline | None
     pair_order: tuple[str, ...]  # "AB" or "BA", each pair
     num_threads: int | None = None  # every worker's intra-op threads, both sides; None: as loaded (not chosen)
+
+    @property
+    def busy_shares(self) -> tuple[float, ...]:
+        """Other work's share of the machine's CPU during each of this side's runs (none: not read)."""
+        return tuple(self.samples.get(BUSY_SHARE, ()))
 
 
 @dataclass(frozen=True, slots=True)

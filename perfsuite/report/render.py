@@ -36,7 +36,6 @@ from perfsuite.judge.results import (
     read_history,
     read_results,
 )
-from perfsuite.judge.catalogue import BUSY_SHARE
 from perfsuite.report import plots
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import send_lag as send_lag_view
@@ -471,12 +470,12 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
 def _machine_facts(test: TestResult) -> list[tuple[str, str]]:
     """The CPU other work used during each repeat (or each side's runs), and an A/B test's worker threads."""
     facts = []
-    current = test.measurement.samples.get(BUSY_SHARE, ())
+    current = test.measurement.busy_shares
     if test.reference is None:
         if current:
             facts.append(("CPU used by other work", _busy_text(current, "repeat")))
         return facts
-    reference = test.reference.samples.get(BUSY_SHARE, ())
+    reference = test.reference.busy_shares
     if current and reference:
         facts.append(("CPU used by other work", f"A: {_busy_text(reference, 'run')}; B: {_busy_text(current, 'run')}"))
     if test.reference.num_threads is not None:
