@@ -1,0 +1,162 @@
+"""``--perf-ray`` on a real Ray cluster: two nodes of one CPU on this machine (``ray.cluster_utils.Cluster``).
+
+One module-scoped cluster serves every test here (starting one costs seconds
+of a 2-core runner); its head has no CPU, so every measurement actor runs
+on one of the two worker nodes. Each session is the shipped suite's
+smallest (smoke profile, tiny-random, a few tests by ``-k``), run in this
+process so a plugin can remove a node while a test measures. Marked
+``timing``: a cluster is a dozen processes, which in the parallel phase
+would share one CPU with an xdist worker (conftest.py pins each to one).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from perfsuite.judge.results import read_results
+from perfsuite.plugin.stash import SESSION_KEY
+from smoke_session import SMOKE_ARGS
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]' (make test installs it)")
+# pytester drops what an in-process session imported, and an extension module cannot load twice in one process:
+# what the in-process session uses (Ray's core, the statistics, the report's figures) is loaded here. Under
+# --perf-ray the controller loads no model, so torch stays out of this process.
+import matplotlib.pyplot  # noqa: E402, F401
+import numpy.fft  # noqa: E402, F401
+import ray._private.state  # noqa: E402, F401
+import ray.exceptions  # noqa: E402, F401
+import ray.util.scheduling_strategies  # noqa: E402, F401
+import scipy.stats  # noqa: E402, F401
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytest_plugins = ["pytester"]
+
+pytestmark = pytest.mark.timing
+
+OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the messages are a few kB
+TWO_TESTS = "test_throughput and fixed"  # static and inflight, batch 2, fixed lengths
+FOUR_TESTS = "test_throughput"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Ray keeps its sessions, sockets and the address of "the current cluster" under $RAY_TMPDIR/ray: a directory
+    # of this module's, so no other job's `ray.init("auto")` finds this cluster, and short (a socket path is <108).
+    temp_dir = Path(tempfile.mkdtemp(prefix="psray-"))
+    head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", str(temp_dir))
+        started = Cluster(initialize_head=True, head_node_args=head)
+        try:
+            for _ in range(2):
+                started.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+            started.wait_for_nodes()
+            yield started
+        finally:
+            started.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def run_session(pytester, *args, plugins=()):
+    """In this process when a plugin must reach into the session, else in a subprocess (which loads torch)."""
+    args = ("--pyargs", "perfsuite.suites", *SMOKE_ARGS, "-p", "no:cacheprovider", "--perf-history", "none", *args)
+    if plugins:
+        return pytester.runpytest_inprocess(*args, plugins=list(plugins))
+    return pytester.runpytest_subprocess(*args)
+
+
+def by_test(pytester):
+    return {test.test_id: test for test in read_results(pytester.path / "reports" / "results.json").tests}
+
+
+def assert_nothing_left(cluster) -> None:
+    """No actor alive or pending, no placement group: what a session started, it stopped."""
+    ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
+    try:
+        states = {info["State"] for info in ray._private.state.actors().values()}
+        groups = ray.util.placement_group_table()
+    finally:
+        ray.shutdown()
+    assert states <= {"DEAD"}, f"actors left behind: {states}"
+    assert all(group["state"] == "REMOVED" for group in groups.values()), groups
+
+
+def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester, cluster):
+    assert run_session(pytester, "-k", TWO_TESTS, "--perf-save-baseline").ret == pytest.ExitCode.OK
+    local = run_session(pytester, "-k", TWO_TESTS)
+    local_results = by_test(pytester)
+
+    on_ray = run_session(pytester, "-k", TWO_TESTS, "--perf-ray", cluster.address)
+
+    assert on_ray.ret == local.ret
+    ray_results = by_test(pytester)
+    assert sorted(ray_results) == sorted(local_results) and len(ray_results) == 2
+    for test_id, result in ray_results.items():
+        expected = local_results[test_id]
+        assert result.judgement.baseline_status == expected.judgement.baseline_status == "compared"
+        assert [c.verdict for c in result.judgement.comparisons] == [c.verdict for c in expected.judgement.comparisons]
+        assert result.measurement.counters == expected.measurement.counters
+        assert result.fingerprint == expected.fingerprint  # the nodes run this machine's libraries: one fingerprint
+        assert expected.node is None
+    nodes = {result.node for result in ray_results.values()}
+    assert len(nodes) == 2, f"the two tests went to the two nodes in turn: {nodes}"
+    on_ray.stdout.fnmatch_lines(["measured on Ray nodes (tests each; results.json names each test's): *: 1, *: 1"])
+    assert_nothing_left(cluster)
+
+
+class RemoveNodeWhileMeasuring:
+    """Removes the node measuring each of ``test_ids`` (a substring of its id) once its measurement is sent."""
+
+    def __init__(self, cluster, test_ids) -> None:
+        self.cluster = cluster
+        self.pending = list(test_ids)
+        self.removed: list[str] = []
+
+    @pytest.hookimpl(trylast=True)  # after perfsuite's own, which joins the cluster
+    def pytest_collection_finish(self, session) -> None:
+        pool = session.config.stash[SESSION_KEY].cluster
+        get = pool._get
+
+        def get_removing_the_node(ref, node, timeout, what):
+            if self.pending and what.startswith("measure") and self.pending[0] in what:
+                self.pending.pop(0)
+                self._remove(node.node_id)
+            return get(ref, node, timeout, what)
+
+        pool._get = get_removing_the_node
+
+    def _remove(self, node_id: str) -> None:
+        (node,) = [n for n in self.cluster.worker_nodes if n.node_id == node_id]
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.removed.append(node_id[:12])
+
+
+def test_a_node_removed_mid_test_retries_elsewhere_then_fails_only_its_tests(pytester, cluster):
+    removing = RemoveNodeWhileMeasuring(cluster, ["static-B2-uniform", "inflight-B2-uniform"])
+
+    result = run_session(pytester, "-k", FOUR_TESTS, "--perf-ray", cluster.address, plugins=[removing])
+
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("failed"), outcomes.get("skipped")) == (1, 3), result.stdout.str()[-3000:]  # no baselines
+    first, second = removing.removed
+    result.stdout.fnmatch_lines([
+        "*_ test_throughput?inflight-B2-uniform? _*",
+        f"the actor on node * {second}) died during `measure *inflight-B2-uniform?`: *; "
+        "no other node of the cluster has 1 CPU free to retry it on",
+    ])  # fmt: skip
+    results = by_test(pytester)
+    assert sorted(results) == [
+        "perfsuite/suites/test_throughput.py::test_throughput[inflight-B2-fixed]",
+        "perfsuite/suites/test_throughput.py::test_throughput[static-B2-fixed]",
+        "perfsuite/suites/test_throughput.py::test_throughput[static-B2-uniform]",
+    ], "the tests measured before the removals, and the retried one, are kept"
+    retried = results["perfsuite/suites/test_throughput.py::test_throughput[static-B2-uniform]"]
+    assert first not in retried.node and second in retried.node, "retried on the other node, every repeat there"
+    document = read_results(pytester.path / "reports" / "results.json")
+    assert any(f"{first}) died during `measure" in w and "measured on node" in w for w in document.warnings)
+    assert any("inflight-B2-uniform]: no result recorded" in w and second in w for w in document.warnings)
+    assert_nothing_left(cluster)
