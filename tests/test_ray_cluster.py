@@ -108,6 +108,25 @@ def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester,
     assert_nothing_left(cluster)
 
 
+def test_a_hung_actor_is_killed_at_the_timeout_and_a_missing_resource_fails_at_once(pytester, cluster):
+    one_test = ("-k", "test_throughput and static and fixed", "--perf-ray", cluster.address)
+    # 10 ms: no measurement (warm-up, probes, three repeats) answers within it; loading the model has its own limit
+    hung = run_session(pytester, *one_test, "--perf-worker-timeout", "0.01")
+    hung.assert_outcomes(failed=1)
+    hung.stdout.fnmatch_lines([
+        "the actor on node * did not answer `measure *static-B2-fixed?` within 0.01 s and was killed; "
+        "raise --perf-worker-timeout if a measurement can take longer",
+    ])  # fmt: skip
+    assert_nothing_left(cluster)
+
+    no_gpu = run_session(pytester, *one_test, "--perf-device", "cuda")
+    no_gpu.assert_outcomes(errors=1)  # in the backend fixture, before the test asks for anything
+    no_gpu.stdout.fnmatch_lines([
+        f"--perf-ray {cluster.address}: no live node of the cluster has 1 GPU for a measurement actor; its live "
+        "nodes: *0 CPU, 0 GPU*1 CPU, 0 GPU*. Add one with `ray start --address=HEAD:6379 --num-gpus 1`",
+    ])  # fmt: skip
+
+
 class RemoveNodeWhileMeasuring:
     """Removes the node measuring each of ``test_ids`` (a substring of its id) once its measurement is sent."""
 
@@ -160,3 +179,4 @@ def test_a_node_removed_mid_test_retries_elsewhere_then_fails_only_its_tests(pyt
     assert any(f"{first}) died during `measure" in w and "measured on node" in w for w in document.warnings)
     assert any("inflight-B2-uniform]: no result recorded" in w and second in w for w in document.warnings)
     assert_nothing_left(cluster)
+
