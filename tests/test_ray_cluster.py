@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester,
     local = run_session(pytester, "-k", TWO_TESTS)
     local_results = by_test(pytester)
 
-    on_ray = run_session(pytester, "-k", TWO_TESTS, "--perf-ray", cluster.address)
+    on_ray = run_session(pytester, "-k", TWO_TESTS, "--perf-ray", cluster.address, "--junitxml", "junit.xml")
 
     assert on_ray.ret == local.ret
     ray_results = by_test(pytester)
@@ -105,6 +106,9 @@ def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester,
     nodes = {result.node for result in ray_results.values()}
     assert len(nodes) == 2, f"the two tests went to the two nodes in turn: {nodes}"
     on_ray.stdout.fnmatch_lines(["measured on Ray nodes (tests each; results.json names each test's): *: 1, *: 1"])
+    junit = ElementTree.parse(pytester.path / "junit.xml")
+    reported = {p.get("value") for p in junit.iter("property") if p.get("name") == "perf_node"}
+    assert reported == nodes, "each test's report names the node that measured it"
     assert_nothing_left(cluster)
 
 

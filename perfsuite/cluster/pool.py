@@ -117,12 +117,25 @@ class RayPool:
         if self._described is None:
             node = self._usable_nodes()[0]
             actor = self._actor_on(node)
-            self._described = wire.loads(wire.Described, self._get(actor.describe.remote(), node, START_SECONDS,
-                                                                   "load the model"))  # fmt: skip
+            try:
+                text = self._get(actor.describe.remote(), node, START_SECONDS, "load the model")
+            except _ActorDied as died:
+                raise ClusterError(str(died)) from None
+            self._described = wire.loads(wire.Described, text)
         return self._described
 
     def tokenize(self, text: str) -> tuple[int, ...]:
-        node = self.describe().node
+        """On the node that described the model; should its actor die, on the next usable node (same model)."""
+        try:
+            return self._tokenize_on(self.describe().node, text)
+        except _ActorDied:
+            self._described = None
+        try:
+            return self._tokenize_on(self.describe().node, text)
+        except _ActorDied as died:
+            raise ClusterError(str(died)) from None
+
+    def _tokenize_on(self, node: wire.NodeInfo, text: str) -> tuple[int, ...]:
         actor = self._actor_on(node)
         answer = self._get(actor.tokenize.remote(wire.dumps(wire.Tokenize(text))), node, self.timeout, "tokenize")
         return wire.loads(wire.Tokens, answer).token_ids

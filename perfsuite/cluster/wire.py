@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from perfsuite import codec
+from perfsuite.codec import CodecError, decode, encode
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import Environment
 
@@ -23,7 +23,7 @@ _TYPE_KEY = "type"
 _VERSION_KEY = "v"
 
 
-class ClusterWireError(codec.CodecError):
+class ClusterWireError(CodecError):
     """A message this side cannot read: malformed, of another protocol version, or of another type than expected."""
 
 
@@ -123,8 +123,8 @@ def dumps(message: Any) -> str:
     if MESSAGES.get(name) is not type(message):
         raise ClusterWireError(f"{name} is not a message of the cluster protocol {PROTOCOL_VERSION}")
     try:
-        body = codec.encode(message)
-    except codec.CodecError as error:
+        body = encode(message)
+    except CodecError as error:
         raise ClusterWireError(f"{name}: {error}") from None
     return json.dumps({_TYPE_KEY: name, _VERSION_KEY: PROTOCOL_VERSION, **body}, allow_nan=False,
                       separators=(",", ":"))  # fmt: skip
@@ -148,6 +148,6 @@ def loads(expected: type, text: str) -> Any:
     if name != expected.__name__:
         raise ClusterWireError(f"expected a {expected.__name__} message, got {name!r}")
     try:
-        return codec.decode(expected, data)
-    except codec.CodecError as error:
+        return decode(expected, data)
+    except CodecError as error:
         raise ClusterWireError(str(error)) from None
