@@ -18,6 +18,8 @@ from xml.etree import ElementTree
 
 import pytest
 
+from perfsuite.cluster.pool import LOCAL, RayPool
+from perfsuite.cluster.wire import ModelSpec
 from perfsuite.judge.results import read_results
 from perfsuite.plugin.stash import SESSION_KEY
 from smoke_session import SMOKE_ARGS
@@ -84,6 +86,19 @@ def assert_nothing_left(cluster) -> None:
         ray.shutdown()
     assert states <= {"DEAD"}, f"actors left behind: {states}"
     assert all(group["state"] == "REMOVED" for group in groups.values()), groups
+
+
+def test_a_local_cluster_is_started_in_a_temporary_directory_and_gone_after_the_session():
+    pool = RayPool(LOCAL, ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=60)
+    pool.connect()
+    try:
+        temp_dir = Path(pool._temp_dir)
+        assert ray.is_initialized() and temp_dir.is_dir() and any(temp_dir.iterdir())
+        assert len([node for node in ray.nodes() if node["Alive"]]) == 1
+    finally:
+        pool.close()
+    assert not ray.is_initialized()
+    assert not temp_dir.exists(), "its sessions, logs and sockets are removed with it"
 
 
 def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester, cluster):

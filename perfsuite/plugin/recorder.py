@@ -206,6 +206,9 @@ class PerfRecorder:
         except ClusterError as error:
             self.fail_unrecorded(error)
         result = measured.result
+        if not result.runs_in_process:  # a sweep case's openai-http: the server's fingerprint, not the node's
+            pytest.fail(f"{self.test_id}: {engine.name} measures a server in another process; measure it without "
+                        "--perf-ray", pytrace=False)  # fmt: skip
         if measured.retried_after is not None:
             session.warnings.append(f"{self.test_id}: measured on node {result.node} after {measured.retried_after}")
         runs = Repeats(result.runs, result.probes, result.busy_shares, result.noisy, device_memory=result.device_memory)
