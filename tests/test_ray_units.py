@@ -88,3 +88,78 @@ def test_combinations_the_cluster_cannot_serve_are_usage_errors(pytester, args, 
     result = pytester.runpytest_inprocess("--perf", "-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+# -- the pool's fault handling, with Ray's own exceptions and no cluster -------------------------------------------
+
+OTHER_NODE = wire.NodeInfo("b" * 56, "gpu-8", "10.0.0.8")
+
+
+@pytest.fixture
+def pool_without_cluster(monkeypatch):
+    """A pool whose every call to Ray is stubbed: ``killed`` lists the actors it killed."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
+    from perfsuite.cluster.pool import RayPool
+
+    pool = RayPool("auto", wire.ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=5)
+    pool.killed = []
+    monkeypatch.setattr(ray, "kill", pool.killed.append)
+    return pool, ray
+
+
+def test_ctrl_c_while_waiting_kills_the_measuring_actor_and_goes_on_interrupting(pool_without_cluster, monkeypatch):
+    pool, ray = pool_without_cluster
+    pool._actors[NODE.node_id] = "actor on gpu-7"
+
+    def interrupted(ref, timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool._get("ref", NODE, 5, "measure t")
+    assert pool.killed == ["actor on gpu-7"] and not pool._actors
+
+
+def test_a_hang_kills_the_actor_and_names_the_node_and_the_option(pool_without_cluster, monkeypatch):
+    from perfsuite.cluster.pool import ClusterError
+
+    pool, ray = pool_without_cluster
+    pool._actors[NODE.node_id] = "actor on gpu-7"
+
+    def hangs(ref, timeout):
+        raise ray.exceptions.GetTimeoutError("timed out")
+
+    monkeypatch.setattr(ray, "get", hangs)
+    with pytest.raises(ClusterError, match=r"node gpu-7 \(10.0.0.7, node aaaaaaaaaaaa\) did not answer `measure t` "
+                                           r"within 5 s and was killed; raise --perf-worker-timeout"):  # fmt: skip
+        pool._get("ref", NODE, 5, "measure t")
+    assert pool.killed == ["actor on gpu-7"]
+    assert NODE.node_id not in pool._dead, "a hang is not a death: the node may take later tests"
+
+
+def test_a_death_is_retried_once_on_another_node_and_a_second_names_both(pool_without_cluster, monkeypatch):
+    from perfsuite.cluster.pool import ClusterError, _ActorDied
+
+    pool, _ = pool_without_cluster
+    monkeypatch.setattr(pool, "_usable_nodes", lambda must_have_one=True: [
+        n for n in (NODE, OTHER_NODE) if n.node_id not in pool._dead])  # fmt: skip
+    tried = []
+
+    def measure_on(node, request):
+        tried.append(node.hostname)
+        pool._dead.add(node.node_id)
+        raise _ActorDied(node, f"the actor on node {node} died")
+
+    monkeypatch.setattr(pool, "_measure_on", measure_on)
+    with pytest.raises(ClusterError, match=r"gpu-7 .* died; its retry died too: the actor on node gpu-8 .* died"):
+        pool.measure(REQUEST)
+    assert tried == ["gpu-7", "gpu-8"], "once elsewhere, never twice on the same node"
+
+    result = wire.MeasureResult(REQUEST.test_id, OTHER_NODE, ENVIRONMENT, (RUN,))
+    pool._dead.clear()
+    tried.clear()
+    monkeypatch.setattr(pool, "_measure_on", lambda node, request: (
+        measure_on(node, request) if node is NODE else result))  # fmt: skip
+    pool._next = 0
+    measured = pool.measure(REQUEST)
+    assert measured.result is result and "gpu-7" in measured.retried_after
