@@ -141,9 +141,20 @@ def test_a_hung_actor_is_killed_at_the_timeout_and_a_missing_resource_fails_at_o
     no_gpu = run_session(pytester, *one_test, "--perf-device", "cuda")
     no_gpu.assert_outcomes(errors=1)  # in the backend fixture, before the test asks for anything
     no_gpu.stdout.fnmatch_lines([
-        f"--perf-ray {cluster.address}: no live node of the cluster has 1 GPU for a measurement actor; its live "
-        "nodes: *0 CPU, 0 GPU*1 CPU, 0 GPU*. Add one with `ray start --address=HEAD:6379 --num-gpus 1`",
+        f"--perf-ray {cluster.address}: no live node of the cluster has 1 GPU free for a measurement actor; its "
+        "live nodes (all resources): *0 CPU, 0 GPU*1 CPU, 0 GPU*. Add one with `ray start --address=HEAD:6379 "
+        "--num-gpus 1`",
     ])  # fmt: skip
+
+
+def test_two_xdist_workers_are_two_controllers_measuring_at_once_each_on_a_node_of_its_own(pytester, cluster):
+    result = run_session(pytester, "-k", TWO_TESTS, "-n", "2", "--perf-ray", cluster.address)
+
+    result.assert_outcomes(skipped=2)  # measured and recorded; no baselines here, so judged nothing
+    results = by_test(pytester)
+    assert len(results) == 2
+    assert len({r.node for r in results.values()}) == 2, "worker gwN starts at the Nth node; a taken node is skipped"
+    assert_nothing_left(cluster)
 
 
 class RemoveNodeWhileMeasuring:

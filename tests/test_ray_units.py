@@ -163,3 +163,4 @@ def test_a_death_is_retried_once_on_another_node_and_a_second_names_both(pool_wi
     pool._next = 0
     measured = pool.measure(REQUEST)
     assert measured.result is result and "gpu-7" in measured.retried_after
+

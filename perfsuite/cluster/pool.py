@@ -76,7 +76,7 @@ class Measured:
 class RayPool:
     """The session's actors on the cluster at ``address`` (``local``, ``auto`` or an address)."""
 
-    def __init__(self, address: str, spec: wire.ModelSpec, timeout: float) -> None:
+    def __init__(self, address: str, spec: wire.ModelSpec, timeout: float, first_node: int = 0) -> None:
         self.address = address
         self.spec = spec
         self.timeout = timeout
@@ -84,7 +84,8 @@ class RayPool:
         self._actors: dict[str, Any] = {}  # node id -> actor handle
         self._nodes: dict[str, wire.NodeInfo] = {}
         self._dead: set[str] = set()  # nodes whose actor died: no more tests go there
-        self._next = 0
+        self._first_node = first_node  # pytest-xdist worker N starts at the Nth node, so workers spread out
+        self._next = first_node
         self._connected_here = False
         self._temp_dir: str | None = None
         self._described: wire.Described | None = None
@@ -115,7 +116,8 @@ class RayPool:
     def describe(self) -> wire.Described:
         """The model as the first usable node loaded it: the fixtures' backend, the session's environment."""
         if self._described is None:
-            node = self._usable_nodes()[0]
+            nodes = self._usable_nodes()
+            node = nodes[self._first_node % len(nodes)]
             actor = self._actor_on(node)
             try:
                 text = self._get(actor.describe.remote(), node, START_SECONDS, "load the model")
@@ -188,12 +190,16 @@ class RayPool:
         return result
 
     def _usable_nodes(self, must_have_one: bool = True) -> list[wire.NodeInfo]:
+        """Live nodes whose actor has not died: ours, and those with the resources for one free (another
+        controller, a pytest-xdist worker, may hold the rest; an actor placed there would wait forever)."""
         import ray
 
         alive = [n for n in ray.nodes() if n.get("Alive")]
+        free = _free_resources()
         usable = [
             _node_info(n) for n in alive
             if n["NodeID"] not in self._dead and self.requirement.fits(n.get("Resources", {}))
+            and (n["NodeID"] in self._actors or free is None or self.requirement.fits(free.get(n["NodeID"], {})))
         ]  # fmt: skip
         if not usable and must_have_one:
             raise ClusterError(self._no_resources_message(alive))
@@ -206,8 +212,9 @@ class RayPool:
         lost = f" (nodes whose actor died this session: {len(self._dead)})" if self._dead else ""
         flag = "--num-gpus 1" if self.requirement.num_gpus else "--num-cpus 1"
         return (
-            f"--perf-ray {self.address}: no live node of the cluster has {self.requirement.describe()} for a "
-            f"measurement actor{lost}; its live nodes: {shown}. Add one with `ray start --address=HEAD:6379 {flag}`"
+            f"--perf-ray {self.address}: no live node of the cluster has {self.requirement.describe()} free for a "
+            f"measurement actor{lost}; its live nodes (all resources): {shown}. Add one with "
+            f"`ray start --address=HEAD:6379 {flag}`"
         )
 
     def _actor_on(self, node: wire.NodeInfo):
@@ -260,6 +267,16 @@ class RayPool:
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
+
+
+def _free_resources() -> dict[str, dict[str, float]] | None:
+    """Each node's unreserved resources, by node id; None where this Ray cannot say (then every node counts)."""
+    try:
+        from ray._private.state import available_resources_per_node  # GCS only: no dashboard needed
+
+        return available_resources_per_node()
+    except Exception:  # noqa: BLE001 - a private API: a Ray without it schedules as before
+        return None
 
 
 def _node_info(node: dict) -> wire.NodeInfo:

@@ -12,6 +12,7 @@ the repeats as one typed ``MeasureRequest`` and waits for its result.
 from __future__ import annotations
 
 import atexit
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -31,13 +32,19 @@ def start_cluster(options: PerfOptions) -> RayPool:
     except ImportError:
         raise pytest.UsageError(INSTALL_HINT) from None
     spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
-    pool = RayPool(options.ray, spec, options.worker_timeout)
+    pool = RayPool(options.ray, spec, options.worker_timeout, first_node=_xdist_worker_number())
     try:
         pool.connect()
     except ClusterError as error:
         raise pytest.UsageError(str(error)) from None
     atexit.register(pool.close)  # an interrupt that skips pytest_unconfigure still leaves no actor behind
     return pool
+
+
+def _xdist_worker_number() -> int:
+    """N for pytest-xdist's worker gwN (each worker is a controller of its own), else 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
 
 
 def cluster_backend(pool: RayPool) -> Backend:
