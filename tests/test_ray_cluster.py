@@ -12,14 +12,14 @@ would share one CPU with an xdist worker (conftest.py pins each to one).
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
 
-from perfsuite.cluster.pool import LOCAL, RayPool
-from perfsuite.cluster.wire import ModelSpec
 from perfsuite.judge.results import read_results
 from perfsuite.plugin.stash import SESSION_KEY
 from smoke_session import SMOKE_ARGS
@@ -88,17 +88,28 @@ def assert_nothing_left(cluster) -> None:
     assert all(group["state"] == "REMOVED" for group in groups.values()), groups
 
 
+LOCAL_SESSION = """
+import sys
+from pathlib import Path
+import ray
+from perfsuite.cluster.pool import LOCAL, RayPool
+from perfsuite.cluster.wire import ModelSpec
+
+pool = RayPool(LOCAL, ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=60)
+pool.connect()
+temp_dir = Path(pool._temp_dir)
+print("started", ray.is_initialized(), temp_dir.is_dir() and any(temp_dir.iterdir()),
+      len([node for node in ray.nodes() if node["Alive"]]))
+pool.close()
+print("closed", ray.is_initialized(), temp_dir.exists())
+"""
+
+
 def test_a_local_cluster_is_started_in_a_temporary_directory_and_gone_after_the_session():
-    pool = RayPool(LOCAL, ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=60)
-    pool.connect()
-    try:
-        temp_dir = Path(pool._temp_dir)
-        assert ray.is_initialized() and temp_dir.is_dir() and any(temp_dir.iterdir())
-        assert len([node for node in ray.nodes() if node["Alive"]]) == 1
-    finally:
-        pool.close()
-    assert not ray.is_initialized()
-    assert not temp_dir.exists(), "its sessions, logs and sockets are removed with it"
+    # In a process of its own: a local ray.init() leaves Ray's auth mode set in the process that ran it.
+    done = subprocess.run([sys.executable, "-c", LOCAL_SESSION], capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("started", "closed"))]
+    assert lines == ["started True True 1", "closed False False"], done.stdout + done.stderr[-2000:]
 
 
 def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester, cluster):

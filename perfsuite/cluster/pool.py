@@ -105,7 +105,7 @@ class RayPool:
             address = self.address
         try:
             ray.init(address=address, **options)
-        except (ConnectionError, RuntimeError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - Ray's are many (ConnectionError, AuthenticationError, ...)
             self._remove_temp_dir()
             raise ClusterError(
                 f"--perf-ray {self.address}: cannot join the Ray cluster: {error}. Start one with `ray start --head` "
