@@ -164,3 +164,13 @@ def test_a_death_is_retried_once_on_another_node_and_a_second_names_both(pool_wi
     measured = pool.measure(REQUEST)
     assert measured.result is result and "gpu-7" in measured.retried_after
 
+
+
+def test_xdist_with_a_cluster_does_not_share_out_this_hosts_gpus(pytester, monkeypatch):
+    from perfsuite.plugin import hooks
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")  # this host's: the actors' GPUs are on the nodes
+    config = pytester.parseconfig("--perf", "--perf-device", "cuda", "--perf-ray", "auto")
+    assert hooks.pytest_xdist_auto_num_workers(config) is None
+    without_ray = pytester.parseconfig("--perf", "--perf-device", "cuda")
+    assert hooks.pytest_xdist_auto_num_workers(without_ray) == 3

@@ -66,7 +66,7 @@ class Requirement:
 
 
 @dataclass(frozen=True, slots=True)
-class Measured:
+class Delivered:
     """A measurement's result, and the first attempt's failure when it was retried on another node."""
 
     result: wire.MeasureResult
@@ -142,20 +142,20 @@ class RayPool:
         answer = self._get(actor.tokenize.remote(wire.dumps(wire.Tokenize(text))), node, self.timeout, "tokenize")
         return wire.loads(wire.Tokens, answer).token_ids
 
-    def measure(self, request: wire.MeasureRequest) -> Measured:
+    def measure(self, request: wire.MeasureRequest) -> Delivered:
         """``request`` on the next usable node; once more, all repeats, on another node should its actor die."""
         nodes = self._usable_nodes()
         first = nodes[self._next % len(nodes)]
         self._next += 1
         try:
-            return Measured(self._measure_on(first, request))
+            return Delivered(self._measure_on(first, request))
         except _ActorDied as died:
             others = [node for node in self._usable_nodes(must_have_one=False) if node.node_id != first.node_id]
             if not others:
                 raise ClusterError(f"{died}; no other node of the cluster has {self.requirement.describe()} free "
                                    "to retry it on") from None  # fmt: skip
             try:
-                return Measured(self._measure_on(others[0], request), retried_after=str(died))
+                return Delivered(self._measure_on(others[0], request), retried_after=str(died))
             except _ActorDied as again:
                 raise ClusterError(f"{died}; its retry died too: {again}") from None
 

@@ -49,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
     num_workers = _num_xdist_workers(config)
     check_kv_blocks(options, loads_a_model_here=not num_workers and options.against is None and options.ray is None)
-    if num_workers:
+    if num_workers and options.ray is None:  # under --perf-ray the actors hold the GPUs, on the cluster's nodes
         gpus = _as_usage_error(
             gpus_for_workers, options.enabled, options.device, num_workers, os.environ, _count_cuda_devices
         )
@@ -208,6 +208,8 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` in a --perf session on GPUs: one worker per visible GPU (else xdist's own count)."""
     options = read_options(config)
+    if options.ray is not None:  # the cluster's GPUs are not this host's: xdist's own count
+        return None
     gpus = _as_usage_error(gpus_for_workers, options.enabled, options.device, 1, os.environ, _count_cuda_devices)
     return len(gpus) or None
 
