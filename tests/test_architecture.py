@@ -61,6 +61,10 @@ PURE_MODULES = [
     "perfsuite.history.head",
     "perfsuite.report.trend",
     "perfsuite.plugin.change_points",
+    "perfsuite.cluster.wire",
+    "perfsuite.cluster.actor",
+    "perfsuite.cluster.pool",
+    "perfsuite.plugin.cluster",
 ]
 
 
@@ -106,8 +110,10 @@ ALLOWED = {
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
     "ab": {"__init__", "codec", "engine", "adapters", "measure", "models"},
-    "plugin": {"ab", "adapters", "argtypes", "codec", "engine", "history", "judge", "measure", "models", "report", "workload",
-               "correctness"},
+    # --perf-ray: the typed wire (codec), the actor (which builds engines and measures on its node), the pool
+    "cluster": {"adapters", "codec", "engine", "measure", "models"},
+    "plugin": {"ab", "adapters", "argtypes", "cluster", "codec", "engine", "history", "judge", "measure", "models",
+               "report", "workload", "correctness"},
     "cli": {"adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "serve", "workload",
             "correctness", "scaffold"},
     "scaffold": set(),  # perfsuite init: templates and a writer, nothing else of perfsuite

@@ -179,6 +179,7 @@ class TestResult:
     judgement: Judgement = field(default_factory=Judgement)
     reference: ReferenceSide | None = None  # an A/B test's REF side; None: judged against stored baselines
     capacity: CapacityRecord | None = None  # a capacity test's searches (perfsuite/suites/test_capacity.py)
+    node: str | None = None  # --perf-ray: the cluster node whose actor measured every repeat (docs/ray.md)
 
     @property
     def memory(self) -> MemoryUse | None:

@@ -48,8 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
     options = read_options(config)
     config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
     num_workers = _num_xdist_workers(config)
-    check_kv_blocks(options, loads_a_model_here=not num_workers and options.against is None)
-    if num_workers:
+    check_kv_blocks(options, loads_a_model_here=not num_workers and options.against is None and options.ray is None)
+    if num_workers and options.ray is None:  # under --perf-ray the actors hold the GPUs, on the cluster's nodes
         gpus = _as_usage_error(
             gpus_for_workers, options.enabled, options.device, num_workers, os.environ, _count_cuda_devices
         )
@@ -80,6 +80,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         perf_session.against = start_against(
             options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout, options.against_workers
         )
+    if options.ray is not None and perf_session.num_planned_tests and not session.config.option.collectonly:
+        from perfsuite.plugin.cluster import start_cluster
+
+        perf_session.cluster = start_cluster(options)
     advice = perf_session.plan_power().advice()
     if advice is None:
         return
@@ -114,6 +118,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     perf_session = item.config.stash.get(SESSION_KEY, None)
     if perf_session is None or not perf_session.options.enabled or report.when == "teardown":
         return report
+    if report.when == "call":
+        _note_node(item, perf_session)
     if report.when == "call" and report.passed and not hasattr(report, "wasxfail"):
         reason = perf_session.judged_nothing(perf_test_id(item))
         if reason is not None:
@@ -123,6 +129,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     elif report.skipped and _will_run(item) and not perf_session.has_recorded(perf_test_id(item)):
         perf_session.num_self_skipped_tests += 1
     return report
+
+
+def _note_node(item: pytest.Item, perf_session: PerfSession) -> None:
+    """``--perf-ray``: the node that measured the test, as a property its report (and JUnit XML) carries."""
+    test_id = perf_test_id(item)
+    nodes = [result.node for result in perf_session.results if result.test_id == test_id and result.node]
+    if nodes and ("perf_node", nodes[-1]) not in item.user_properties:
+        item.user_properties.append(("perf_node", nodes[-1]))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -168,11 +182,14 @@ def _append_to_history(session: pytest.Session, perf_session: PerfSession) -> No
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Stop the A/B workers and remove the reference's snapshot, however the session ended."""
+    """Stop the A/B workers and remove the reference's snapshot, and the Ray actors, however the session ended."""
     perf_session = config.stash.get(SESSION_KEY, None)
     if perf_session is not None and perf_session.against is not None:
         perf_session.against.close()
         perf_session.against = None
+    if perf_session is not None and perf_session.cluster is not None:
+        perf_session.cluster.close()
+        perf_session.cluster = None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -191,6 +208,8 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` in a --perf session on GPUs: one worker per visible GPU (else xdist's own count)."""
     options = read_options(config)
+    if options.ray is not None:  # the cluster's GPUs are not this host's: xdist's own count
+        return None
     gpus = _as_usage_error(gpus_for_workers, options.enabled, options.device, 1, os.environ, _count_cuda_devices)
     return len(gpus) or None
 
@@ -244,6 +263,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     )
     errors = (config.stash.get(OUTPUT_ERROR_KEY, None), config.stash.get(HISTORY_ERROR_KEY, None))
     write_summary(terminalreporter.write_line, perf_session, written, *errors, ran)
+    nodes = [result.node for result in perf_session.results if result.node]
+    if nodes:
+        counts = ", ".join(f"{node}: {nodes.count(node)}" for node in dict.fromkeys(nodes))
+        terminalreporter.write_line(f"measured on Ray nodes (tests each; results.json names each test's): {counts}")
 
 
 # -- fixtures ---------------------------------------------------------------
@@ -281,6 +304,10 @@ def perf_backend(request, perf_session):
         from perfsuite.plugin.against import worker_backend
 
         return worker_backend(perf_session.against)
+    if perf_session.cluster is not None:
+        from perfsuite.plugin.cluster import cluster_backend
+
+        return cluster_backend(perf_session.cluster)
     options = perf_session.options
     return Backend.from_loaded(
         request.getfixturevalue("perf_model"), endpoint=options.endpoint, decode_mode=options.decode_mode,
@@ -293,7 +320,10 @@ def _perf_environment(perf_session, perf_backend):
     from perfsuite.measure.environment import capture_environment, git_commit
 
     options = perf_session.options
-    perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
+    if perf_session.cluster is not None:  # the first node's, as its actor captured it; each test records its node's
+        perf_session.environment = perf_session.cluster.describe().environment
+    else:
+        perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
     perf_session.commit = git_commit(perf_session.rootdir)
     return perf_session.environment
 
@@ -396,6 +426,10 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
             from perfsuite.plugin.against import WorkerEngine
 
             engine = WorkerEngine(name, config)
+        elif perf_session.cluster is not None:  # an actor builds it from its name and knobs on its node
+            from perfsuite.plugin.cluster import ClusterEngine
+
+            engine = ClusterEngine(name, config)
         else:
             try:
                 engine = build_engine(name, perf_backend, config)
@@ -447,9 +481,11 @@ def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engi
     """Record a run and assert no regression: ``perf.measure(engine, requests)``, ``perf.assert_no_regression()``.
 
     Repeats are timed through pytest-benchmark's ``benchmark`` fixture, except
-    under ``--perf-against``, where the two workers time them.
+    under ``--perf-against``, where the two workers time them, and under
+    ``--perf-ray``, where a Ray actor times them on its node.
     """
     from perfsuite.plugin.recorder import PerfRecorder
 
-    benchmark = None if perf_session.against is not None else request.getfixturevalue("benchmark")
+    measured_elsewhere = perf_session.against is not None or perf_session.cluster is not None
+    benchmark = None if measured_elsewhere else request.getfixturevalue("benchmark")
     return PerfRecorder(perf_session, perf_test_id(request.node), benchmark, perf_backend, perf_built_engines)

@@ -189,7 +189,11 @@ _OPTIONS = (
      "core that other work leaves free (on a busy runner, fewer threads than cores beats oversubscribing them), "
      "or a number"),
     ("perf_worker_timeout", positive_number, "600",
-     "seconds a --perf-against worker may take to answer one run before it is killed as hung"),
+     "seconds a --perf-against worker may take to answer one run, or a --perf-ray actor one test's measurement, "
+     "before it is killed as hung"),
+    ("perf_ray", str, None,
+     "run the measurements on Ray actors (docs/ray.md): local starts a cluster in this process, auto joins the "
+     "one `ray start` runs here, or a cluster's address (ray://host:10001, host:6379); needs perfsuite[ray]"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
     ("perf_history", history_location, DEFAULT_LOCATION,
      "the run history every --perf session (baseline recordings too) is appended to: a SQLite file (relative to the "
@@ -273,6 +277,7 @@ class PerfOptions:
     worker_timeout: float = option_default("perf_worker_timeout")
     against_workers: int = option_default("perf_against_workers")  # worker processes per side
     against_threads: int | str = option_default("perf_against_threads")  # a count, or auto: chosen before each test
+    ray: str | None = option_default("perf_ray")  # --perf-ray ADDRESS: measure on Ray actors
     repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
     kv_blocks: int | None = option_default("perf_kv_blocks")  # the paged engine's pool; None: its default
     # --perf-history, resolved like report_dir: a path under the rootdir, or a URL. None (--perf-history none, and
@@ -303,6 +308,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
     against = values["perf_against"]
     if against is not None:
         _check_against(config, against, save_baseline, values["perf_engines"])
+    if values["perf_ray"] is not None:
+        _check_ray(config, values["perf_ray"], against, values["perf_engines"])
     min_effect = values["perf_min_effect"]
     if min_effect is None:
         min_effect = PAIRED_MIN_EFFECT if against is not None else STORED_MIN_EFFECT
@@ -336,6 +343,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         worker_timeout=values["perf_worker_timeout"],
         against_workers=values["perf_against_workers"],
         against_threads=values["perf_against_threads"],
+        ray=values["perf_ray"],
         repeats_given=values["perf_repeats"] is not None,
         kv_blocks=values["perf_kv_blocks"],
         history_store=_history_store(values["perf_history"], rootdir),
@@ -364,6 +372,27 @@ def _ini_switch(config: pytest.Config, name: str) -> bool:
 
 # Engines whose work another process does: both sides of an A/B comparison would measure the same server.
 SERVER_ENGINES = ("openai-http",)
+
+
+def _check_ray(config: pytest.Config, address: str, against: str | None, engines: tuple[str, ...]) -> None:
+    if not address.strip():
+        raise pytest.UsageError("--perf-ray needs local, auto or a cluster's address, e.g. --perf-ray auto")
+    if against is not None:
+        raise pytest.UsageError(
+            f"--perf-ray {address} with --perf-against {against}: A/B on a cluster is not supported yet; "
+            "drop one of them"
+        )
+    servers = [name for name in engines if name in SERVER_ENGINES]
+    if servers:
+        raise pytest.UsageError(
+            f"--perf-ray {address}: {', '.join(servers)} measures a server in another process, which the actors "
+            "would only add a hop to; measure it without --perf-ray"
+        )
+    if address == "local" and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(
+            "--perf-ray local with -n: each xdist worker would start a cluster of its own; start one with "
+            "`ray start --head` and give --perf-ray auto"
+        )
 
 
 def _check_against(config: pytest.Config, ref: str, save_baseline: bool, engines: tuple[str, ...]) -> None:

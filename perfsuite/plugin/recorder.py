@@ -80,6 +80,8 @@ class PerfRecorder:
             pytest.fail(f"{self.test_id}: {error}", pytrace=False)
         if self.session.against is not None:
             return self._measure_paired(engine, requests, max_concurrency, arrival_rate, repeats)
+        if self.session.cluster is not None:
+            return self._measure_on_cluster(engine, requests, max_concurrency, arrival_rate, repeats)
         for _ in range(options.profile.warmup_runs):
             engine.run(requests, max_concurrency=max_concurrency)
         measured = self._timed_repeats(engine, requests, max_concurrency, repeats)
@@ -109,7 +111,7 @@ class PerfRecorder:
         )
         return self.result
 
-    def fail_unrecorded(self, error: OutputError | BaselineError) -> NoReturn:
+    def fail_unrecorded(self, error: Exception) -> NoReturn:
         """Fail the test, its result not judged or stored (a corrupt baseline), and have results.json say so.
 
         The error's one line, without the exceptions it was raised from: pytest
@@ -128,6 +130,9 @@ class PerfRecorder:
         """
         from perfsuite.plugin.capacity import measure_capacity
 
+        if self.session.cluster is not None:
+            pytest.fail(f"{self.test_id}: capacity searches do not run under --perf-ray yet; run this test "
+                        "without it", pytrace=False)  # fmt: skip
         in_process = runs_in_process(engine)  # a server's machine is not this one: not probed
         probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
         return measure_capacity(self, engine, requests_at, probes, in_process, **search)
@@ -177,6 +182,50 @@ class PerfRecorder:
             self.test_id, current, reference, paired.order, parameters, configuration, arrival_rate,
             num_threads=paired.num_threads,
         )  # fmt: skip
+        return self.result
+
+    def _measure_on_cluster(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        max_concurrency: int | None,
+        arrival_rate: float | None,
+        repeats: int,
+    ) -> TestResult:
+        """``--perf-ray``: one typed request to an actor, which warms up and times every repeat on its node."""
+        from perfsuite.cluster.pool import ClusterError
+        from perfsuite.cluster.wire import MeasureRequest
+        from perfsuite.plugin.cluster import ClusterEngine
+
+        session, options = self.session, self.session.options
+        if not isinstance(engine, ClusterEngine):
+            pytest.fail(
+                f"{self.test_id}: under --perf-ray the engine must come from perf_engine_factory (an actor builds it "
+                f"by name on its node); this test built {engine.name!r} itself", pytrace=False,
+            )  # fmt: skip
+        request = MeasureRequest(self.test_id, engine.knobs, tuple(requests), max_concurrency,
+                                 options.profile.warmup_runs, repeats, options.busy_threshold)  # fmt: skip
+        try:
+            measured = session.cluster.measure(request)
+        except ClusterError as error:
+            self.fail_unrecorded(error)
+        result = measured.result
+        if not result.runs_in_process:  # a sweep case's openai-http: the server's fingerprint, not the node's
+            pytest.fail(f"{self.test_id}: {engine.name} measures a server in another process; measure it without "
+                        "--perf-ray", pytrace=False)  # fmt: skip
+        if measured.retried_after is not None:
+            session.warnings.append(f"{self.test_id}: measured on node {result.node} after {measured.retried_after}")
+        runs = Repeats(result.runs, result.probes, result.busy_shares, result.noisy, device_memory=result.device_memory)
+        parameters = self._sizing(engine, requests, max_concurrency, None)
+        configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
+        try:
+            self.result = session.record(self.test_id, runs, parameters, configuration, arrival_rate,
+                                         environment=result.environment, node=str(result.node))  # fmt: skip
+        except (OutputError, BaselineError) as error:
+            self.fail_unrecorded(error)
+        if options.save_baseline and runs.noisy:
+            pytest.fail(f"{self.test_id}: baseline not saved: {runs.noisy}; record it on a quiet machine",
+                        pytrace=False)  # fmt: skip
         return self.result
 
     def assert_no_regression(self) -> None:

@@ -50,6 +50,7 @@ from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
     from perfsuite.history.head import HeadCheck
+    from perfsuite.cluster.pool import RayPool
     from perfsuite.plugin.against import Against
 
 __all__ = ["SERVER_DECODE_MODE", "SERVER_PRECISION", "PerfSession", "Repeats"]
@@ -80,6 +81,7 @@ class PerfSession:
     late_regressions: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     against: Against | None = None  # --perf-against: the reference tree and the two workers
+    cluster: RayPool | None = None  # --perf-ray: the actors that measure on the cluster's nodes
     finished: Results | None = None  # the document finish() made: results.json's, and what the history gets
     head_check: HeadCheck | None = None  # change points at the head of the run history, once finished
     earlier_sessions: list[Results] = field(default_factory=list)  # the run history before this session, once finished
@@ -124,16 +126,19 @@ class PerfSession:
         configuration: RunConfiguration,
         arrival_rate: float | None = None,
         environment: Environment | ServerEnvironment | None = None,
+        node: str | None = None,
     ) -> TestResult:
         """Summarise a test's timed repeats, judge them against its baseline, and save it if asked.
 
         ``environment``: the fingerprint the test's baseline lives under; this
-        machine's (the session's) unless the engine is a server in another process.
+        machine's (the session's) unless the engine is a server in another
+        process, or ``--perf-ray`` measured it on ``node``, whose environment it is.
         """
         environment = environment or self.environment
         assert environment is not None, "capture the environment before recording"
         measured = summarise(repeats, self.compared_metrics, self.options.slo)
-        result = TestResult(test_id, Measurement.of(measured, parameters, configuration, arrival_rate, environment))
+        measurement = Measurement.of(measured, parameters, configuration, arrival_rate, environment)
+        result = TestResult(test_id, measurement, node=node)
         if result.is_remote and environment.label is None:
             self._warn_once(UNLABELLED_SERVER)
         if measured.noisy:

@@ -1,0 +1,153 @@
+"""What travels between the controller and a measurement actor: typed messages through the structural codec.
+
+Every message is a frozen dataclass encoded by ``perfsuite.codec`` into a
+JSON string with its type and the protocol version; the receiver rebuilds
+it from its own classes and refuses another version or an unknown shape
+with a ``ClusterWireError`` naming it. Ray carries only these strings, so
+nothing pickled (no model, no engine, no tensor) crosses the wire, and a
+node running another perfsuite cannot silently measure another workload.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from perfsuite.codec import CodecError, decode, encode
+from perfsuite.engine import Request, RunResult
+from perfsuite.measure.environment import Environment
+
+PROTOCOL_VERSION = 1
+_TYPE_KEY = "type"
+_VERSION_KEY = "v"
+
+
+class ClusterWireError(CodecError):
+    """A message this side cannot read: malformed, of another protocol version, or of another type than expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """The model an actor loads once and keeps: actors are reused by it (one per node and spec)."""
+
+    model: str
+    device: str
+    dtype: str
+    decode_mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """The Ray node an actor runs on, as the messages name it."""
+
+    node_id: str
+    hostname: str
+    ip: str
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.ip}, node {self.node_id[:12]})"
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """The actor's loaded model and its node: what the controller's fixtures need instead of a local model."""
+
+    node: NodeInfo
+    environment: Environment  # captured on the node: the fingerprint its measurements are stored under
+    device: str
+    max_context: int
+    eos_token_id: int | None
+    vocab_size: int | None
+    special_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKnobs:
+    """A registered engine's name and ``EngineConfig``'s knobs: the actor builds (or reuses) the engine from them."""
+
+    name: str
+    batch_size: int
+    max_seq_len: int
+    prefill_batch_size: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_kv_blocks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureRequest:
+    """One perf test's measurement: warm-ups (discarded), then ``repeats`` timed runs, each between two probes."""
+
+    test_id: str
+    engine: EngineKnobs
+    requests: tuple[Request, ...]
+    max_concurrency: int | None
+    warmup_runs: int
+    repeats: int
+    busy_threshold: float
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureResult:
+    """The repeats of one ``MeasureRequest``, every one of them from ``node``, with what was read around each."""
+
+    test_id: str
+    node: NodeInfo
+    environment: Environment
+    runs: tuple[RunResult, ...]
+    probes: tuple[float, ...] = ()  # the machine probe around each repeat, on the node
+    busy_shares: tuple[float, ...] = ()  # other work's share of the node's CPU during each repeat
+    noisy: str | None = None
+    device_memory: tuple[int, ...] = ()
+    runs_in_process: bool = True
+
+
+MESSAGES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (ModelSpec, NodeInfo, Described, Tokenize, Tokens, EngineKnobs, MeasureRequest, MeasureResult)
+}
+
+
+def dumps(message: Any) -> str:
+    name = type(message).__name__
+    if MESSAGES.get(name) is not type(message):
+        raise ClusterWireError(f"{name} is not a message of the cluster protocol {PROTOCOL_VERSION}")
+    try:
+        body = encode(message)
+    except CodecError as error:
+        raise ClusterWireError(f"{name}: {error}") from None
+    return json.dumps({_TYPE_KEY: name, _VERSION_KEY: PROTOCOL_VERSION, **body}, allow_nan=False,
+                      separators=(",", ":"))  # fmt: skip
+
+
+def loads(expected: type, text: str) -> Any:
+    """``text`` (from ``dumps``) as this side's ``expected`` message; ``ClusterWireError`` naming what is wrong."""
+    try:
+        data = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as error:
+        raise ClusterWireError(f"not a cluster message ({error}): {str(text)[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise ClusterWireError(f"not a cluster message: {str(text)[:200]!r}")
+    version = data.pop(_VERSION_KEY, None)
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ClusterWireError(
+            f"cluster protocol version {version!r}, this side speaks {PROTOCOL_VERSION}: install the same perfsuite "
+            "on every node and the controller"
+        )
+    name = data.pop(_TYPE_KEY, None)
+    if name != expected.__name__:
+        raise ClusterWireError(f"expected a {expected.__name__} message, got {name!r}")
+    try:
+        return decode(expected, data)
+    except CodecError as error:
+        raise ClusterWireError(str(error)) from None

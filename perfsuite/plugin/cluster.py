@@ -1,0 +1,90 @@
+"""``--perf-ray ADDRESS``: the session's Ray pool, and the fixtures' stand-ins for a model and engines on it.
+
+The pytest process stays the controller: it collects, plans power, judges
+and writes results, history and the report. No model is loaded here: the
+first node's actor tokenizes the workloads and reports the model's limits
+(as the current tree's worker does under ``--perf-against``), and an engine
+``perf_engine_factory`` returns is a ``ClusterEngine``, a registered name
+and knobs that an actor builds. ``perf.measure`` sends it, the requests and
+the repeats as one typed ``MeasureRequest`` and waits for its result.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.cluster import wire
+from perfsuite.cluster.pool import ClusterError, RayPool
+from perfsuite.plugin.options import PerfOptions
+
+INSTALL_HINT = "--perf-ray needs Ray: pip install 'perfsuite[ray]'"
+
+
+def start_cluster(options: PerfOptions) -> RayPool:
+    """Join (or start) the cluster; a usage error when Ray is missing or the cluster cannot be reached."""
+    try:
+        import ray  # noqa: F401 - only to say what to install
+    except ImportError:
+        raise pytest.UsageError(INSTALL_HINT) from None
+    spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
+    pool = RayPool(options.ray, spec, options.worker_timeout, first_node=_xdist_worker_number())
+    try:
+        pool.connect()
+    except ClusterError as error:
+        raise pytest.UsageError(str(error)) from None
+    atexit.register(pool.close)  # an interrupt that skips pytest_unconfigure still leaves no actor behind
+    return pool
+
+
+def _xdist_worker_number() -> int:
+    """N for pytest-xdist's worker gwN (each worker is a controller of its own), else 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+def cluster_backend(pool: RayPool) -> Backend:
+    """The model as the fixtures see it, with no runner: the actors hold the models."""
+    try:
+        described = pool.describe()
+    except ClusterError as error:
+        pytest.fail(str(error), pytrace=False)
+    return Backend(
+        runner=None,
+        tokenize=pool.tokenize,
+        eos_token_id=described.eos_token_id,
+        max_context=described.max_context,
+        device=described.device,
+        vocab_size=described.vocab_size,
+        special_token_ids=described.special_token_ids,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterEngine:
+    """An engine an actor builds by name on its node; ``perf.measure`` runs it there."""
+
+    name: str
+    config: EngineConfig
+    greedy_equal = False  # checked by the correctness tests, not here
+    runs_in_process = True
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def knobs(self) -> wire.EngineKnobs:
+        config = self.config
+        return wire.EngineKnobs(self.name, config.batch_size, config.max_seq_len, config.prefill_batch_size,
+                                config.max_num_batched_tokens, config.num_kv_blocks)  # fmt: skip
+
+    def run(self, requests, on_step=None, max_concurrency=None):
+        raise RuntimeError(
+            f"{self.name}: under --perf-ray an engine runs on a Ray actor, not in the pytest process; "
+            "pass it to perf.measure(engine, requests)"
+        )

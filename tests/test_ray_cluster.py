@@ -1,0 +1,223 @@
+"""``--perf-ray`` on a real Ray cluster: two nodes of one CPU on this machine (``ray.cluster_utils.Cluster``).
+
+One module-scoped cluster serves every test here (starting one costs seconds
+of a 2-core runner); its head has no CPU, so every measurement actor runs
+on one of the two worker nodes. Each session is the shipped suite's
+smallest (smoke profile, tiny-random, a few tests by ``-k``), run in this
+process so a plugin can remove a node while a test measures. Marked
+``timing``: a cluster is a dozen processes, which in the parallel phase
+would share one CPU with an xdist worker (conftest.py pins each to one).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from perfsuite.judge.results import read_results
+from perfsuite.plugin.stash import SESSION_KEY
+from smoke_session import SMOKE_ARGS
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]' (make test installs it)")
+# pytester drops what an in-process session imported, and an extension module cannot load twice in one process:
+# what the in-process session uses (Ray's core, the statistics, the report's figures) is loaded here. Under
+# --perf-ray the controller loads no model, so torch stays out of this process.
+import matplotlib.pyplot  # noqa: E402, F401
+import numpy.fft  # noqa: E402, F401
+import ray._private.state  # noqa: E402, F401
+import ray.exceptions  # noqa: E402, F401
+import ray.util.scheduling_strategies  # noqa: E402, F401
+import scipy.stats  # noqa: E402, F401
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytest_plugins = ["pytester"]
+
+pytestmark = pytest.mark.timing
+
+OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the messages are a few kB
+TWO_TESTS = "test_throughput and fixed"  # static and inflight, batch 2, fixed lengths
+FOUR_TESTS = "test_throughput"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Ray keeps its sessions, sockets and the address of "the current cluster" under $RAY_TMPDIR/ray: a directory
+    # of this module's, so no other job's `ray.init("auto")` finds this cluster, and short (a socket path is <108).
+    temp_dir = Path(tempfile.mkdtemp(prefix="psray-"))
+    head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", str(temp_dir))
+        started = Cluster(initialize_head=True, head_node_args=head)
+        try:
+            for _ in range(2):
+                started.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+            started.wait_for_nodes()
+            yield started
+        finally:
+            started.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def run_session(pytester, *args, plugins=()):
+    """In this process when a plugin must reach into the session, else in a subprocess (which loads torch)."""
+    args = ("--pyargs", "perfsuite.suites", *SMOKE_ARGS, "-p", "no:cacheprovider", "--perf-history", "none", *args)
+    if plugins:
+        return pytester.runpytest_inprocess(*args, plugins=list(plugins))
+    return pytester.runpytest_subprocess(*args)
+
+
+def by_test(pytester):
+    return {test.test_id: test for test in read_results(pytester.path / "reports" / "results.json").tests}
+
+
+def assert_nothing_left(cluster) -> None:
+    """No actor alive or pending, no placement group: what a session started, it stopped."""
+    ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
+    try:
+        states = {info["State"] for info in ray._private.state.actors().values()}
+        groups = ray.util.placement_group_table()
+    finally:
+        ray.shutdown()
+    assert states <= {"DEAD"}, f"actors left behind: {states}"
+    assert all(group["state"] == "REMOVED" for group in groups.values()), groups
+
+
+LOCAL_SESSION = """
+import sys
+from pathlib import Path
+import ray
+from perfsuite.cluster.pool import LOCAL, RayPool
+from perfsuite.cluster.wire import ModelSpec
+
+pool = RayPool(LOCAL, ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=60)
+pool.connect()
+temp_dir = Path(pool._temp_dir)
+print("started", ray.is_initialized(), temp_dir.is_dir() and any(temp_dir.iterdir()),
+      len([node for node in ray.nodes() if node["Alive"]]))
+pool.close()
+print("closed", ray.is_initialized(), temp_dir.exists())
+"""
+
+
+def test_a_local_cluster_is_started_in_a_temporary_directory_and_gone_after_the_session():
+    # In a process of its own: a local ray.init() leaves Ray's auth mode set in the process that ran it.
+    done = subprocess.run([sys.executable, "-c", LOCAL_SESSION], capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("started", "closed"))]
+    assert lines == ["started True True 1", "closed False False"], done.stdout + done.stderr[-2000:]
+
+
+def test_a_session_over_two_nodes_judges_and_counts_as_one_without_ray(pytester, cluster):
+    assert run_session(pytester, "-k", TWO_TESTS, "--perf-save-baseline").ret == pytest.ExitCode.OK
+    local = run_session(pytester, "-k", TWO_TESTS)
+    local_results = by_test(pytester)
+
+    on_ray = run_session(pytester, "-k", TWO_TESTS, "--perf-ray", cluster.address, "--junitxml", "junit.xml")
+
+    assert on_ray.ret == local.ret
+    ray_results = by_test(pytester)
+    assert sorted(ray_results) == sorted(local_results) and len(ray_results) == 2
+    for test_id, result in ray_results.items():
+        expected = local_results[test_id]
+        assert result.judgement.baseline_status == expected.judgement.baseline_status == "compared"
+        assert [c.verdict for c in result.judgement.comparisons] == [c.verdict for c in expected.judgement.comparisons]
+        assert result.measurement.counters == expected.measurement.counters
+        assert result.fingerprint == expected.fingerprint  # the nodes run this machine's libraries: one fingerprint
+        assert expected.node is None
+    nodes = {result.node for result in ray_results.values()}
+    assert len(nodes) == 2, f"the two tests went to the two nodes in turn: {nodes}"
+    on_ray.stdout.fnmatch_lines(["measured on Ray nodes (tests each; results.json names each test's): *: 1, *: 1"])
+    junit = ElementTree.parse(pytester.path / "junit.xml")
+    reported = {p.get("value") for p in junit.iter("property") if p.get("name") == "perf_node"}
+    assert reported == nodes, "each test's report names the node that measured it"
+    assert_nothing_left(cluster)
+
+
+def test_a_hung_actor_is_killed_at_the_timeout_and_a_missing_resource_fails_at_once(pytester, cluster):
+    one_test = ("-k", "test_throughput and static and fixed", "--perf-ray", cluster.address)
+    # 10 ms: no measurement (warm-up, probes, three repeats) answers within it; loading the model has its own limit
+    hung = run_session(pytester, *one_test, "--perf-worker-timeout", "0.01")
+    hung.assert_outcomes(failed=1)
+    hung.stdout.fnmatch_lines([
+        "the actor on node * did not answer `measure *static-B2-fixed?` within 0.01 s and was killed; "
+        "raise --perf-worker-timeout if a measurement can take longer",
+    ])  # fmt: skip
+    assert_nothing_left(cluster)
+
+    no_gpu = run_session(pytester, *one_test, "--perf-device", "cuda")
+    no_gpu.assert_outcomes(errors=1)  # in the backend fixture, before the test asks for anything
+    no_gpu.stdout.fnmatch_lines([
+        f"--perf-ray {cluster.address}: no live node of the cluster has 1 GPU free for a measurement actor; its "
+        "live nodes (all resources): *0 CPU, 0 GPU*1 CPU, 0 GPU*. Add one with `ray start --address=HEAD:6379 "
+        "--num-gpus 1`",
+    ])  # fmt: skip
+
+
+def test_two_xdist_workers_are_two_controllers_measuring_at_once_each_on_a_node_of_its_own(pytester, cluster):
+    result = run_session(pytester, "-k", TWO_TESTS, "-n", "2", "--perf-ray", cluster.address)
+
+    result.assert_outcomes(skipped=2)  # measured and recorded; no baselines here, so judged nothing
+    results = by_test(pytester)
+    assert len(results) == 2
+    assert len({r.node for r in results.values()}) == 2, "worker gwN starts at the Nth node; a taken node is skipped"
+    assert_nothing_left(cluster)
+
+
+class RemoveNodeWhileMeasuring:
+    """Removes the node measuring each of ``test_ids`` (a substring of its id) once its measurement is sent."""
+
+    def __init__(self, cluster, test_ids) -> None:
+        self.cluster = cluster
+        self.pending = list(test_ids)
+        self.removed: list[str] = []
+
+    @pytest.hookimpl(trylast=True)  # after perfsuite's own, which joins the cluster
+    def pytest_collection_finish(self, session) -> None:
+        pool = session.config.stash[SESSION_KEY].cluster
+        get = pool._get
+
+        def get_removing_the_node(ref, node, timeout, what):
+            if self.pending and what.startswith("measure") and self.pending[0] in what:
+                self.pending.pop(0)
+                self._remove(node.node_id)
+            return get(ref, node, timeout, what)
+
+        pool._get = get_removing_the_node
+
+    def _remove(self, node_id: str) -> None:
+        (node,) = [n for n in self.cluster.worker_nodes if n.node_id == node_id]
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.removed.append(node_id[:12])
+
+
+def test_a_node_removed_mid_test_retries_elsewhere_then_fails_only_its_tests(pytester, cluster):
+    removing = RemoveNodeWhileMeasuring(cluster, ["static-B2-uniform", "inflight-B2-uniform"])
+
+    result = run_session(pytester, "-k", FOUR_TESTS, "--perf-ray", cluster.address, plugins=[removing])
+
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("failed"), outcomes.get("skipped")) == (1, 3), result.stdout.str()[-3000:]  # no baselines
+    first, second = removing.removed
+    result.stdout.fnmatch_lines([
+        "*_ test_throughput?inflight-B2-uniform? _*",
+        f"the actor on node * {second}) died during `measure *inflight-B2-uniform?`: *; "
+        "no other node of the cluster has 1 CPU free to retry it on",
+    ])  # fmt: skip
+    results = by_test(pytester)
+    assert sorted(results) == [
+        "perfsuite/suites/test_throughput.py::test_throughput[inflight-B2-fixed]",
+        "perfsuite/suites/test_throughput.py::test_throughput[static-B2-fixed]",
+        "perfsuite/suites/test_throughput.py::test_throughput[static-B2-uniform]",
+    ], "the tests measured before the removals, and the retried one, are kept"
+    retried = results["perfsuite/suites/test_throughput.py::test_throughput[static-B2-uniform]"]
+    assert first not in retried.node and second in retried.node, "retried on the other node, every repeat there"
+    document = read_results(pytester.path / "reports" / "results.json")
+    assert any(f"{first}) died during `measure" in w and "measured on node" in w for w in document.warnings)
+    assert any("inflight-B2-uniform]: no result recorded" in w and second in w for w in document.warnings)
+    assert_nothing_left(cluster)
+

@@ -1,0 +1,176 @@
+"""``--perf-ray``'s pure parts, without a cluster: the typed wire, the probes around each repeat, what an actor
+reserves, the plugin's usage errors, and a missing Ray named with what to install."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from perfsuite.cluster import wire
+from perfsuite.cluster.actor import bracketed
+from perfsuite.cluster.pool import Requirement
+from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
+from perfsuite.measure.environment import Environment
+
+pytest_plugins = ["pytester"]
+
+NODE = wire.NodeInfo("a" * 56, "gpu-7", "10.0.0.7")
+ENVIRONMENT = Environment("cpu", "2.13.0", "4.57", "float32", "tiny-random", "Some CPU", 2)
+REQUEST = wire.MeasureRequest(
+    "suites/test_x.py::test_x[static]", wire.EngineKnobs("static", 2, 64, num_kv_blocks=9),
+    (Request("r0", (1, 2, 3), SamplingParams(3, ignore_eos=True)),), max_concurrency=None, warmup_runs=1, repeats=3,
+    busy_threshold=0.05,
+)  # fmt: skip
+RUN = RunResult("static", (RequestRecord("r0", 3, (5, 6), 0.0, 0.01, (0.1, 0.2), 0.2, FinishReason.LENGTH),),
+                0.0, 0.25, EngineCounters(num_forward_passes=3))  # fmt: skip
+
+
+def test_a_request_and_a_result_travel_as_typed_json_and_come_back_equal():
+    result = wire.MeasureResult(REQUEST.test_id, NODE, ENVIRONMENT, (RUN, RUN), probes=(0.01, math.inf),
+                                busy_shares=(0.0, 0.3), noisy="busy")  # fmt: skip
+    for message in (REQUEST, result):
+        text = wire.dumps(message)
+        assert json.loads(text)["v"] == wire.PROTOCOL_VERSION
+        assert wire.loads(type(message), text) == message
+
+
+def test_another_protocol_version_or_message_is_refused_naming_it():
+    data = json.loads(wire.dumps(REQUEST))
+    with pytest.raises(wire.ClusterWireError, match="version 2, this side speaks 1: install the same perfsuite"):
+        wire.loads(wire.MeasureRequest, json.dumps({**data, "v": 2}))
+    with pytest.raises(wire.ClusterWireError, match="expected a MeasureResult message, got 'MeasureRequest'"):
+        wire.loads(wire.MeasureResult, wire.dumps(REQUEST))
+    with pytest.raises(wire.ClusterWireError, match="has no field surprise"):
+        wire.loads(wire.MeasureRequest, json.dumps({**data, "surprise": 1}))
+    with pytest.raises(wire.ClusterWireError, match="not a message of the cluster protocol"):
+        wire.dumps(RUN)  # a record travels inside a message, never alone
+
+
+def test_each_repeat_gets_the_geometric_mean_of_the_probes_before_and_after_it():
+    assert bracketed([1.0, 4.0, 9.0]) == (2.0, 6.0)
+    assert bracketed([1.0]) == ()
+
+
+@pytest.mark.parametrize(
+    ("device", "shown", "fits", "does_not_fit"),
+    [("cpu", "1 CPU", {"CPU": 1.0}, {"CPU": 0.0, "GPU": 4.0}), ("cuda", "1 GPU", {"GPU": 1.0}, {"CPU": 64.0})],
+)
+def test_an_actor_reserves_a_cpu_or_a_whole_gpu(device, shown, fits, does_not_fit):
+    requirement = Requirement.for_device(device)
+    assert requirement.describe() == shown
+    assert requirement.fits(fits) and not requirement.fits(does_not_fit)
+
+
+def test_without_ray_the_option_says_what_to_install(monkeypatch):
+    from perfsuite.plugin.cluster import INSTALL_HINT, start_cluster
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(pytest.UsageError, match=r"pip install 'perfsuite\[ray\]'"):
+        start_cluster(None)
+    assert "perfsuite[ray]" in INSTALL_HINT
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--perf-ray", "auto", "--perf-against", "HEAD"), "*A/B on a cluster is not supported yet; drop one of them"),
+        (("--perf-ray", "auto", "--perf-engines", "openai-http", "--perf-endpoint", "http://localhost:1"),
+         "*openai-http measures a server in another process*measure it without --perf-ray"),
+        (("--perf-ray", " "), "*--perf-ray needs local, auto or a cluster's address*"),
+        (("--perf-ray", "local", "-n", "2"), "*each xdist worker would start a cluster of its own*--perf-ray auto"),
+    ],
+)
+def test_combinations_the_cluster_cannot_serve_are_usage_errors(pytester, args, message):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest_inprocess("--perf", "-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+# -- the pool's fault handling, with Ray's own exceptions and no cluster -------------------------------------------
+
+OTHER_NODE = wire.NodeInfo("b" * 56, "gpu-8", "10.0.0.8")
+
+
+@pytest.fixture
+def pool_without_cluster(monkeypatch):
+    """A pool whose every call to Ray is stubbed: ``killed`` lists the actors it killed."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
+    from perfsuite.cluster.pool import RayPool
+
+    pool = RayPool("auto", wire.ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=5)
+    pool.killed = []
+    monkeypatch.setattr(ray, "kill", pool.killed.append)
+    return pool, ray
+
+
+def test_ctrl_c_while_waiting_kills_the_measuring_actor_and_goes_on_interrupting(pool_without_cluster, monkeypatch):
+    pool, ray = pool_without_cluster
+    pool._actors[NODE.node_id] = "actor on gpu-7"
+
+    def interrupted(ref, timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool._get("ref", NODE, 5, "measure t")
+    assert pool.killed == ["actor on gpu-7"] and not pool._actors
+
+
+def test_a_hang_kills_the_actor_and_names_the_node_and_the_option(pool_without_cluster, monkeypatch):
+    from perfsuite.cluster.pool import ClusterError
+
+    pool, ray = pool_without_cluster
+    pool._actors[NODE.node_id] = "actor on gpu-7"
+
+    def hangs(ref, timeout):
+        raise ray.exceptions.GetTimeoutError("timed out")
+
+    monkeypatch.setattr(ray, "get", hangs)
+    with pytest.raises(ClusterError, match=r"node gpu-7 \(10.0.0.7, node aaaaaaaaaaaa\) did not answer `measure t` "
+                                           r"within 5 s and was killed; raise --perf-worker-timeout"):  # fmt: skip
+        pool._get("ref", NODE, 5, "measure t")
+    assert pool.killed == ["actor on gpu-7"]
+    assert NODE.node_id not in pool._dead, "a hang is not a death: the node may take later tests"
+
+
+def test_a_death_is_retried_once_on_another_node_and_a_second_names_both(pool_without_cluster, monkeypatch):
+    from perfsuite.cluster.pool import ClusterError, _ActorDied
+
+    pool, _ = pool_without_cluster
+    monkeypatch.setattr(pool, "_usable_nodes", lambda must_have_one=True: [
+        n for n in (NODE, OTHER_NODE) if n.node_id not in pool._dead])  # fmt: skip
+    tried = []
+
+    def measure_on(node, request):
+        tried.append(node.hostname)
+        pool._dead.add(node.node_id)
+        raise _ActorDied(node, f"the actor on node {node} died")
+
+    monkeypatch.setattr(pool, "_measure_on", measure_on)
+    with pytest.raises(ClusterError, match=r"gpu-7 .* died; its retry died too: the actor on node gpu-8 .* died"):
+        pool.measure(REQUEST)
+    assert tried == ["gpu-7", "gpu-8"], "once elsewhere, never twice on the same node"
+
+    result = wire.MeasureResult(REQUEST.test_id, OTHER_NODE, ENVIRONMENT, (RUN,))
+    pool._dead.clear()
+    tried.clear()
+    monkeypatch.setattr(pool, "_measure_on", lambda node, request: (
+        measure_on(node, request) if node is NODE else result))  # fmt: skip
+    pool._next = 0
+    measured = pool.measure(REQUEST)
+    assert measured.result is result and "gpu-7" in measured.retried_after
+
+
+
+def test_xdist_with_a_cluster_does_not_share_out_this_hosts_gpus(pytester, monkeypatch):
+    from perfsuite.plugin import hooks
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")  # this host's: the actors' GPUs are on the nodes
+    config = pytester.parseconfig("--perf", "--perf-device", "cuda", "--perf-ray", "auto")
+    assert hooks.pytest_xdist_auto_num_workers(config) is None
+    without_ray = pytester.parseconfig("--perf", "--perf-device", "cuda")
+    assert hooks.pytest_xdist_auto_num_workers(without_ray) == 3
