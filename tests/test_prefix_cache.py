@@ -155,6 +155,25 @@ def test_requests_that_arrive_while_the_sharer_prefills_reuse_what_it_has_comput
     assert {record.request_id: record.num_cached_tokens for record in result.records}["r0"] == 0
 
 
+def test_a_request_whose_prefix_is_being_computed_waits_for_it_and_then_hits():
+    """Without the wait, r1 and r2 are admitted beside r0 in the first step and compute its prefix again."""
+    engine = _prefix_engine(budget=64)  # room for all three prompts in one step
+    shared = list(range(1, 13))  # three full blocks of 4
+    requests = [_request(f"r{i}", [*shared, 60 + i], max_new_tokens=3) for i in range(3)]
+    result = engine.run(requests)
+    _check_outputs(result, requests)
+    assert [c.request_id for c in result.steps[0].chunks] == ["r0"], "the others wait for r0's prefix"
+    assert {r.request_id: r.num_cached_tokens for r in result.records} == {"r0": 0, "r1": 12, "r2": 12}
+    assert result.counters.num_prefill_tokens == 13 + 1 + 1
+
+
+def test_a_request_that_shares_nothing_being_computed_is_admitted_at_once():
+    engine = _prefix_engine(budget=64)
+    requests = [_request("a", range(1, 13)), _request("b", range(30, 42))]
+    result = engine.run(requests)
+    assert sorted(c.request_id for c in result.steps[0].chunks) == ["a", "b"]
+
+
 def test_the_plain_paged_engine_queries_nothing_and_caches_nothing():
     engine = _prefix_engine(enable_prefix_caching=False)
     requests = [_request("a", range(1, 11)), _request("b", range(1, 11), arrival_time=0.0)]

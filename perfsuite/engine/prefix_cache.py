@@ -123,6 +123,16 @@ class PrefixCachingBlockManager(BlockManager):
             blocks.append(block)
         return tuple(blocks)
 
+    def full_block_hashes(self, token_ids: Sequence[int], first: int, stop: int) -> list[BlockHash]:
+        """The chained hashes of ``token_ids``' full blocks ``first`` to ``stop`` (exclusive; fewer if not full)."""
+        hashes: list[BlockHash] = []
+        parent: BlockHash | None = None
+        for index in range(min(stop, len(token_ids) // self.block_size)):
+            parent = self._hash_block(parent, tuple(token_ids[index * self.block_size : (index + 1) * self.block_size]))
+            if index >= first:
+                hashes.append(parent)
+        return hashes
+
     def num_blocks_taken(self, num_tokens: int, cached_blocks: tuple[int, ...] = ()) -> int:
         newly_held = sum(1 for block in cached_blocks if block in self._evictable)
         return self.num_blocks_for(num_tokens) - len(cached_blocks) + newly_held
