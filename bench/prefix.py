@@ -1,7 +1,7 @@
 """Paged batching with and without prefix caching, at one KV memory budget, side by side on one machine.
 
     python bench/prefix.py [--model smollm2-135m | --model tiny-random] [--kv-tokens 8192] [--block-size 16]
-                           [--batch-size 16] [--max-num-batched-tokens 2048] [--repeats 2]
+                           [--batch-size 64] [--max-num-batched-tokens 2048] [--repeats 2]
                            [--groups 8 --prompts-per-group 8 --prefix-len 256 --suffix-len 32 --output-len 32]
                            [--sessions 4 --turns 4 --system-len 128 --user-len 32 --answer-len 32 --think-time 0]
 
@@ -238,7 +238,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-tokens", type=positive_int, default=DEFAULT_KV_TOKENS,
                         help="the KV pool of both engines, in token positions")  # fmt: skip
     parser.add_argument("--block-size", type=positive_int, default=16)
-    parser.add_argument("--batch-size", type=positive_int, default=16, help="the most requests running at once")
+    parser.add_argument("--batch-size", type=positive_int, default=64,
+                        help="the most requests running at once (default 64: the KV pool, not a row cap, is the limit)")
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048, help="tokens per step")
     parser.add_argument("--workloads", type=workload_names, default=WORKLOADS)
     parser.add_argument("--groups", type=positive_int, default=8)
