@@ -97,6 +97,23 @@ class Backend:
     special_token_ids: tuple[int, ...] = ()  # never drawn into a synthetic prompt
 
     @classmethod
+    def held_elsewhere(cls, tokenize: Callable[[str], Sequence[int]], limits: Any) -> Backend:
+        """The model as fixtures see it when other processes hold it (A/B workers, Ray actors): no runner here.
+
+        ``limits``: what those processes reported of it (``eos_token_id``,
+        ``max_context``, ``device``, ``vocab_size``, ``special_token_ids``).
+        """
+        return cls(
+            runner=None,
+            tokenize=tokenize,
+            eos_token_id=limits.eos_token_id,
+            max_context=limits.max_context,
+            device=limits.device,
+            vocab_size=limits.vocab_size,
+            special_token_ids=tuple(limits.special_token_ids),
+        )
+
+    @classmethod
     def from_loaded(
         cls,
         loaded: Any,

@@ -123,16 +123,7 @@ def load_message(model: str, device: str, dtype: str, decode_mode: str, invocati
 
 def worker_backend(against: Against) -> Backend:
     """The current tree's model as the fixtures see it, with no runner: the workers hold the models."""
-    loaded = against.runner.loaded
-    return Backend(
-        runner=None,
-        tokenize=against.runner.tokenize,
-        eos_token_id=loaded.eos_token_id,
-        max_context=loaded.max_context,
-        device=loaded.device,
-        vocab_size=loaded.vocab_size,
-        special_token_ids=loaded.special_token_ids,
-    )
+    return Backend.held_elsewhere(against.runner.tokenize, against.runner.loaded)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,15 +53,7 @@ def cluster_backend(pool: RayPool) -> Backend:
         described = pool.describe()
     except ClusterError as error:
         pytest.fail(str(error), pytrace=False)
-    return Backend(
-        runner=None,
-        tokenize=pool.tokenize,
-        eos_token_id=described.eos_token_id,
-        max_context=described.max_context,
-        device=described.device,
-        vocab_size=described.vocab_size,
-        special_token_ids=described.special_token_ids,
-    )
+    return Backend.held_elsewhere(pool.tokenize, described)
 
 
 @dataclass(frozen=True, slots=True)

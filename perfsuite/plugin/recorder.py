@@ -151,11 +151,7 @@ class PerfRecorder:
         from perfsuite.plugin.against import WorkerEngine
 
         session, options = self.session, self.session.options
-        if not isinstance(engine, WorkerEngine):
-            pytest.fail(
-                f"{self.test_id}: under --perf-against the engine must come from perf_engine_factory (the workers "
-                f"build it by name in each tree); this test built {engine.name!r} itself", pytrace=False,
-            )  # fmt: skip
+        self._require_factory_engine(engine, WorkerEngine, "--perf-against", "the workers build it by name in each tree")
         runner = session.against.runner
         threads = None if options.against_threads == AUTO_THREADS else options.against_threads
         try:
@@ -198,11 +194,7 @@ class PerfRecorder:
         from perfsuite.plugin.cluster import ClusterEngine
 
         session, options = self.session, self.session.options
-        if not isinstance(engine, ClusterEngine):
-            pytest.fail(
-                f"{self.test_id}: under --perf-ray the engine must come from perf_engine_factory (an actor builds it "
-                f"by name on its node); this test built {engine.name!r} itself", pytrace=False,
-            )  # fmt: skip
+        self._require_factory_engine(engine, ClusterEngine, "--perf-ray", "an actor builds it by name on its node")
         request = MeasureRequest(self.test_id, engine.knobs, tuple(requests), max_concurrency,
                                  options.profile.warmup_runs, repeats, options.busy_threshold)  # fmt: skip
         try:
@@ -227,6 +219,14 @@ class PerfRecorder:
             pytest.fail(f"{self.test_id}: baseline not saved: {runs.noisy}; record it on a quiet machine",
                         pytrace=False)  # fmt: skip
         return self.result
+
+    def _require_factory_engine(self, engine: BatchingEngine, stand_in: type, option: str, why: str) -> None:
+        """Under ``option`` an engine is a name and knobs built elsewhere: one the test built itself cannot travel."""
+        if not isinstance(engine, stand_in):
+            pytest.fail(
+                f"{self.test_id}: under {option} the engine must come from perf_engine_factory ({why}); "
+                f"this test built {engine.name!r} itself", pytrace=False,
+            )  # fmt: skip
 
     def assert_no_regression(self) -> None:
         if self.result is None:
