@@ -34,6 +34,9 @@ from perfsuite.cluster import wire
 LOCAL = "local"
 AUTO = "auto"
 START_SECONDS = 300.0  # a fresh node imports torch and loads the model before its actor answers
+# Tokenizing is not a measurement: --perf-worker-timeout bounds a run, and a tight one (a hang test's 10 ms) must not
+# fail the round trip that builds the workload before any run starts.
+TOKENIZE_SECONDS = 60.0
 ERROR_CHARS = 600
 
 
@@ -139,7 +142,8 @@ class RayPool:
 
     def _tokenize_on(self, node: wire.NodeInfo, text: str) -> tuple[int, ...]:
         actor = self._actor_on(node)
-        answer = self._get(actor.tokenize.remote(wire.dumps(wire.Tokenize(text))), node, self.timeout, "tokenize")
+        seconds = max(self.timeout, TOKENIZE_SECONDS)
+        answer = self._get(actor.tokenize.remote(wire.dumps(wire.Tokenize(text))), node, seconds, "tokenize")
         return wire.loads(wire.Tokens, answer).token_ids
 
     def measure(self, request: wire.MeasureRequest) -> Delivered:
