@@ -30,11 +30,13 @@ if os.environ.get("FAKE_BUSY_SHARE"):
     from perfsuite.measure.contention import CpuMeter
 
     class BusyMeter(CpuMeter):
-        # The real meter's reading, as if other work had used this share of the machine.
+        # The real meter's reading, as if other work had used this share of the machine and the hypervisor
+        # none (a VM's real steal would re-run a repeat of a test that fakes a quiet machine).
         def stop(self):
             use = super().stop()
             share = float(os.environ["FAKE_BUSY_SHARE"])
-            return use and dataclasses.replace(use, foreign_share=share, wall_seconds=max(use.wall_seconds, 1.0))
+            return use and dataclasses.replace(
+                use, foreign_share=share, steal_share=0.0, wall_seconds=max(use.wall_seconds, 1.0))
 
     perfsuite.plugin.recorder.CpuMeter = BusyMeter
     perfsuite.plugin.recorder.QUIET_WAIT_SECONDS = 0.0

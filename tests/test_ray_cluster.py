@@ -170,7 +170,9 @@ def test_two_xdist_workers_are_two_controllers_measuring_at_once_each_on_a_node_
 
 
 class RemoveNodeWhileMeasuring:
-    """Removes the node measuring each of ``test_ids`` (a substring of its id) once its measurement is sent."""
+    """Removes the node that is to measure each of ``test_ids`` (a substring of its id) once its actor has loaded
+    the model and before the measurement is sent: a smoke measurement can finish before a removal that races it
+    (its answer, a few kB, is then already in this process and the test would pass)."""
 
     def __init__(self, cluster, test_ids) -> None:
         self.cluster = cluster
@@ -180,15 +182,22 @@ class RemoveNodeWhileMeasuring:
     @pytest.hookimpl(trylast=True)  # after perfsuite's own, which joins the cluster
     def pytest_collection_finish(self, session) -> None:
         pool = session.config.stash[SESSION_KEY].cluster
-        get = pool._get
+        get, measure_on = pool._get, pool._measure_on
+        armed: list[str] = []  # the node to remove once its actor answers `load the model`
+
+        def measure_on_arming(node, request):
+            if self.pending and self.pending[0] in request.test_id:
+                self.pending.pop(0)
+                armed.append(node.node_id)
+            return measure_on(node, request)
 
         def get_removing_the_node(ref, node, timeout, what):
-            if self.pending and what.startswith("measure") and self.pending[0] in what:
-                self.pending.pop(0)
-                self._remove(node.node_id)
-            return get(ref, node, timeout, what)
+            answer = get(ref, node, timeout, what)
+            if armed and what == "load the model" and armed[-1] == node.node_id:
+                self._remove(armed.pop())
+            return answer
 
-        pool._get = get_removing_the_node
+        pool._measure_on, pool._get = measure_on_arming, get_removing_the_node
 
     def _remove(self, node_id: str) -> None:
         (node,) = [n for n in self.cluster.worker_nodes if n.node_id == node_id]
