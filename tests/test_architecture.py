@@ -17,6 +17,7 @@ PURE_MODULES = [
     "perfsuite.engine.kv_memory",
     "perfsuite.engine.fake_runner",
     "perfsuite.engine.prefix_cache",
+    "perfsuite.engine.decode_buckets",
     "perfsuite.adapters",
     "perfsuite.adapters.builtin",
     "perfsuite.plugin.recorder",

@@ -28,7 +28,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 
 from perfsuite.correctness import assert_outputs_equal
-from perfsuite.engine import Request, SamplingParams, static_engine
+from perfsuite.engine import Request, SamplingParams, paged_engine, static_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.models import load_model
 from perfsuite.testing import FLOAT32_NEAR_TIE, Scenario, cached_reference, drive, scenarios
@@ -151,3 +151,34 @@ def test_engines_of_one_shape_built_one_after_another_share_one_graph_and_cache(
     build_run_and_drop(runner, [4] * 10)  # as a function-scoped engine factory builds one per test
     assert runner.static_decode.num_captures == 1
     assert settled_reserved_bytes() - settled <= RESERVED_SLACK_BYTES
+
+
+# -- the paged engine's bucketed graphs ------------------------------------------------
+
+
+def test_a_paged_cuda_graph_engine_captures_every_bucket_at_build_and_replays_them(cuda_model):
+    runners = cuda_model[3]
+    engine = paged_engine(runners["cuda-graph"], decode_batch_size=6, max_seq_len=MAX_SEQ_LEN, eos_token_id=None)
+    step = engine.kv_cache.decode_step
+    assert sorted(step.captured) == [1, 2, 4, 6], "every bucket, at build"
+    requests = [_request(i, 3 + 2 * i, 6 + i) for i in range(6)]
+    engine.run(requests)
+    assert step.num_steps > 0 and sorted(step.captured) == [1, 2, 4, 6], "replayed, nothing captured again"
+
+
+def build_run_and_drop_paged(runner, batch_sizes, max_seq_len: int = 256) -> None:
+    for batch_size in batch_sizes:
+        engine = paged_engine(runner, decode_batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=None)
+        engine.run([_request(i, 4 + i, 8) for i in range(batch_size)])
+        del engine
+
+
+def test_a_paged_engines_graphs_go_with_it():
+    loaded = load_model("tiny-random", device="cuda", dtype="bfloat16")
+    runner = ModelRunner(loaded.model, decode_mode="cuda-graph")
+    build_run_and_drop_paged(runner, [3, 9])
+    settled = settled_reserved_bytes()
+    for _ in range(3):
+        build_run_and_drop_paged(runner, [3, 9])
+    grown = settled_reserved_bytes() - settled
+    assert grown <= RESERVED_SLACK_BYTES, f"reserved memory grew {grown / 2**20:.1f} MiB over 6 paged engines"

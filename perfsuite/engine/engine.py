@@ -41,7 +41,11 @@ class Runner(Protocol):
     ``new_paged_kv_cache`` is needed only by the paged engine. A runner that
     also has ``kv_layout`` (a ``KVLayout``) and ``device`` has every cache an
     engine asks of it checked against that device's memory first
-    (``perfsuite.engine.kv_memory``); a fake without them is not checked.
+    (``perfsuite.engine.kv_memory``); a fake without them is not checked. A
+    runner that also has ``with_paged_decode(kv_cache, *, max_num_seqs,
+    max_seq_len)`` is handed the paged engine's pool and limits once, at
+    build, and the engine keeps the pool it returns (``ModelRunner`` captures
+    its decode steps there).
     """
 
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> Any: ...
@@ -72,6 +76,11 @@ class Engine:
         kv = scheduler.kv_cache
         if isinstance(kv, BlockManager):
             self.kv_cache = runner.new_paged_kv_cache(kv.num_blocks, kv.block_size)
+            with_paged_decode = getattr(runner, "with_paged_decode", None)
+            if with_paged_decode is not None:
+                self.kv_cache = with_paged_decode(
+                    self.kv_cache, max_num_seqs=scheduler.max_num_running, max_seq_len=scheduler.max_seq_len
+                )
         else:
             self.kv_cache = runner.new_kv_cache(kv.num_slots, kv.max_seq_len)
         self._clock = clock

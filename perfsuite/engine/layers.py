@@ -49,6 +49,9 @@ class PagedKVCache:
 
     keys: torch.Tensor  # [layers, num_blocks, block_size, kv_heads, head_dim]
     values: torch.Tensor
+    # The engine's bucketed static-shape decode step over these tensors (perfsuite.engine.paged_decode), set by
+    # ModelRunner.with_paged_decode under decode_mode static or cuda-graph; it lives and dies with the pool.
+    decode_step: object | None = None
 
     @property
     def num_blocks(self) -> int:

@@ -21,6 +21,7 @@ host-to-device copy, not one blocking copy per index.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
+from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
 
@@ -156,20 +158,33 @@ class ModelRunner:
         return self.decoder.new_kv_cache(num_slots, max_seq_len)
 
     def new_paged_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A paged engine's pool; its steps always take the packed path (the static decode path needs slots)."""
+        """A paged engine's pool; ``with_paged_decode`` then gives it a decode step of static shapes."""
         return self.decoder.new_paged_kv_cache(num_blocks, block_size)
+
+    def with_paged_decode(self, kv_cache: PagedKVCache, *, max_num_seqs: int, max_seq_len: int) -> PagedKVCache:
+        """Under ``static`` or ``cuda-graph``, the pool with its engine's decode step (bucketed by rows up to
+        ``max_num_seqs``, keys up to ``max_seq_len``), captured here, at engine build, under ``cuda-graph``."""
+        if self.static_decode is None:
+            return kv_cache
+        step = PagedDecodeStep(
+            self.decoder, kv_cache, max_num_seqs=max_num_seqs,
+            max_blocks_per_seq=min(-(-max_seq_len // kv_cache.block_size), kv_cache.num_blocks),
+            use_cuda_graph=self.static_decode.use_cuda_graph,
+        )  # fmt: skip
+        return dataclasses.replace(kv_cache, decode_step=step)
 
     # -- one step -----------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput, kv_cache: KVCache | PagedKVCache) -> list[int]:
         """Run every chunk; return the greedy token of each sampling chunk, in order."""
-        if (
-            self.static_decode is not None
-            and isinstance(kv_cache, KVCache)
-            and self.static_decode.handles(output.chunks)
-        ):
-            sampled = self.static_decode(output.chunks, kv_cache)
+        if self.static_decode is not None and self.static_decode.handles(output.chunks):
+            if isinstance(kv_cache, KVCache):
+                sampled = self.static_decode(output.chunks, kv_cache)
+            elif kv_cache.decode_step is not None:
+                sampled = kv_cache.decode_step(output.chunks)
+            else:  # a pool made without with_paged_decode
+                sampled = self._packed_step(output.chunks, kv_cache)
         else:
             sampled = self._packed_step(output.chunks, kv_cache)
         self.num_forward_passes += 1

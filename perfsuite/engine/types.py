@@ -22,8 +22,10 @@ class DecodeMode(enum.Enum):
     """How the model runner computes a step whose chunks are all one token; other steps are always packed."""
 
     PACKED = "packed"  # as every step: the chunks' tokens packed into one batch
-    STATIC = "static"  # over all cache slots with static shapes (perfsuite.engine.static_decode)
-    CUDA_GRAPH = "cuda-graph"  # the static step captured once as a CUDA graph and replayed
+    # Static shapes: over all cache slots (perfsuite.engine.static_decode), or for the paged engine over the rows
+    # padded to a bucket (perfsuite.engine.paged_decode)
+    STATIC = "static"
+    CUDA_GRAPH = "cuda-graph"  # the static step captured as a CUDA graph (per shape, or per bucket) and replayed
 
     @classmethod
     def parse(cls, value: DecodeMode | str) -> DecodeMode:

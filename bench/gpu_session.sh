@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Everything perfsuite checks and measures on a CUDA machine, in one run (docs/benchmarks.md#on-a-gpu).
+#
+#   bash bench/gpu_session.sh [OUT_DIR]
+#
+# 1. the GPU-only tests (pytest -m gpu): every decode mode, slot and paged, equals unbatched greedy decoding in
+#    float32 and bfloat16; graphs are captured at build and go with their engines; the CUDA copy probe;
+# 2. bench/decode_graphs.py: a decode step packed, static and as a CUDA graph, slot cache and paged pool;
+# 3. the shipped suite (smoke profile, SmolLM2-135M's shapes with random weights) with --perf-decode-mode packed
+#    and cuda-graph, each once.
+# Each part has its own time limit, so one that hangs leaves the others their time. Needs perfsuite importable
+# and its pytest plugin registered (pip install -e . or PYTHONPATH and -p perfsuite.plugin.hooks).
+set -u
+out=${1:-${OUT:-reports/gpu}}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+nvidia-smi -L | tee "$out/device.log"
+$python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$out/device.log"
+export PYTHONUNBUFFERED=1
+timeout 240 $python -m pytest -q -p no:cacheprovider -m gpu -rs --durations=10 \
+    tests/test_cuda_decode.py tests/test_static_decode.py tests/test_model_runner_paged.py tests/test_machine_probe.py \
+    tests/test_models.py tests/test_equivalence.py 2>&1 | tee "$out/gpu_tests.log"
+timeout 150 $python bench/decode_graphs.py --model random-smollm2-135m --batch-sizes 1,8,32 --steps 20 --rounds 5 \
+    2>&1 | tee "$out/decode_graphs.log"
+for mode in packed cuda-graph; do
+    timeout 90 $python -m pytest --pyargs perfsuite.suites --perf --perf-device cuda --perf-model random-smollm2-135m \
+        --perf-profile smoke --perf-decode-mode "$mode" --perf-history none -p no:cacheprovider -q \
+        --perf-report-dir "/tmp/suite-$mode" 2>&1 | tail -40 | tee "$out/suite_$mode.log"
+done
