@@ -17,13 +17,13 @@ python=${PYTHON:-python3}
 nvidia-smi -L | tee "$out/device.log"
 $python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$out/device.log"
 export PYTHONUNBUFFERED=1
-timeout 240 $python -m pytest -q -p no:cacheprovider -m gpu -rs --durations=10 \
+timeout 200 $python -m pytest -q -p no:cacheprovider -m gpu -rs --durations=10 \
     tests/test_cuda_decode.py tests/test_static_decode.py tests/test_model_runner_paged.py tests/test_machine_probe.py \
     tests/test_models.py tests/test_equivalence.py 2>&1 | tee "$out/gpu_tests.log"
-timeout 150 $python bench/decode_graphs.py --model random-smollm2-135m --batch-sizes 1,8,32 --steps 20 --rounds 5 \
+timeout 120 $python bench/decode_graphs.py --model random-smollm2-135m --batch-sizes 1,8,32 --steps 20 --rounds 5 \
     2>&1 | tee "$out/decode_graphs.log"
 for mode in packed cuda-graph; do
-    timeout 90 $python -m pytest --pyargs perfsuite.suites --perf --perf-device cuda --perf-model random-smollm2-135m \
+    timeout 75 $python -m pytest --pyargs perfsuite.suites --perf --perf-device cuda --perf-model random-smollm2-135m \
         --perf-profile smoke --perf-decode-mode "$mode" --perf-history none -p no:cacheprovider -q \
         --perf-report-dir "/tmp/suite-$mode" 2>&1 | tail -40 | tee "$out/suite_$mode.log"
 done
