@@ -210,11 +210,18 @@ def test_cuda_graph_decode_equals_packed_and_captures_once_per_cache():
     graphed = ModelRunner(loaded.model, decode_mode="cuda-graph")
     eos = loaded.eos_token_id
     expected, margins = reference.outputs(scenario.requests)
-    for engine_kind, (packed_engine, graphed_engine) in enumerate(
-        zip(scenario.engines(packed, eos, MAX_SEQ_LEN), scenario.engines(graphed, eos, MAX_SEQ_LEN))
+    num_slot_engines = 0
+    for packed_engine, graphed_engine in zip(
+        scenario.engines(packed, eos, MAX_SEQ_LEN), scenario.engines(graphed, eos, MAX_SEQ_LEN)
     ):
         packed_outputs = drive(packed_engine, scenario)
         graphed_outputs = drive(graphed_engine, scenario)
         assert graphed_outputs == packed_outputs
         assert_outputs_equal(graphed_engine.name, expected, graphed_outputs, margins, 0.0)
-        assert graphed.static_decode.num_captures == engine_kind + 1, "one capture per engine's cache"
+        paged_step = getattr(graphed_engine.kv_cache, "decode_step", None)
+        if paged_step is None:  # a slot engine: one capture of the runner's slot step per engine's cache
+            num_slot_engines += 1
+        else:  # the paged engine: its pool's own step, every bucket captured at build and replayed
+            assert sorted(paged_step.captured) == list(paged_step.buckets) and paged_step.num_steps > 0
+        assert graphed.static_decode.num_captures == num_slot_engines, "one capture per slot engine's cache"
+    assert num_slot_engines == 2, "static and in-flight"
