@@ -1,0 +1,321 @@
+"""``--perf-client-shards``' parts without a cluster: the schedule's split, the clock offsets (fake clocks), the
+merge onto the controller's clock, the send-lag check per shard, the wiring into the recorder, the faults and the
+usage errors. The real two-shard run is at the end of tests/test_ray_cluster.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.adapters.server_info import ServedModel
+from perfsuite.cluster import wire
+from perfsuite.cluster.client_pool import ShardedRun, ShardRecord
+from perfsuite.cluster.shards import (
+    ClockOffset,
+    RoundTrip,
+    estimate_offset,
+    measure_offset,
+    merge_runs,
+    on_controller_clock,
+    split_schedule,
+)
+from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
+from perfsuite.measure.send_lag import shards_client_bound_reason
+
+pytest_plugins = ["pytester"]
+
+NODE = wire.NodeInfo("a" * 56, "client-1", "10.0.0.1")
+OTHER_NODE = wire.NodeInfo("b" * 56, "client-2", "10.0.0.2")
+SERVED = ServedModel("tiny-random", 64, None, "perfsuite")
+GAP_S = 0.1  # the schedule: one request every 100 ms
+
+
+def schedule(num: int) -> list[Request]:
+    return [Request(f"r{i}", (3, 4, 5), SamplingParams(2, ignore_eos=True), arrival_time=GAP_S * i) for i in range(num)]
+
+
+# -- splitting ------------------------------------------------------------------------------------------------------
+
+
+def test_the_schedule_is_dealt_round_robin_in_arrival_order_and_keeps_its_timebase():
+    requests = list(reversed(schedule(7)))  # given in any order: dealt in arrival order
+    shares = split_schedule(requests, 3)
+    assert [[r.request_id for r in share] for share in shares] == [["r0", "r3", "r6"], ["r1", "r4"], ["r2", "r5"]]
+    assert [r.arrival_time for r in shares[1]] == [GAP_S * 1, GAP_S * 4], "offsets unchanged: one timebase"
+    assert sorted(r.request_id for share in shares for r in share) == sorted(r.request_id for r in requests)
+
+
+def test_more_shards_than_requests_leaves_some_idle_and_none_is_refused():
+    assert [len(share) for share in split_schedule(schedule(2), 3)] == [1, 1, 0]
+    with pytest.raises(ValueError, match="num_shards must be >= 1"):
+        split_schedule(schedule(2), 0)
+
+
+# -- clock offsets --------------------------------------------------------------------------------------------------
+
+
+class FakeClocks:
+    """A controller's clock and a shard's, ``offset_s`` apart; each round trip takes the given delays (out, back)."""
+
+    def __init__(self, offset_s: float, delays: list[tuple[float, float]]) -> None:
+        self.now = 1000.0  # the controller's true time
+        self.offset_s = offset_s
+        self.delays = list(delays)
+
+    def controller(self) -> float:
+        return self.now
+
+    def read_shard(self) -> float:
+        out, back = self.delays.pop(0)
+        self.now += out
+        reading = self.now + self.offset_s
+        self.now += back
+        return reading
+
+
+def test_the_offset_comes_from_the_shortest_round_trip_and_is_within_half_of_it():
+    # the shortest round trip (2 ms, asymmetric) is kept; the slow ones (up to 80 ms) would be off by up to 40 ms
+    clocks = FakeClocks(offset_s=-250.0, delays=[(0.070, 0.010), (0.0015, 0.0005), (0.040, 0.040)])
+    offset = measure_offset(clocks.read_shard, clocks.controller, num_round_trips=3)
+    assert offset.num_round_trips == 3
+    assert offset.error_bound_s == pytest.approx(0.001)
+    assert offset.offset_s == pytest.approx(-250.0 + 0.0005)  # out 1.5 ms, back 0.5 ms: off by half the difference
+    assert abs(offset.offset_s - clocks.offset_s) <= offset.error_bound_s
+    assert offset.to_controller(offset.to_shard(12.5)) == pytest.approx(12.5)
+
+
+@given(
+    offset_s=st.floats(-1e4, 1e4),
+    delays=st.lists(st.tuples(st.floats(0, 0.5), st.floats(0, 0.5)), min_size=1, max_size=8),
+)
+def test_the_true_offset_is_always_within_the_stated_bound(offset_s, delays):
+    clocks = FakeClocks(offset_s, delays)
+    offset = measure_offset(clocks.read_shard, clocks.controller, num_round_trips=len(delays))
+    assert abs(offset.offset_s - offset_s) <= offset.error_bound_s + 1e-9
+    assert offset.error_bound_s == pytest.approx(min(out + back for out, back in delays) / 2, abs=1e-9)
+
+
+def test_no_round_trip_or_a_clock_that_went_backwards_is_refused():
+    with pytest.raises(ValueError, match="no round trip"):
+        estimate_offset([])
+    with pytest.raises(ValueError, match="went backwards"):
+        estimate_offset([RoundTrip(sent=5.0, remote=1.0, received=4.0)])
+
+
+# -- merging onto the controller's clock ------------------------------------------------------------------------------
+
+
+def record(request: Request, start: float, lag_s: float = 0.001) -> RequestRecord:
+    """An open-loop request's record on a clock on which the run started at ``start``."""
+    scheduled = start + request.arrival_time
+    sent = scheduled + lag_s
+    return RequestRecord(request.request_id, 3, (7, 8), scheduled, None, (sent + 0.02, sent + 0.03), sent + 0.03,
+                         FinishReason.LENGTH, scheduled_time=scheduled, send_ready_time=scheduled,
+                         sent_time=sent)  # fmt: skip
+
+
+def shard_run(share, start: float, lag_s: float = 0.001) -> RunResult:
+    records = tuple(record(r, start, lag_s) for r in share)
+    return RunResult("openai-http", records, start, start + 1.0, EngineCounters())
+
+
+def test_shards_on_other_clocks_merge_into_one_run_in_schedule_order_on_the_controllers_clock():
+    start = 50.0  # the controller's
+    offsets = [ClockOffset(+100.0, 0.001, 8), ClockOffset(-7.5, 0.002, 8)]
+    shares = split_schedule(schedule(6), 2)
+    runs = [shard_run(share, offset.to_shard(start)) for share, offset in zip(shares, offsets)]
+
+    merged = merge_runs([on_controller_clock(run, offset) for run, offset in zip(runs, offsets)], start)
+
+    assert [r.request_id for r in merged.records] == [f"r{i}" for i in range(6)], "schedule order, shards interleaved"
+    assert [r.scheduled_time for r in merged.records] == pytest.approx([start + GAP_S * i for i in range(6)])
+    assert [r.sent_time for r in merged.records] == pytest.approx([start + GAP_S * i + 0.001 for i in range(6)])
+    assert merged.records[1].token_times == pytest.approx((start + GAP_S + 0.021, start + GAP_S + 0.031))
+    assert merged.start_time == start and merged.end_time == pytest.approx(start + 1.0)
+
+
+def test_a_request_two_shards_sent_is_refused_rather_than_counted_twice():
+    share = schedule(2)
+    with pytest.raises(ValueError, match="r0"):
+        merge_runs([shard_run(share, 0.0), shard_run(share[:1], 0.0)], 0.0)
+
+
+# -- the send-lag check per shard ---------------------------------------------------------------------------------------
+
+
+def test_a_shard_that_falls_behind_is_named_though_the_merged_run_keeps_the_schedule():
+    from perfsuite.measure.send_lag import client_bound_reason
+
+    shares = split_schedule(schedule(100), 20)
+    keeping = [shard_run(share, 0.0) for share in shares[:19]]
+    behind = shard_run(shares[19], 0.0, lag_s=0.080)  # 80 ms late, every request: past the 50 ms most a bound allows
+    named = [(f"shard {i} on node client-{i}", [run]) for i, run in enumerate([*keeping, behind])]
+
+    reason = shards_client_bound_reason(named)
+
+    assert reason is not None and reason.startswith("client-bound: 1 of 20 load-generator shards fell behind")
+    assert "shard 19 on node client-19 in 1 of 1 repeats (worst: p90 send lag 80.0 ms" in reason
+    assert "shard 0 " not in reason and "Fix: give the load generator CPU" in reason
+    merged = merge_runs([*keeping, behind], 0.0)
+    assert client_bound_reason([merged]) is None, "in the merged run, one shard's lags in 20 hide above its p90"
+    assert shards_client_bound_reason(named[:19]) is None
+
+
+# -- the wire -------------------------------------------------------------------------------------------------------
+
+
+def test_the_shards_messages_travel_typed_and_versioned():
+    run = shard_run(schedule(2), 3.0)
+    messages = [
+        wire.HttpClientSpec("http://127.0.0.1:8000", HttpClientOptions(server_model="m", api_key="k")),
+        wire.ClockReading(12.25),
+        wire.ShardPrepare(2, (3, 4)),
+        wire.ShardRun("t::x", 1, 2, tuple(schedule(2)), 99.5),
+        wire.ShardResult("t::x", 1, NODE, run, SERVED),
+    ]
+    for message in messages:
+        assert wire.loads(type(message), wire.dumps(message)) == message
+    data = json.loads(wire.dumps(messages[3]))
+    with pytest.raises(wire.ClusterWireError, match="version 0, this side speaks"):
+        wire.loads(wire.ShardRun, json.dumps({**data, "v": 0}))
+
+
+# -- faults, with Ray's own exceptions and no cluster -------------------------------------------------------------------
+
+
+@pytest.fixture
+def shards_without_cluster(monkeypatch):
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
+    from perfsuite.cluster.client_pool import ClientShards
+
+    shards = ClientShards(2, wire.HttpClientSpec("http://127.0.0.1:9", HttpClientOptions()), timeout=5)
+    shards._actors = {0: "shard 0's actor", 1: "shard 1's actor"}
+    shards._nodes = {0: NODE, 1: OTHER_NODE}
+    killed = []
+    monkeypatch.setattr(ray, "kill", killed.append)
+    return shards, ray, killed
+
+
+def test_a_shard_that_dies_fails_the_run_naming_it_and_its_node_and_no_share_is_kept(shards_without_cluster,
+                                                                                     monkeypatch):  # fmt: skip
+    from perfsuite.cluster.pool import ClusterError
+
+    shards, ray, killed = shards_without_cluster
+
+    def get(ref, timeout):
+        if ref == "shard 1's run":
+            raise ray.exceptions.RayActorError()
+        return wire.dumps(wire.ClockReading(1.0))
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(ClusterError, match=r"client shard 1 on node client-2 \(10.0.0.2, node bbbbbbbbbbbb\) died "
+                                           r"during `run its share of t::x`: .*the run's records are not kept"):  # fmt: skip
+        shards._wait_all({0: "shard 0's run", 1: "shard 1's run"}, 5, "run its share of t::x")
+    assert sorted(killed) == ["shard 0's actor", "shard 1's actor"], "the surviving shard stops sending too"
+    assert not shards._actors, "both are replaced at the next run"
+
+
+def test_a_shard_that_hangs_fails_the_run_naming_it_and_the_option(shards_without_cluster, monkeypatch):
+    from perfsuite.cluster.pool import ClusterError
+
+    shards, ray, _ = shards_without_cluster
+
+    def hangs(ref, timeout):
+        raise ray.exceptions.GetTimeoutError("timed out")
+
+    monkeypatch.setattr(ray, "get", hangs)
+    with pytest.raises(ClusterError, match=r"client shard 0 on node client-1 .* did not run its share of t::x within "
+                                           r"5 s and was killed.*--perf-worker-timeout"):  # fmt: skip
+        shards._wait_all({0: "ref"}, 5, "run its share of t::x")
+
+
+# -- the recorder: merged runs judged as one client's -------------------------------------------------------------------
+
+
+class FakeShards:
+    """``ClientShards.run`` without Ray: shard 1 runs on a clock 40 s ahead and sends ``lag_s`` late."""
+
+    def __init__(self, lag_s: float = 0.001) -> None:
+        self.lag_s = lag_s
+        self.calls: list[tuple[str, int, int]] = []
+
+    def run(self, test_id, requests, batch_size) -> ShardedRun:
+        self.calls.append((test_id, len(requests), batch_size))
+        start = 10.0 * len(self.calls)
+        offsets = (ClockOffset(0.0, 0.001, 8), ClockOffset(40.0, 0.001, 8))
+        parts = tuple(
+            ShardRecord(i, node, shard_run(share, offset.to_shard(start), self.lag_s if i else 0.001), offset)
+            for i, (share, offset, node) in enumerate(zip(split_schedule(requests, 2), offsets, (NODE, OTHER_NODE)))
+        )  # fmt: skip
+        merged = merge_runs([on_controller_clock(p.run, p.offset) for p in parts], start)
+        return ShardedRun(merged, parts, SERVED)
+
+
+def measure_sharded(tmp_path, shards: FakeShards):
+    from test_server_identity import Benchmark, session
+
+    from perfsuite.adapters import Backend, EngineConfig
+    from perfsuite.plugin.cluster import ClusterEngine
+    from perfsuite.plugin.recorder import PerfRecorder
+
+    perf_session = session(tmp_path, ray="auto", client_shards=2)
+    perf_session.cluster, perf_session.client_shards = object(), shards  # the pool is not asked: shards measure
+    backend = Backend(runner=None, tokenize=list, eos_token_id=None, max_context=64, device="cpu")
+    engine = ClusterEngine("openai-http", EngineConfig(4, 64))
+    return PerfRecorder(perf_session, "t.py::test_served", Benchmark(), backend).measure(engine, schedule(8))
+
+
+def test_the_merged_runs_are_recorded_as_one_clients_under_the_servers_identity(tmp_path):
+    shards = FakeShards()
+    result = measure_sharded(tmp_path, shards)
+
+    assert shards.calls == [("t.py::test_served", 8, 4)] * 4, "the smoke profile's warm-up, then 3 repeats"
+    measured = result.measurement
+    assert measured.environment.served_model == "tiny-random" and measured.parameters.model == "tiny-random"
+    assert measured.configuration.decode_mode == "server" and measured.configuration.num_requests == 8
+    assert measured.noisy is None and measured.send_lag.num_requests == 8, "lags of all 8 requests, one run"
+
+
+def test_a_shard_behind_its_schedule_makes_the_test_client_bound_naming_the_shard(tmp_path):
+    result = measure_sharded(tmp_path, FakeShards(lag_s=0.080))
+    assert "shard 1 on node client-2 (10.0.0.2, node bbbbbbbbbbbb) in 3 of 3 repeats" in result.measurement.noisy
+    assert "shard 0" not in result.measurement.noisy
+
+
+# -- usage errors -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--perf-client-shards", "0"), "*--perf-client-shards: *at least 1 client shard*"),
+        (("--perf-client-shards", "2", "--perf-engines", "openai-http", "--perf-endpoint", "http://localhost:1"),
+         "*--perf-client-shards 2 runs the load generator on Ray actors: give --perf-ray*"),
+        (("--perf-client-shards", "2", "--perf-ray", "auto", "--perf-engines", "static,openai-http",
+          "--perf-endpoint", "http://localhost:1"),
+         "*static runs in-process with no client to split; give --perf-engines openai-http*"),
+        (("--perf-client-shards", "2", "--perf-ray", "auto", "--perf-engines", "openai-http", "--perf-api", "chat",
+          "--perf-endpoint", "http://localhost:1"), "*a client shard loads no tokenizer*"),
+        (("--perf-ray", "auto", "--perf-engines", "openai-http", "--perf-endpoint", "http://localhost:1"),
+         "*measure it without --perf-ray, or split its load over the cluster with --perf-client-shards N*"),
+    ],
+)
+def test_shards_the_session_cannot_use_are_usage_errors(pytester, args, message):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest_inprocess("--perf", "-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}"])
+
+
+def test_the_option_reaches_the_sessions_options(pytester):
+    from perfsuite.plugin.options import read_options
+
+    config = pytester.parseconfig("--perf-client-shards", "3", "--perf-ray", "auto", "--perf-engines", "openai-http",
+                                  "--perf-endpoint", "http://localhost:1")  # fmt: skip
+    assert read_options(config).client_shards == 3
+    assert dataclasses.replace(read_options(pytester.parseconfig()), enabled=False).client_shards == 1
