@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.server_info import ServedModel
 from perfsuite.cluster import wire
-from perfsuite.cluster.client_pool import ShardedRun, ShardRecord
+from perfsuite.cluster.client_pool import START_MARGIN_S, ShardedRun, ShardRecord
 from perfsuite.cluster.shards import (
     ClockOffset,
     RoundTrip,
@@ -145,7 +145,7 @@ def test_a_request_two_shards_sent_is_refused_rather_than_counted_twice():
         merge_runs([shard_run(share, 0.0), shard_run(share[:1], 0.0)], 0.0)
 
 
-# -- the send-lag check per shard ---------------------------------------------------------------------------------------
+# -- the send-lag check per shard --------------------------------------------------------------------------------------
 
 
 def test_a_shard_that_falls_behind_is_named_though_the_merged_run_keeps_the_schedule():
@@ -185,7 +185,7 @@ def test_the_shards_messages_travel_typed_and_versioned():
         wire.loads(wire.ShardRun, json.dumps({**data, "v": 0}))
 
 
-# -- faults, with Ray's own exceptions and no cluster -------------------------------------------------------------------
+# -- faults, with Ray's own exceptions and no cluster ------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -213,8 +213,8 @@ def test_a_shard_that_dies_fails_the_run_naming_it_and_its_node_and_no_share_is_
         return wire.dumps(wire.ClockReading(1.0))
 
     monkeypatch.setattr(ray, "get", get)
-    with pytest.raises(ClusterError, match=r"client shard 1 on node client-2 \(10.0.0.2, node bbbbbbbbbbbb\) died "
-                                           r"during `run its share of t::x`: .*the run's records are not kept"):  # fmt: skip
+    died = r"client shard 1 on node client-2 \(10.0.0.2, node bbbbbbbbbbbb\) died during `run its share of t::x`: "
+    with pytest.raises(ClusterError, match=died + r".*the run's records are not kept"):
         shards._wait_all({0: "shard 0's run", 1: "shard 1's run"}, 5, "run its share of t::x")
     assert sorted(killed) == ["shard 0's actor", "shard 1's actor"], "the surviving shard stops sending too"
     assert not shards._actors, "both are replaced at the next run"
@@ -234,7 +234,79 @@ def test_a_shard_that_hangs_fails_the_run_naming_it_and_the_option(shards_withou
         shards._wait_all({0: "ref"}, 5, "run its share of t::x")
 
 
-# -- the recorder: merged runs judged as one client's -------------------------------------------------------------------
+class Remote:
+    """``actor.method.remote(...)`` of a fake actor: the call happens at once, its answer is the "ref"."""
+
+    def __init__(self, method) -> None:
+        self.remote = method
+
+
+class FakeShardActor:
+    """A client shard whose clock runs ``offset_s`` ahead of this process's; it "sends" each request on time."""
+
+    def __init__(self, node: wire.NodeInfo, offset_s: float) -> None:
+        import time
+
+        self.node, self.offset_s, self._time = node, offset_s, time.perf_counter
+        self.clock = Remote(lambda: wire.dumps(wire.ClockReading(self._time() + self.offset_s)))
+        self.prepare = Remote(lambda text: self.clock.remote())
+        self.run = Remote(self._run)
+        self.runs: list[wire.ShardRun] = []
+
+    def _run(self, text: str) -> str:
+        message = wire.loads(wire.ShardRun, text)
+        self.runs.append(message)
+        start = message.start_time
+        run = shard_run(message.requests, start) if message.max_concurrency is None else RunResult(
+            "openai-http", tuple(dataclasses.replace(record(r, start), scheduled_time=None, send_ready_time=None,
+                                                     sent_time=None) for r in message.requests),
+            start, start + 1.0, EngineCounters())  # fmt: skip
+        return wire.dumps(wire.ShardResult(message.test_id, message.shard, self.node, run, SERVED))
+
+
+@pytest.fixture
+def shards_on_fake_actors(monkeypatch):
+    """``ClientShards`` of 2 over fake actors on clocks 300 s ahead and 20 s behind this one; Ray's get is identity."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
+    from perfsuite.cluster.client_pool import ClientShards
+
+    actors = {0: FakeShardActor(NODE, 300.0), 1: FakeShardActor(OTHER_NODE, -20.0)}
+    shards = ClientShards(2, wire.HttpClientSpec("http://127.0.0.1:9", HttpClientOptions()), timeout=5)
+    shards._actors, shards._nodes = dict(actors), {0: NODE, 1: OTHER_NODE}
+    monkeypatch.setattr(ray, "get", lambda ref, timeout: ref)
+    return shards, actors
+
+
+def test_the_controller_splits_agrees_a_start_on_each_clock_and_merges_onto_its_own(shards_on_fake_actors):
+    import time
+
+    shards, actors = shards_on_fake_actors
+    before = time.perf_counter()
+    sharded = shards.run("t::x", schedule(5), batch_size=4)
+
+    assert [[r.request_id for r in actor.runs[0].requests] for actor in actors.values()] == [["r0", "r2", "r4"],
+                                                                                            ["r1", "r3"]]  # fmt: skip
+    assert [actor.runs[0].batch_size for actor in actors.values()] == [2, 2], "4 connections, split"
+    start = sharded.merged.start_time
+    assert before + START_MARGIN_S <= start <= time.perf_counter() + START_MARGIN_S + 0.1, "ahead, on this clock"
+    for actor, part in zip(actors.values(), sharded.shards):
+        assert abs(part.offset.offset_s - actor.offset_s) <= part.offset.error_bound_s
+        assert actor.runs[0].start_time == pytest.approx(start + actor.offset_s, abs=part.offset.error_bound_s)
+    assert [r.request_id for r in sharded.merged.records] == [f"r{i}" for i in range(5)]
+    assert [r.scheduled_time for r in sharded.merged.records] == pytest.approx(
+        [start + GAP_S * i for i in range(5)], abs=1e-6)  # fmt: skip
+    assert sharded.served_model == SERVED
+
+
+def test_a_closed_loop_is_sent_whole_by_one_shard(shards_on_fake_actors):
+    shards, actors = shards_on_fake_actors
+    sharded = shards.run("t::x", schedule(5), batch_size=4, max_concurrency=2)
+    assert [len(actor.runs) for actor in actors.values()] == [1, 0]
+    assert actors[0].runs[0].max_concurrency == 2 and actors[0].runs[0].batch_size == 4
+    assert len(sharded.merged.records) == 5 and len(sharded.shards) == 1
+
+
+# -- the recorder: merged runs judged as one client's ------------------------------------------------------------------
 
 
 class FakeShards:
@@ -244,7 +316,7 @@ class FakeShards:
         self.lag_s = lag_s
         self.calls: list[tuple[str, int, int]] = []
 
-    def run(self, test_id, requests, batch_size) -> ShardedRun:
+    def run(self, test_id, requests, batch_size, max_concurrency=None) -> ShardedRun:
         self.calls.append((test_id, len(requests), batch_size))
         start = 10.0 * len(self.calls)
         offsets = (ClockOffset(0.0, 0.001, 8), ClockOffset(40.0, 0.001, 8))
@@ -281,13 +353,35 @@ def test_the_merged_runs_are_recorded_as_one_clients_under_the_servers_identity(
     assert measured.noisy is None and measured.send_lag.num_requests == 8, "lags of all 8 requests, one run"
 
 
+def test_a_closed_loop_reaches_the_shards_with_its_concurrency(tmp_path):
+    from test_server_identity import Benchmark, session
+
+    from perfsuite.adapters import Backend, EngineConfig
+    from perfsuite.plugin.cluster import ClusterEngine
+    from perfsuite.plugin.recorder import PerfRecorder
+
+    asked = []
+
+    class ClosedLoopShards(FakeShards):
+        def run(self, test_id, requests, batch_size, max_concurrency=None):
+            asked.append(max_concurrency)
+            return super().run(test_id, requests, batch_size)
+
+    perf_session = session(tmp_path, ray="auto", client_shards=2)
+    perf_session.cluster, perf_session.client_shards = object(), ClosedLoopShards()
+    backend = Backend(runner=None, tokenize=list, eos_token_id=None, max_context=64, device="cpu")
+    recorder = PerfRecorder(perf_session, "t.py::test_closed", Benchmark(), backend)
+    recorder.measure(ClusterEngine("openai-http", EngineConfig(4, 64)), schedule(8), max_concurrency=2)
+    assert asked == [2] * 4
+
+
 def test_a_shard_behind_its_schedule_makes_the_test_client_bound_naming_the_shard(tmp_path):
     result = measure_sharded(tmp_path, FakeShards(lag_s=0.080))
     assert "shard 1 on node client-2 (10.0.0.2, node bbbbbbbbbbbb) in 3 of 3 repeats" in result.measurement.noisy
     assert "shard 0" not in result.measurement.noisy
 
 
-# -- usage errors -------------------------------------------------------------------------------------------------------
+# -- usage errors ------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -302,7 +396,7 @@ def test_a_shard_behind_its_schedule_makes_the_test_client_bound_naming_the_shar
         (("--perf-client-shards", "2", "--perf-ray", "auto", "--perf-engines", "openai-http", "--perf-api", "chat",
           "--perf-endpoint", "http://localhost:1"), "*a client shard loads no tokenizer*"),
         (("--perf-ray", "auto", "--perf-engines", "openai-http", "--perf-endpoint", "http://localhost:1"),
-         "*measure it without --perf-ray, or split its load over the cluster with --perf-client-shards N*"),
+         "*split its load over the cluster with --perf-client-shards N (N >= 2), or measure it without --perf-ray"),
     ],
 )
 def test_shards_the_session_cannot_use_are_usage_errors(pytester, args, message):
@@ -318,4 +412,55 @@ def test_the_option_reaches_the_sessions_options(pytester):
     config = pytester.parseconfig("--perf-client-shards", "3", "--perf-ray", "auto", "--perf-engines", "openai-http",
                                   "--perf-endpoint", "http://localhost:1")  # fmt: skip
     assert read_options(config).client_shards == 3
-    assert dataclasses.replace(read_options(pytester.parseconfig()), enabled=False).client_shards == 1
+    assert read_options(pytester.parseconfig()).client_shards == 1, "default: the client in this process"
+
+
+@pytest.fixture
+def fake_server_url():
+    """A fake vLLM-like server (tests/test_openai_http.py's) over loopback: ``fake_server_url(behaviour)``."""
+    from test_openai_http import FakeOpenAIServer
+
+    from perfsuite.serve import ServerThread
+
+    threads = []
+
+    def start(behaviour) -> str:
+        thread = ServerThread(FakeOpenAIServer(behaviour))
+        thread.__enter__()
+        threads.append(thread)
+        return thread.url
+
+    yield start
+    for thread in threads:
+        thread.__exit__(None, None, None)
+
+
+# -- a shard's client against a fake server (loopback, no Ray) ---------------------------------------------------------
+
+
+def test_a_shards_client_starts_its_schedule_at_the_agreed_time(fake_server_url):
+    import time
+
+    from test_openai_http import VLLM, engine_for
+
+    engine = engine_for(fake_server_url(VLLM))
+    engine.prompt_format  # noqa: B018 - the probe, before the clock starts (as a shard's prepare)
+    start_at = time.perf_counter() + 0.3
+    run = engine.run(schedule(2), start_at=start_at)
+    assert run.start_time == start_at
+    assert [r.scheduled_time for r in run.records] == [start_at, start_at + GAP_S]
+    assert all(r.sent_time >= r.scheduled_time for r in run.records), "nothing went before the agreed start"
+
+
+def test_a_shard_without_a_tokenizer_names_a_text_only_server_as_the_reason(fake_server_url):
+    from dataclasses import replace
+
+    from test_openai_http import VLLM
+
+    from perfsuite.adapters.openai_http import OpenAIHttpEngine, OpenAIHttpError
+    from perfsuite.cluster.client_actor import _no_tokenizer
+
+    url = fake_server_url(replace(VLLM, sends_token_ids=False))
+    engine = OpenAIHttpEngine(url, 2, _no_tokenizer, options=HttpClientOptions(), probe_prompt_ids=(3, 4))
+    with pytest.raises(OpenAIHttpError, match=r"streamed text only; measure it with one client"):
+        engine.run(schedule(1))

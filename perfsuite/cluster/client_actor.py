@@ -47,7 +47,7 @@ class ClientShardActor:
         engine = self._engines.get(message.batch_size)
         if engine is None:
             raise OpenAIHttpError(f"shard {message.shard}: no client prepared for batch size {message.batch_size}")
-        run = engine.run(message.requests, start_at=message.start_time)
+        run = engine.run(message.requests, max_concurrency=message.max_concurrency, start_at=message.start_time)
         return wire.dumps(wire.ShardResult(message.test_id, message.shard, self._node, run, engine.served_model))
 
     def _engine(self, batch_size: int, probe_prompt_ids: Sequence[int]):

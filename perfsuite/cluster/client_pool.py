@@ -11,6 +11,9 @@ For each run (a warm-up or a repeat) the controller
 4. waits for every share, moves each shard's timestamps onto its own clock
    and merges them into one ``RunResult`` in schedule order.
 
+A closed loop (a fixed number of requests in flight) has no schedule to
+split: one shard runs it whole, its records moved onto the controller's clock.
+
 The shards are placed round robin over the live nodes that have a CPU (an
 actor per node and shard number, pinned to its node) and reserve none: a
 client shard waits on sockets most of the time, and a node's CPU is the
@@ -70,12 +73,18 @@ class ClientShards:
         self._actors: dict[int, Any] = {}  # shard number -> actor handle
         self._nodes: dict[int, wire.NodeInfo] = {}
 
-    def run(self, test_id: str, requests: Sequence[Request], batch_size: int) -> ShardedRun:
-        """Every request of ``requests`` sent once, by the shards between them, on the schedule's times."""
+    def run(
+        self, test_id: str, requests: Sequence[Request], batch_size: int, max_concurrency: int | None = None
+    ) -> ShardedRun:
+        """Every request of ``requests`` sent once, by the shards between them, on the schedule's times.
+
+        A closed loop (``max_concurrency``) has no schedule to split: shard 0 sends it all, as one client would.
+        """
         import time
 
-        shares = [(shard, share) for shard, share in enumerate(split_schedule(requests, self.num_shards)) if share]
-        per_shard_batch = max(1, -(-batch_size // self.num_shards))  # the client's connections, split
+        num_shards = self.num_shards if max_concurrency is None else 1
+        shares = [(shard, share) for shard, share in enumerate(split_schedule(requests, num_shards)) if share]
+        per_shard_batch = max(1, -(-batch_size // num_shards))  # the client's connections, split
         probe_ids = tuple(shares[0][1][0].prompt_token_ids[:8]) if shares else (0,)
         prepare = wire.dumps(wire.ShardPrepare(per_shard_batch, probe_ids))
         self._wait_all({s: self._actor(s).prepare.remote(prepare) for s, _ in shares}, START_SECONDS, "prepare")
@@ -84,7 +93,7 @@ class ClientShards:
         start = time.perf_counter() + START_MARGIN_S + 8 * slowest
         runs = {
             shard: self._actor(shard).run.remote(wire.dumps(wire.ShardRun(
-                test_id, shard, per_shard_batch, share, offsets[shard].to_shard(start))))
+                test_id, shard, per_shard_batch, share, offsets[shard].to_shard(start), max_concurrency)))
             for shard, share in shares
         }  # fmt: skip
         answers = self._wait_all(runs, start - time.perf_counter() + self.timeout, f"run its share of {test_id}")
@@ -106,7 +115,8 @@ class ClientShards:
     def _merged(self, results, offsets: dict[int, ClockOffset], start: float) -> ShardedRun:
         served = {result.served_model for result in results}
         if len(served) > 1:
-            raise ClusterError(f"the client shards were answered by different served models: {sorted(map(str, served))}")
+            shown = sorted(map(str, served))
+            raise ClusterError(f"the client shards were answered by different served models: {shown}")
         records = tuple(ShardRecord(r.shard, r.node, r.run, offsets[r.shard]) for r in results)
         try:
             merged = merge_runs([on_controller_clock(r.run, r.offset) for r in records], start)
@@ -115,7 +125,7 @@ class ClientShards:
         return ShardedRun(merged, records, served.pop())
 
     def _offset(self, shard: int) -> ClockOffset:
-        actor, node = self._actor(shard), self._nodes[shard]
+        actor = self._actor(shard)
 
         def read_remote() -> float:
             text = self._get(actor.clock.remote(), shard, self.timeout, "read its clock")

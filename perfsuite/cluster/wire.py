@@ -148,13 +148,17 @@ class ShardPrepare:
 
 @dataclass(frozen=True, slots=True)
 class ShardRun:
-    """One shard's share of a schedule, its arrival offsets unchanged, from ``start_time`` on the shard's clock."""
+    """One shard's share of a schedule, its arrival offsets unchanged, from ``start_time`` on the shard's clock.
+
+    ``max_concurrency``: a closed loop, which has no schedule to split: one shard sends every request.
+    """
 
     test_id: str
     shard: int
     batch_size: int
     requests: tuple[Request, ...]
     start_time: float
+    max_concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -397,8 +397,8 @@ def _check_ray(
     if servers and client_shards == 1:
         raise pytest.UsageError(
             f"--perf-ray {address}: {', '.join(servers)} measures a server in another process, which one actor "
-            "would only add a hop to; measure it without --perf-ray, or split its load over the cluster with "
-            "--perf-client-shards N (N >= 2)"
+            "would only add a hop to; split its load over the cluster with --perf-client-shards N (N >= 2), or "
+            "measure it without --perf-ray"
         )
     if address == "local" and getattr(config.option, "numprocesses", None):
         raise pytest.UsageError(

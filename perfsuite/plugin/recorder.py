@@ -231,21 +231,17 @@ class PerfRecorder:
         arrival_rate: float | None,
         repeats: int,
     ) -> TestResult:
-        """``--perf-client-shards N``: each run's schedule split over N client actors, merged on this clock."""
+        """``--perf-client-shards N``: each run's schedule split over N client actors, merged on this clock (a closed
+        loop: sent whole by one of them)."""
         from perfsuite.cluster.pool import ClusterError
         from perfsuite.measure.environment import served_model_environment
 
         session, options = self.session, self.session.options
-        if max_concurrency is not None:
-            pytest.fail(
-                f"{self.test_id}: client shards split an open-loop schedule, and this test runs a closed loop "
-                f"(max_concurrency={max_concurrency}); measure it without --perf-client-shards", pytrace=False,
-            )  # fmt: skip
         shards = session.client_shards
         try:
             for _ in range(options.profile.warmup_runs):
-                shards.run(self.test_id, requests, engine.batch_size)
-            sharded = [shards.run(self.test_id, requests, engine.batch_size) for _ in range(repeats)]
+                shards.run(self.test_id, requests, engine.batch_size, max_concurrency)
+            sharded = [shards.run(self.test_id, requests, engine.batch_size, max_concurrency) for _ in range(repeats)]
         except ClusterError as error:
             self.fail_unrecorded(error)
         runs = Repeats(tuple(run.merged for run in sharded), noisy=shards_client_bound_reason(per_shard_runs(sharded)))
