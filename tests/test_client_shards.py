@@ -188,50 +188,48 @@ def test_the_shards_messages_travel_typed_and_versioned():
 # -- faults, with Ray's own exceptions and no cluster ------------------------------------------------------------------
 
 
-@pytest.fixture
-def shards_without_cluster(monkeypatch):
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
-    from perfsuite.cluster.client_pool import ClientShards
-
-    shards = ClientShards(2, wire.HttpClientSpec("http://127.0.0.1:9", HttpClientOptions()), timeout=5)
-    shards._actors = {0: "shard 0's actor", 1: "shard 1's actor"}
-    shards._nodes = {0: NODE, 1: OTHER_NODE}
-    killed = []
-    monkeypatch.setattr(ray, "kill", killed.append)
-    return shards, ray, killed
-
-
-def test_a_shard_that_dies_fails_the_run_naming_it_and_its_node_and_no_share_is_kept(shards_without_cluster,
+def test_a_shard_that_dies_fails_the_run_naming_it_and_its_node_and_no_share_is_kept(shards_on_fake_actors,
                                                                                      monkeypatch):  # fmt: skip
+    import ray
+
     from perfsuite.cluster.pool import ClusterError
 
-    shards, ray, killed = shards_without_cluster
+    shards, actors = shards_on_fake_actors
+    killed = []
+    monkeypatch.setattr(ray, "kill", killed.append)
 
     def get(ref, timeout):
-        if ref == "shard 1's run":
+        if ref.startswith('{"type":"ShardResult"') and wire.loads(wire.ShardResult, ref).shard == 1:
             raise ray.exceptions.RayActorError()
-        return wire.dumps(wire.ClockReading(1.0))
+        return ref
 
     monkeypatch.setattr(ray, "get", get)
     died = r"client shard 1 on node client-2 \(10.0.0.2, node bbbbbbbbbbbb\) died during `run its share of t::x`: "
     with pytest.raises(ClusterError, match=died + r".*the run's records are not kept"):
-        shards._wait_all({0: "shard 0's run", 1: "shard 1's run"}, 5, "run its share of t::x")
-    assert sorted(killed) == ["shard 0's actor", "shard 1's actor"], "the surviving shard stops sending too"
+        shards.run("t::x", schedule(4), batch_size=2)
+    assert killed == [actors[0], actors[1]], "the surviving shard is stopped too: nothing of the run goes on"
     assert not shards._actors, "both are replaced at the next run"
 
 
-def test_a_shard_that_hangs_fails_the_run_naming_it_and_the_option(shards_without_cluster, monkeypatch):
+def test_a_shard_that_hangs_fails_the_run_naming_it_and_the_option(shards_on_fake_actors, monkeypatch):
+    import ray
+
     from perfsuite.cluster.pool import ClusterError
 
-    shards, ray, _ = shards_without_cluster
+    shards, actors = shards_on_fake_actors
+    killed = []
+    monkeypatch.setattr(ray, "kill", killed.append)
 
     def hangs(ref, timeout):
-        raise ray.exceptions.GetTimeoutError("timed out")
+        if ref.startswith('{"type":"ShardResult"'):
+            raise ray.exceptions.GetTimeoutError("timed out")
+        return ref
 
     monkeypatch.setattr(ray, "get", hangs)
     with pytest.raises(ClusterError, match=r"client shard 0 on node client-1 .* did not run its share of t::x within "
-                                           r"5 s and was killed.*--perf-worker-timeout"):  # fmt: skip
-        shards._wait_all({0: "ref"}, 5, "run its share of t::x")
+                                           r"5.\d* s and was killed.*--perf-worker-timeout"):  # fmt: skip
+        shards.run("t::x", schedule(4), batch_size=2)
+    assert killed == [actors[0], actors[1]]
 
 
 class Remote:

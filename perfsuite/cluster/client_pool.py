@@ -87,16 +87,21 @@ class ClientShards:
         per_shard_batch = max(1, -(-batch_size // num_shards))  # the client's connections, split
         probe_ids = tuple(shares[0][1][0].prompt_token_ids[:8]) if shares else (0,)
         prepare = wire.dumps(wire.ShardPrepare(per_shard_batch, probe_ids))
-        self._wait_all({s: self._actor(s).prepare.remote(prepare) for s, _ in shares}, START_SECONDS, "prepare")
-        offsets = {shard: self._offset(shard) for shard, _ in shares}
-        slowest = max((offset.error_bound_s for offset in offsets.values()), default=0.0)
-        start = time.perf_counter() + START_MARGIN_S + 8 * slowest
-        runs = {
-            shard: self._actor(shard).run.remote(wire.dumps(wire.ShardRun(
-                test_id, shard, per_shard_batch, share, offsets[shard].to_shard(start), max_concurrency)))
-            for shard, share in shares
-        }  # fmt: skip
-        answers = self._wait_all(runs, start - time.perf_counter() + self.timeout, f"run its share of {test_id}")
+        try:
+            self._wait_all({s: self._actor(s).prepare.remote(prepare) for s, _ in shares}, START_SECONDS, "prepare")
+            offsets = {shard: self._offset(shard) for shard, _ in shares}
+            slowest = max((offset.error_bound_s for offset in offsets.values()), default=0.0)
+            start = time.perf_counter() + START_MARGIN_S + 8 * slowest
+            runs = {
+                shard: self._actor(shard).run.remote(wire.dumps(wire.ShardRun(
+                    test_id, shard, per_shard_batch, share, offsets[shard].to_shard(start), max_concurrency)))
+                for shard, share in shares
+            }  # fmt: skip
+            answers = self._wait_all(runs, start - time.perf_counter() + self.timeout, f"run its share of {test_id}")
+        except BaseException:  # a failure, a hang, Ctrl-C: no shard of an abandoned run may go on sending
+            for shard, _ in shares:
+                self._drop(shard)
+            raise
         results = [wire.loads(wire.ShardResult, answers[shard]) for shard, _ in shares]
         return self._merged(results, offsets, start)
 
@@ -134,17 +139,12 @@ class ClientShards:
         return measure_offset(read_remote)
 
     def _wait_all(self, refs: dict[int, Any], timeout: float, what: str) -> dict[int, str]:
-        """Every shard's answer, or a ``ClusterError`` for the first that failed (the others' are dropped)."""
+        """Every shard's answer within ``timeout`` seconds in all, or a ``ClusterError`` for the first that failed."""
         import time
 
         deadline = time.monotonic() + timeout
-        try:
-            return {shard: self._get(ref, shard, max(0.0, deadline - time.monotonic()), what)
-                    for shard, ref in refs.items()}  # fmt: skip
-        except BaseException:
-            for shard in refs:  # an abandoned share must not go on sending to the server
-                self._drop(shard)
-            raise
+        return {shard: self._get(ref, shard, max(0.0, deadline - time.monotonic()), what)
+                for shard, ref in refs.items()}  # fmt: skip
 
     def _get(self, ref, shard: int, timeout: float, what: str) -> str:
         import ray
@@ -155,7 +155,7 @@ class ClientShards:
             return ray.get(ref, timeout=timeout)
         except GetTimeoutError:
             raise ClusterError(
-                f"client shard {shard} on node {node} did not {what} within {timeout:g} s and was killed; the run's "
+                f"client shard {shard} on node {node} did not {what} within {timeout:.3g} s and was killed; the run's "
                 "records are not kept. Raise --perf-worker-timeout if a run can take longer"
             ) from None
         except (RayActorError, ActorUnschedulableError) as error:
