@@ -462,3 +462,36 @@ def test_a_shard_without_a_tokenizer_names_a_text_only_server_as_the_reason(fake
     engine = OpenAIHttpEngine(url, 2, _no_tokenizer, options=HttpClientOptions(), probe_prompt_ids=(3, 4))
     with pytest.raises(OpenAIHttpError, match=r"streamed text only; measure it with one client"):
         engine.run(schedule(1))
+
+
+def test_a_session_with_shards_starts_them_beside_the_pool_and_stops_them_at_its_end(pytester, monkeypatch):
+    from perfsuite.cluster.client_pool import ClientShards
+    from perfsuite.plugin import cluster
+
+    stopped = []
+    monkeypatch.setattr(cluster, "start_cluster", lambda options: FakePool(stopped))  # no Ray: the pool's part
+    monkeypatch.setattr(ClientShards, "close", lambda self: stopped.append(f"{self.num_shards} shards"))
+    pytester.makepyfile("""
+        import pytest
+        from perfsuite.plugin.stash import SESSION_KEY
+
+        @pytest.mark.perf
+        def test_shards(request):
+            shards = request.config.stash[SESSION_KEY].client_shards
+            assert (shards.num_shards, shards.spec.endpoint) == (3, "http://127.0.0.1:9")
+            assert shards.spec.options.server_model == "m"
+    """)  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        "--perf", "-p", "no:cacheprovider", "--perf-history", "none", "--perf-ray", "auto", "--perf-engines",
+        "openai-http", "--perf-endpoint", "http://127.0.0.1:9", "--perf-server-model", "m", "--perf-client-shards", "3",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    assert stopped == ["3 shards", "pool"], "the shards first, while the pool still holds Ray"
+
+
+class FakePool:
+    def __init__(self, stopped: list[str]) -> None:
+        self.stopped = stopped
+
+    def close(self) -> None:
+        self.stopped.append("pool")
