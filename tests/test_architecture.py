@@ -66,6 +66,9 @@ PURE_MODULES = [
     "perfsuite.cluster.actor",
     "perfsuite.cluster.pool",
     "perfsuite.plugin.cluster",
+    "perfsuite.cluster.shards",
+    "perfsuite.cluster.client_actor",
+    "perfsuite.cluster.client_pool",
 ]
 
 

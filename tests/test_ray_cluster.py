@@ -231,3 +231,75 @@ def test_a_node_removed_mid_test_retries_elsewhere_then_fails_only_its_tests(pyt
     assert any("inflight-B2-uniform]: no result recorded" in w and second in w for w in document.warnings)
     assert_nothing_left(cluster)
 
+
+
+# -- client shards (--perf-client-shards): openai-http's load generator split over Ray actors -------------------------
+
+SHARD_GAP_S = 0.2  # wide enough that a loaded 2-core runner's send lag does not reorder neighbours
+
+
+@pytest.fixture
+def served_tiny_random(tmp_path):
+    """`perfsuite serve` on tiny-random in a process of its own (the shards' server); its URL."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    command = [sys.executable, "-m", "perfsuite", "serve", "--model", "tiny-random", "--port", str(port),
+               "--device", "cpu", "--threads", "1", "--batch-size", "4", "--max-seq-len", "64"]  # fmt: skip
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "perfsuite serve did not answer /health within 120 s"
+                time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def test_two_client_shards_deliver_the_schedule_merged_in_order_on_the_controllers_clock(cluster, served_tiny_random):
+    from perfsuite.adapters.http_options import HttpClientOptions
+    from perfsuite.cluster.client_pool import ClientShards
+    from perfsuite.cluster.wire import HttpClientSpec
+    from perfsuite.engine.types import Request, SamplingParams
+
+    schedule = [Request(f"r{i}", (5 + i, 6, 7), SamplingParams(2, ignore_eos=True), arrival_time=SHARD_GAP_S * i)
+                for i in range(8)]  # fmt: skip
+    ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
+    shards = ClientShards(2, HttpClientSpec(served_tiny_random, HttpClientOptions(prompt_format="token_ids")), 120)
+    try:
+        sharded = shards.run("shards::test", schedule, batch_size=4)
+    finally:
+        shards.close()
+        ray.shutdown()
+
+    records = sharded.merged.records
+    assert [r.request_id for r in records] == [r.request_id for r in schedule], "every request, once, in order"
+    assert all(r.num_output_tokens == 2 and r.finish_reason is not None for r in records), "none dropped or cut"
+    assert len({part.node.node_id for part in sharded.shards}) == 2, "one shard on each of the two nodes"
+    bound = {part.shard: part.offset.error_bound_s for part in sharded.shards}
+    for part in sharded.shards:  # one machine, one monotonic clock: the true offset is 0
+        assert abs(part.offset.offset_s) <= part.offset.error_bound_s, part.offset
+    shard_of = {r.request_id: part.shard for part in sharded.shards for r in part.run.records}
+    start = sharded.merged.start_time
+    for request, got in zip(schedule, records):
+        slack = bound[shard_of[got.request_id]]
+        assert got.scheduled_time == pytest.approx(start + request.arrival_time)
+        assert got.sent_time >= got.scheduled_time - slack, f"{got.request_id} sent before its time"
+    for earlier, later in zip(records, records[1:]):
+        slack = bound[shard_of[earlier.request_id]] + bound[shard_of[later.request_id]]
+        assert later.sent_time >= earlier.sent_time - slack, f"{later.request_id} went before {earlier.request_id}"
+    assert_nothing_left(cluster)

@@ -252,8 +252,14 @@ class OpenAIHttpEngine:
         requests: Iterable[Request],
         on_step: Callable[[list[StepOutput]], None] | None = None,
         max_concurrency: int | None = None,
+        start_at: float | None = None,
     ) -> RunResult:
-        """Serve ``requests`` over HTTP; ``on_step`` sees each received chunk's tokens (progress only)."""
+        """Serve ``requests`` over HTTP; ``on_step`` sees each received chunk's tokens (progress only).
+
+        ``start_at``: the schedule's time zero on this process's ``time.perf_counter`` (a client shard's start,
+        agreed with the others); None: as soon as the run is ready. A start already past makes the first
+        sends late, which the send lag shows (``perfsuite.measure.send_lag``).
+        """
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         ordered = sorted(requests, key=lambda r: r.arrival_time)
@@ -261,7 +267,7 @@ class OpenAIHttpEngine:
         refuse_follow_ups(ordered, self.name)
         served = self.served_model
         check_prompts_fit(ordered, served.max_model_len, served.model_id, self.base_url)
-        received, start, end = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency))
+        received, start, end = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency, start_at))
         if any(not r.has_exact_ids for r in received):
             self._saw_text_only_output = True
         records = tuple(to_record(r, self._tokenize_text) for r in received)
@@ -283,9 +289,9 @@ class OpenAIHttpEngine:
         ]
         check_output_lengths(mismatches, self.url, self._options.eos_control)
 
-    async def _run_within_timeout(self, requests, on_step, max_concurrency):
+    async def _run_within_timeout(self, requests, on_step, max_concurrency, start_at=None):
         try:
-            return await asyncio.wait_for(self._run(requests, on_step, max_concurrency), self._run_timeout_s)
+            return await asyncio.wait_for(self._run(requests, on_step, max_concurrency, start_at), self._run_timeout_s)
         except asyncio.TimeoutError:
             raise OpenAIHttpError(
                 f"the run of {len(requests)} requests against {self.base_url} did not finish "
@@ -297,6 +303,7 @@ class OpenAIHttpEngine:
         requests: list[Request],
         on_step: Callable[[list[StepOutput]], None] | None,
         max_concurrency: int | None,
+        start_at: float | None = None,
     ) -> tuple[list[Received], float, float]:
         num_clients = min(self._batch_size, max_concurrency or self._batch_size)
         async with self._session(num_clients) as session:
@@ -304,7 +311,9 @@ class OpenAIHttpEngine:
                 self._negotiated = await self._negotiate(session)
             client = self._client(session, self._payload_builder(), on_step)
             payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
-            start = time.perf_counter()
+            start = time.perf_counter() if start_at is None else start_at
+            if start > time.perf_counter():
+                await asyncio.sleep(start - time.perf_counter())
             received = await _send_all(client, requests, payloads, start, num_clients,
                                        closed_loop=max_concurrency is not None)  # fmt: skip
             end = time.perf_counter()

@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.adapters.server_info import ServedModel
 from perfsuite.codec import CodecError, decode, encode
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import Environment
@@ -116,6 +118,63 @@ MESSAGES: dict[str, type] = {
     cls.__name__: cls
     for cls in (ModelSpec, NodeInfo, Described, Tokenize, Tokens, EngineKnobs, MeasureRequest, MeasureResult)
 }
+
+
+# --------------------------------------------------------------------------- client shards (--perf-client-shards)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpClientSpec:
+    """What a client shard sends to: the server's URL and the ``openai-http`` client's options (API key included)."""
+
+    endpoint: str
+    options: HttpClientOptions
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReading:
+    """A shard's ``time.perf_counter`` when it answered: one round trip of the clock-offset estimate."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPrepare:
+    """Build (or reuse) the shard's client for ``batch_size`` connections and settle its prompt format, untimed."""
+
+    batch_size: int
+    probe_prompt_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRun:
+    """One shard's share of a schedule, its arrival offsets unchanged, from ``start_time`` on the shard's clock.
+
+    ``max_concurrency``: a closed loop, which has no schedule to split: one shard sends every request.
+    """
+
+    test_id: str
+    shard: int
+    batch_size: int
+    requests: tuple[Request, ...]
+    start_time: float
+    max_concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    """A shard's run, its timestamps on the shard's own clock, and the server's model as it answered."""
+
+    test_id: str
+    shard: int
+    node: NodeInfo
+    run: RunResult
+    served_model: ServedModel
+
+
+MESSAGES.update(
+    {cls.__name__: cls for cls in (HttpClientSpec, ClockReading, ShardPrepare, ShardRun, ShardResult)}
+)
 
 
 def dumps(message: Any) -> str:

@@ -144,6 +144,11 @@ def server_environment(engine: object, label: str | None) -> ServerEnvironment:
     served = getattr(engine, "served_model", None)
     if served is None:
         return ServerEnvironment(served_model=getattr(engine, "name", "unknown"), label=label)
+    return served_model_environment(served, label)
+
+
+def served_model_environment(served: object, label: str | None) -> ServerEnvironment:
+    """The identity of a server from what its ``/v1/models`` said (a ``ServedModel``): client shards report it."""
     return ServerEnvironment(
         served_model=served.model_id, max_model_len=served.max_model_len, label=label, owned_by=served.owned_by
     )

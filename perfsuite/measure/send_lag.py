@@ -138,3 +138,26 @@ def client_bound_reason(runs: Sequence[RunResult]) -> str | None:
         f"(worst: {worst.describe()}); the latencies count that lag as the engine's, so they judge nothing. "
         f"Fix: {CLIENT_BOUND_FIX}"
     )
+
+
+def shards_client_bound_reason(runs_by_shard: Sequence[tuple[str, Sequence[RunResult]]]) -> str | None:
+    """``client_bound_reason`` per load-generator shard (``--perf-client-shards``), naming each shard that fell behind.
+
+    ``runs_by_shard``: each shard's name (its number and node) and its own runs,
+    one per repeat. Each shard is checked against its own share of the schedule:
+    a shard that falls behind is hidden in the merged run when the others
+    keep up, since its requests are only some of the merged lags.
+    """
+    behind = []
+    for name, runs in runs_by_shard:
+        bound = [check for check in map(send_lag, runs) if check is not None and check.is_client_bound]
+        if bound:
+            worst = max(bound, key=lambda c: c.p90_lag_ms)
+            behind.append(f"{name} in {len(bound)} of {len(runs)} repeats (worst: {worst.describe()})")
+    if not behind:
+        return None
+    return (
+        f"client-bound: {len(behind)} of {len(runs_by_shard)} load-generator shards fell behind their schedule: "
+        f"{'; '.join(behind)}; the latencies count that lag as the server's, so they judge nothing. "
+        f"Fix: {CLIENT_BOUND_FIX}"
+    )

@@ -19,8 +19,9 @@ import pytest
 
 from perfsuite.adapters.protocol import Backend, EngineConfig
 from perfsuite.cluster import wire
+from perfsuite.cluster.client_pool import ClientShards
 from perfsuite.cluster.pool import ClusterError, RayPool
-from perfsuite.plugin.options import PerfOptions
+from perfsuite.plugin.options import SERVER_ENGINES, PerfOptions
 
 INSTALL_HINT = "--perf-ray needs Ray: pip install 'perfsuite[ray]'"
 
@@ -39,6 +40,14 @@ def start_cluster(options: PerfOptions) -> RayPool:
         raise pytest.UsageError(str(error)) from None
     atexit.register(pool.close)  # an interrupt that skips pytest_unconfigure still leaves no actor behind
     return pool
+
+
+def start_client_shards(options: PerfOptions) -> ClientShards:
+    """``--perf-client-shards N``: the client actors that split openai-http's schedules (started on first use)."""
+    spec = wire.HttpClientSpec(options.endpoint, options.http_client)
+    shards = ClientShards(options.client_shards, spec, options.worker_timeout)
+    atexit.register(shards.close)
+    return shards
 
 
 def _xdist_worker_number() -> int:
@@ -63,7 +72,11 @@ class ClusterEngine:
     name: str
     config: EngineConfig
     greedy_equal = False  # checked by the correctness tests, not here
-    runs_in_process = True
+
+    @property
+    def runs_in_process(self) -> bool:
+        """False for a server's client (``openai-http``): client shards send its load (``start_client_shards``)."""
+        return self.name not in SERVER_ENGINES
 
     @property
     def batch_size(self) -> int:

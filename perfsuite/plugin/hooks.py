@@ -84,6 +84,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from perfsuite.plugin.cluster import start_cluster
 
         perf_session.cluster = start_cluster(options)
+        if options.client_shards > 1:
+            from perfsuite.plugin.cluster import start_client_shards
+
+            perf_session.client_shards = start_client_shards(options)
     advice = perf_session.plan_power().advice()
     if advice is None:
         return
@@ -187,6 +191,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if perf_session is not None and perf_session.against is not None:
         perf_session.against.close()
         perf_session.against = None
+    if perf_session is not None and perf_session.client_shards is not None:
+        perf_session.client_shards.close()  # before the pool, which disconnects from Ray
+        perf_session.client_shards = None
     if perf_session is not None and perf_session.cluster is not None:
         perf_session.cluster.close()
         perf_session.cluster = None

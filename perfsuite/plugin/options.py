@@ -38,6 +38,7 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
 kv_blocks = integer_at_least(1, "a number of KV blocks")
 worker_count = integer_at_least(1, "at least 1 worker per side")
+client_shard_count = integer_at_least(1, "at least 1 client shard (1: the load generator in this process)")
 AUTO_THREADS = "auto"
 
 
@@ -194,6 +195,10 @@ _OPTIONS = (
     ("perf_ray", str, None,
      "run the measurements on Ray actors (docs/ray.md): local starts a cluster in this process, auto joins the "
      "one `ray start` runs here, or a cluster's address (ray://host:10001, host:6379); needs perfsuite[ray]"),
+    ("perf_client_shards", client_shard_count, "1",
+     "with --perf-ray and --perf-engines openai-http: split each open-loop schedule over this many client actors "
+     "on the cluster's nodes, round robin by request, each on the schedule's times (docs/ray.md, Client shards); "
+     "1: the client runs in the pytest process, without Ray"),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
     ("perf_history", history_location, DEFAULT_LOCATION,
      "the run history every --perf session (baseline recordings too) is appended to: a SQLite file (relative to the "
@@ -278,6 +283,7 @@ class PerfOptions:
     against_workers: int = option_default("perf_against_workers")  # worker processes per side
     against_threads: int | str = option_default("perf_against_threads")  # a count, or auto: chosen before each test
     ray: str | None = option_default("perf_ray")  # --perf-ray ADDRESS: measure on Ray actors
+    client_shards: int = option_default("perf_client_shards")  # openai-http's load generator over N Ray actors
     repeats_given: bool = False  # --perf-repeats (or its ini key) was set: A/B mode keeps it as it is
     kv_blocks: int | None = option_default("perf_kv_blocks")  # the paged engine's pool; None: its default
     # --perf-history, resolved like report_dir: a path under the rootdir, or a URL. None (--perf-history none, and
@@ -309,7 +315,9 @@ def read_options(config: pytest.Config) -> PerfOptions:
     if against is not None:
         _check_against(config, against, save_baseline, values["perf_engines"])
     if values["perf_ray"] is not None:
-        _check_ray(config, values["perf_ray"], against, values["perf_engines"])
+        _check_ray(config, values["perf_ray"], against, values["perf_engines"], values["perf_client_shards"])
+    if values["perf_client_shards"] > 1:
+        _check_client_shards(values)
     min_effect = values["perf_min_effect"]
     if min_effect is None:
         min_effect = PAIRED_MIN_EFFECT if against is not None else STORED_MIN_EFFECT
@@ -344,6 +352,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         against_workers=values["perf_against_workers"],
         against_threads=values["perf_against_threads"],
         ray=values["perf_ray"],
+        client_shards=values["perf_client_shards"],
         repeats_given=values["perf_repeats"] is not None,
         kv_blocks=values["perf_kv_blocks"],
         history_store=_history_store(values["perf_history"], rootdir),
@@ -374,7 +383,9 @@ def _ini_switch(config: pytest.Config, name: str) -> bool:
 SERVER_ENGINES = ("openai-http",)
 
 
-def _check_ray(config: pytest.Config, address: str, against: str | None, engines: tuple[str, ...]) -> None:
+def _check_ray(
+    config: pytest.Config, address: str, against: str | None, engines: tuple[str, ...], client_shards: int = 1
+) -> None:
     if not address.strip():
         raise pytest.UsageError("--perf-ray needs local, auto or a cluster's address, e.g. --perf-ray auto")
     if against is not None:
@@ -383,15 +394,37 @@ def _check_ray(config: pytest.Config, address: str, against: str | None, engines
             "drop one of them"
         )
     servers = [name for name in engines if name in SERVER_ENGINES]
-    if servers:
+    if servers and client_shards == 1:
         raise pytest.UsageError(
-            f"--perf-ray {address}: {', '.join(servers)} measures a server in another process, which the actors "
-            "would only add a hop to; measure it without --perf-ray"
+            f"--perf-ray {address}: {', '.join(servers)} measures a server in another process, which one actor "
+            "would only add a hop to; split its load over the cluster with --perf-client-shards N (N >= 2), or "
+            "measure it without --perf-ray"
         )
     if address == "local" and getattr(config.option, "numprocesses", None):
         raise pytest.UsageError(
             "--perf-ray local with -n: each xdist worker would start a cluster of its own; start one with "
             "`ray start --head` and give --perf-ray auto"
+        )
+
+
+def _check_client_shards(values: dict) -> None:
+    """Client shards split openai-http's schedule over Ray actors: they need both, and token-id prompts."""
+    shards = values["perf_client_shards"]
+    if values["perf_ray"] is None:
+        raise pytest.UsageError(
+            f"--perf-client-shards {shards} runs the load generator on Ray actors: give --perf-ray (local, auto or "
+            "the cluster's address) as well, or drop --perf-client-shards"
+        )
+    others = [name for name in values["perf_engines"] if name not in SERVER_ENGINES]
+    if others:
+        raise pytest.UsageError(
+            f"--perf-client-shards {shards} splits the load sent to a server, and {', '.join(others)} runs in-process "
+            f"with no client to split; give --perf-engines {','.join(SERVER_ENGINES)} (or drop --perf-client-shards)"
+        )
+    if values["perf_api"] == "chat" or values["perf_prompt_format"] == "text":
+        raise pytest.UsageError(
+            f"--perf-client-shards {shards}: a client shard loads no tokenizer, so it sends token-id prompts to "
+            "/v1/completions; drop --perf-api chat / --perf-prompt-format text, or measure with one client"
         )
 
 

@@ -25,6 +25,7 @@ from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, c
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import server_environment
+from perfsuite.measure.send_lag import shards_client_bound_reason
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.judge.results import TestResult
 from perfsuite.measure.summaries import Repeats, SizingParameters, sizing_parameters, summarise
@@ -195,6 +196,8 @@ class PerfRecorder:
 
         session, options = self.session, self.session.options
         self._require_factory_engine(engine, ClusterEngine, "--perf-ray", "an actor builds it by name on its node")
+        if session.client_shards is not None and not engine.runs_in_process:
+            return self._measure_with_client_shards(engine, requests, max_concurrency, arrival_rate, repeats)
         request = MeasureRequest(self.test_id, engine.knobs, tuple(requests), max_concurrency,
                                  options.profile.warmup_runs, repeats, options.busy_threshold)  # fmt: skip
         try:
@@ -218,6 +221,38 @@ class PerfRecorder:
         if options.save_baseline and runs.noisy:
             pytest.fail(f"{self.test_id}: baseline not saved: {runs.noisy}; record it on a quiet machine",
                         pytrace=False)  # fmt: skip
+        return self.result
+
+    def _measure_with_client_shards(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        max_concurrency: int | None,
+        arrival_rate: float | None,
+        repeats: int,
+    ) -> TestResult:
+        """``--perf-client-shards N``: each run's schedule split over N client actors, merged on this clock (a closed
+        loop: sent whole by one of them)."""
+        from perfsuite.cluster.pool import ClusterError
+        from perfsuite.measure.environment import served_model_environment
+
+        session, options = self.session, self.session.options
+        shards = session.client_shards
+        try:
+            for _ in range(options.profile.warmup_runs):
+                shards.run(self.test_id, requests, engine.batch_size, max_concurrency)
+            sharded = [shards.run(self.test_id, requests, engine.batch_size, max_concurrency) for _ in range(repeats)]
+        except ClusterError as error:
+            self.fail_unrecorded(error)
+        runs = Repeats(tuple(run.merged for run in sharded), noisy=shards_client_bound_reason(per_shard_runs(sharded)))
+        server = served_model_environment(sharded[-1].served_model, options.server_label)
+        parameters = self._sizing(engine, requests, max_concurrency, server)
+        configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
+        try:
+            self.result = session.record(self.test_id, runs, parameters, configuration, arrival_rate,
+                                         environment=server)  # fmt: skip
+        except (OutputError, BaselineError) as error:
+            self.fail_unrecorded(error)
         return self.result
 
     def _require_factory_engine(self, engine: BatchingEngine, stand_in: type, option: str, why: str) -> None:
@@ -369,6 +404,15 @@ class _BracketingProbe:
 
 class _BusyForGood(Exception):
     """The machine stayed busy after a disturbed repeat: more repeats would measure the other work."""
+
+
+def per_shard_runs(sharded: Sequence) -> list[tuple[str, list[RunResult]]]:
+    """Each client shard's own runs (one per repeat, on its own clock), by the shard's name, for its send-lag check."""
+    by_shard: dict[str, list[RunResult]] = {}
+    for run in sharded:
+        for part in run.shards:
+            by_shard.setdefault(part.name, []).append(part.run)
+    return list(by_shard.items())
 
 
 def runs_in_process(engine: BatchingEngine) -> bool:

@@ -50,6 +50,7 @@ from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
     from perfsuite.history.head import HeadCheck
+    from perfsuite.cluster.client_pool import ClientShards
     from perfsuite.cluster.pool import RayPool
     from perfsuite.plugin.against import Against
 
@@ -82,6 +83,7 @@ class PerfSession:
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     against: Against | None = None  # --perf-against: the reference tree and the two workers
     cluster: RayPool | None = None  # --perf-ray: the actors that measure on the cluster's nodes
+    client_shards: ClientShards | None = None  # --perf-client-shards N: openai-http's load generator on the cluster
     finished: Results | None = None  # the document finish() made: results.json's, and what the history gets
     head_check: HeadCheck | None = None  # change points at the head of the run history, once finished
     earlier_sessions: list[Results] = field(default_factory=list)  # the run history before this session, once finished
