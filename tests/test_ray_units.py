@@ -3,17 +3,21 @@ reserves, the plugin's usage errors, and a missing Ray named with what to instal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from perfsuite.cluster import wire
-from perfsuite.cluster.actor import bracketed
+from perfsuite.cluster.actor import MeasureActor, bracketed
 from perfsuite.cluster.pool import Requirement
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 from perfsuite.measure.environment import Environment
+from perfsuite.workload import MultiTurn
+from perfsuite.workload.prompts import Vocab
 
 pytest_plugins = ["pytester"]
 
@@ -174,3 +178,52 @@ def test_xdist_with_a_cluster_does_not_share_out_this_hosts_gpus(pytester, monke
     assert hooks.pytest_xdist_auto_num_workers(config) is None
     without_ray = pytester.parseconfig("--perf", "--perf-device", "cuda")
     assert hooks.pytest_xdist_auto_num_workers(without_ray) == 3
+
+
+# -- multi-turn workloads: typed over the wire, resolved by the engine the actor builds -----------------------------
+
+MULTI_TURN = tuple(MultiTurn(sessions=2, turns=3, prompt=4, message=2, output=3).requests(Vocab(97, first_id=3), 7,
+                                                                                          [0.0, 0.0]))  # fmt: skip
+
+
+def actor_over(backend) -> MeasureActor:
+    """An actor over ``backend`` without Ray (its constructor loads a model and asks Ray for its node)."""
+    actor = MeasureActor.__new__(MeasureActor)
+    actor._backend, actor._environment, actor._node, actor._engines = backend, ENVIRONMENT, NODE, {}
+    return actor
+
+
+def fake_backend():
+    from perfsuite.adapters import Backend
+    from perfsuite.engine.fake_runner import FakeRunner
+
+    return Backend(runner=FakeRunner(vocab_size=97), tokenize=lambda text: [3], eos_token_id=None, max_context=512,
+                   device="cpu", probe=lambda device: 1.0)  # fmt: skip
+
+
+def test_a_multi_turn_workload_travels_with_its_follow_ups():
+    request = dataclasses.replace(REQUEST, requests=MULTI_TURN)
+    assert sum(r.follows is not None for r in MULTI_TURN) == 4
+    assert wire.loads(wire.MeasureRequest, wire.dumps(request)) == request
+
+
+def test_the_controllers_stand_in_lets_follow_ups_through_and_the_actors_engine_resolves_them():
+    from perfsuite.adapters.protocol import EngineConfig, check_serves_follow_ups
+    from perfsuite.plugin.cluster import ClusterEngine
+
+    check_serves_follow_ups(ClusterEngine("inflight", EngineConfig(2, 64)), MULTI_TURN)
+    request = wire.MeasureRequest("t", wire.EngineKnobs("inflight", 2, 64), MULTI_TURN, None, 0, 2, 0.05)
+    result = wire.loads(wire.MeasureResult, actor_over(fake_backend()).measure(wire.dumps(request)))
+    assert len(result.runs) == 2
+    records = {r.request_id: r for r in result.runs[-1].records}
+    assert [records[f"s0-t{turn}"].num_prompt_tokens for turn in range(3)] == [4, 4 + 3 + 2, 4 + 3 + 2 + 3 + 2]
+    assert records["s1-t1"].arrival_time >= records["s1-t0"].finished_time
+
+
+def test_an_engine_that_cannot_resolve_follow_ups_fails_on_the_node_naming_it():
+    actor = actor_over(fake_backend())
+    knobs = wire.EngineKnobs("one-turn", 2, 64)
+    actor._engines[knobs] = SimpleNamespace(name="one-turn", run=lambda *args, **kwargs: pytest.fail("ran"))
+    request = wire.MeasureRequest("t", knobs, MULTI_TURN, None, 0, 1, 0.05)
+    with pytest.raises(ValueError, match="engine 'one-turn' cannot serve multi-turn follow-ups"):
+        actor.measure(wire.dumps(request))

@@ -50,12 +50,14 @@ class MeasureActor:
         return wire.dumps(wire.Tokens(tuple(int(t) for t in self._backend.tokenize(message.text))))
 
     def measure(self, text: str) -> str:
+        from perfsuite.adapters.protocol import check_serves_follow_ups
         from perfsuite.measure.contention import CpuMeter, contention_reason
         from perfsuite.measure.timing import DevicePeakMemory, timed_run
 
         request = wire.loads(wire.MeasureRequest, text)
         engine = self._engine(request.engine)
         requests, device = list(request.requests), self._backend.device
+        check_serves_follow_ups(engine, requests)  # the controller's stand-in cannot know what this engine does
         for _ in range(request.warmup_runs):
             engine.run(requests, max_concurrency=request.max_concurrency)
         readings = [self._backend.probe(device)]

@@ -64,6 +64,9 @@ class ClusterEngine:
     config: EngineConfig
     greedy_equal = False  # checked by the correctness tests, not here
     runs_in_process = True
+    # The actor builds the real engine on its node and checks there that it resolves a multi-turn workload's
+    # follow-ups (perfsuite's own engines do, in Engine.run); one that does not fails the test naming it.
+    resolves_follow_ups = True
 
     @property
     def batch_size(self) -> int:
