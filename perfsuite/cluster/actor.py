@@ -78,6 +78,48 @@ class MeasureActor:
             )
         )  # fmt: skip
 
+    def measure_capacity(self, text: str) -> str:
+        """A capacity test's every run on this node: warm-ups, the start, then each search between two probes."""
+        from perfsuite.adapters.protocol import check_serves_follow_ups
+        from perfsuite.measure.capacity import CapacityError
+        from perfsuite.measure.capacity_runs import CapacityRuns, scaled_to
+        from perfsuite.measure.contention import CpuMeter, contention_reason
+        from perfsuite.measure.timing import timed_run
+
+        request = wire.loads(wire.CapacityRequest, text)
+        engine = self._engine(request.engine)
+        device, requests = self._backend.device, request.requests
+        check_serves_follow_ups(engine, requests)
+
+        def run(sent, max_concurrency):
+            return timed_run(engine, sent, device, max_concurrency=max_concurrency)
+
+        runs = CapacityRuns(run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state,
+                            request.choices)  # fmt: skip
+        search = runs.prepare(request.warmup_runs)
+        readings, searches, at_capacity, uses, no_capacity = [self._backend.probe(device)], [], [], [], None
+        for _ in range(request.repeats):
+            with CpuMeter() as meter:
+                try:
+                    capacity, at = runs.one_search()
+                except CapacityError as error:
+                    no_capacity = str(error)
+            if no_capacity is not None:
+                break
+            searches.append(capacity)
+            at_capacity.append(at)
+            uses.append(meter.use)
+            readings.append(self._backend.probe(device))
+        return wire.dumps(
+            wire.CapacityResult(
+                test_id=request.test_id, node=self._node, environment=self._environment, search=search,
+                searches=tuple(searches), at_capacity=tuple(at_capacity), probes=bracketed(readings),
+                busy_shares=tuple(u.busy_share for u in uses if u is not None),
+                noisy=contention_reason(uses, request.busy_threshold), no_capacity=no_capacity,
+                runs_in_process=getattr(engine, "runs_in_process", True),
+            )
+        )  # fmt: skip
+
     def _engine(self, knobs: wire.EngineKnobs):
         from perfsuite.adapters import EngineConfig, build_engine
 
