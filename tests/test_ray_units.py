@@ -15,7 +15,7 @@ from perfsuite.cluster import wire
 from perfsuite.cluster.actor import MeasureActor, bracketed
 from perfsuite.cluster.pool import Requirement
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
-from perfsuite.measure.capacity import CapacitySearch, SteadyState
+from perfsuite.measure.capacity import CapacityError, CapacitySearch, SteadyState
 from perfsuite.measure.capacity_runs import CapacityRuns, SearchChoices, rate_scaling_mismatch, scaled_to
 from perfsuite.measure.environment import Environment
 from perfsuite.measure.metrics import SLO
@@ -277,6 +277,23 @@ def test_a_capacity_search_that_finds_none_says_why_and_keeps_no_search():
     result = wire.loads(wire.CapacityResult, capacity_actor(engine).measure_capacity(wire.dumps(request)))
     assert "loosen the SLO" in result.no_capacity
     assert result.searches == () and result.at_capacity == ()
+
+
+def test_a_later_search_that_finds_none_drops_the_earlier_ones_too(monkeypatch):
+    one_search, calls = CapacityRuns.one_search, []
+
+    def second_finds_none(runs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise CapacityError("the second search found none")
+        return one_search(runs)
+
+    monkeypatch.setattr(CapacityRuns, "one_search", second_finds_none)
+    engine = LoadLatencyEngine(service_rate=40.0)
+    request = capacity_request(engine.name, repeats=3)
+    result = wire.loads(wire.CapacityResult, capacity_actor(engine).measure_capacity(wire.dumps(request)))
+    assert result.no_capacity == "the second search found none" and len(calls) == 2
+    assert result.searches == result.at_capacity == result.probes == result.busy_shares == ()
 
 
 def test_requests_at_a_rate_must_be_the_requests_at_one_scaled_by_it():

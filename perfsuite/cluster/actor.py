@@ -11,6 +11,7 @@ but not re-run: the controller's verdict calls it noisy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 
@@ -97,26 +98,24 @@ class MeasureActor:
         runs = CapacityRuns(run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state,
                             request.choices)  # fmt: skip
         search = runs.prepare(request.warmup_runs)
-        readings, searches, at_capacity, uses, no_capacity = [self._backend.probe(device)], [], [], [], None
+        found = wire.CapacityResult(request.test_id, self._node, self._environment, search,
+                                    runs_in_process=getattr(engine, "runs_in_process", True))  # fmt: skip
+        readings, searches, at_capacity, uses = [self._backend.probe(device)], [], [], []
         for _ in range(request.repeats):
             with CpuMeter() as meter:
                 try:
                     capacity, at = runs.one_search()
-                except CapacityError as error:
-                    no_capacity = str(error)
-            if no_capacity is not None:
-                break
+                except CapacityError as error:  # the test fails: no search of it is kept
+                    return wire.dumps(dataclasses.replace(found, no_capacity=str(error)))
             searches.append(capacity)
             at_capacity.append(at)
             uses.append(meter.use)
             readings.append(self._backend.probe(device))
         return wire.dumps(
-            wire.CapacityResult(
-                test_id=request.test_id, node=self._node, environment=self._environment, search=search,
-                searches=tuple(searches), at_capacity=tuple(at_capacity), probes=bracketed(readings),
+            dataclasses.replace(
+                found, searches=tuple(searches), at_capacity=tuple(at_capacity), probes=bracketed(readings),
                 busy_shares=tuple(u.busy_share for u in uses if u is not None),
-                noisy=contention_reason(uses, request.busy_threshold), no_capacity=no_capacity,
-                runs_in_process=getattr(engine, "runs_in_process", True),
+                noisy=contention_reason(uses, request.busy_threshold),
             )
         )  # fmt: skip
 
