@@ -41,6 +41,7 @@ Needs Ray (``pip install 'perfsuite[ray]'``) and pytest-xdist.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -87,6 +88,7 @@ class Session:
     side: str  # "A" or "B"
     seconds: float
     exit_code: int
+    num_nodes: int = 0  # the Ray nodes its results.json names (0: measured without Ray)
 
 
 def alternated(rounds: int) -> list[str]:
@@ -108,10 +110,10 @@ def ratio_of_medians(sessions: Sequence[Session], numerator: str, denominator: s
 
 
 def table(sessions: Sequence[Session], labels: dict[str, str]) -> str:
-    lines = [f"{'round':>5}  {'side':<4}  {'what':<40}  {'wall s':>8}  exit"]
+    lines = [f"{'round':>5}  {'side':<4}  {'what':<40}  {'wall s':>8}  exit  nodes"]
     for index, session in enumerate(sessions):
         lines.append(f"{index // 2 + 1:>5}  {session.side:<4}  {labels[session.side]:<40}  {session.seconds:>8.1f}  "
-                     f"{session.exit_code}")  # fmt: skip
+                     f"{session.exit_code:>4}  {session.num_nodes:>5}")  # fmt: skip
     for side in "AB":
         times = [s.seconds for s in sessions if s.side == side]
         lines.append(f"median {side} ({labels[side]}): {statistics.median(times):.1f} s over {len(times)} sessions")
@@ -126,10 +128,20 @@ def run_session(command: Sequence[str], side: str, setup: str = "") -> Session:
         started = time.perf_counter()
         done = subprocess.run(command, cwd=directory, capture_output=True, text=True, env=_private_ray_env(directory))
         seconds = time.perf_counter() - started
+        num_nodes = nodes_named(Path(directory, "reports", "results.json"))
     if done.returncode not in (0, 5):  # 0: every test measured (and skipped: no baseline), 5: -k selected none
         print(f"{side}: exit {done.returncode}:\n{(done.stdout + done.stderr)[-TAIL_CHARS:]}", file=sys.stderr)
     print(f"{side}: {seconds:.1f} s, exit {done.returncode}", file=sys.stderr)
-    return Session(side, seconds, done.returncode)
+    return Session(side, seconds, done.returncode, num_nodes)
+
+
+def nodes_named(results_json: Path) -> int:
+    """The distinct Ray nodes a session's results.json names (did the tests spread?); 0 without one."""
+    try:
+        tests = json.loads(results_json.read_text())["tests"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return len({test["node"] for test in tests if test.get("node")})
 
 
 def _private_ray_env(directory: str) -> dict[str, str]:

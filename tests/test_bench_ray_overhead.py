@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench_modules import load_bench
@@ -30,7 +32,15 @@ def test_the_ratio_is_of_the_medians_and_the_table_shows_each_session_and_each_m
     assert ray_overhead.ratio_of_medians(sessions, "B", "A") == pytest.approx(13.0 / 11.0)
     shown = ray_overhead.table(sessions, {"A": "without Ray", "B": "--perf-ray local"})
     assert "median B (--perf-ray local): 13.0 s over 3 sessions" in shown
-    assert shown.splitlines()[6].split()[-2:] == ["99.0", "1"], "round 3's B, its exit code shown"
+    assert shown.splitlines()[6].split()[-3:] == ["99.0", "1", "0"], "round 3's B, its exit code, no nodes"
+
+
+def test_the_nodes_a_session_measured_on_are_counted_from_its_results(tmp_path):
+    results = tmp_path / "results.json"
+    assert ray_overhead.nodes_named(results) == 0
+    results.write_text(json.dumps({"tests": [{"node": "a (1, node 1)"}, {"node": "b (2, node 2)"},
+                                             {"node": "a (1, node 1)"}, {"test_id": "no node"}]}))  # fmt: skip
+    assert ray_overhead.nodes_named(results) == 2
 
 
 def test_bad_rounds_are_refused_naming_the_option(capsys):
