@@ -66,8 +66,9 @@ REFERENCE_FIELDS = {"reference_samples": "samples", "reference_timeline": "timel
 
 def changed(result: TestResult, **fields: Any) -> TestResult:
     """``result`` with fields of its measurement, its judgement or its REF side replaced, each named as the
-    field is (the REF side's with ``reference_`` before ``samples`` and ``timeline``), or its ``capacity``."""
-    unknown = set(fields) - MEASUREMENT_FIELDS - JUDGEMENT_FIELDS - set(REFERENCE_FIELDS) - {"capacity"}
+    field is (the REF side's with ``reference_`` before ``samples`` and ``timeline``), its ``capacity`` or
+    its ``node``."""
+    unknown = set(fields) - MEASUREMENT_FIELDS - JUDGEMENT_FIELDS - set(REFERENCE_FIELDS) - {"capacity", "node"}
     assert not unknown, f"no such field of a test's result: {sorted(unknown)}"
     measured = {name: value for name, value in fields.items() if name in MEASUREMENT_FIELDS}
     judged = {name: value for name, value in fields.items() if name in JUDGEMENT_FIELDS}
@@ -77,6 +78,8 @@ def changed(result: TestResult, **fields: Any) -> TestResult:
         result = dataclasses.replace(result, reference=dataclasses.replace(side, **reference))
     if "capacity" in fields:
         result = dataclasses.replace(result, capacity=fields["capacity"])
+    if "node" in fields:
+        result = dataclasses.replace(result, node=fields["node"])
     return dataclasses.replace(
         result,
         measurement=dataclasses.replace(result.measurement, **measured),

@@ -31,6 +31,7 @@ PURE_MODULES = [
     "perfsuite.engine.arrivals",
     "perfsuite.measure.metrics",
     "perfsuite.measure.capacity",
+    "perfsuite.measure.capacity_runs",
     "perfsuite.measure.prefix_cache",
     "perfsuite.correctness",
     "perfsuite.testing",

@@ -303,3 +303,41 @@ def test_two_client_shards_deliver_the_schedule_merged_in_order_on_the_controlle
         slack = bound[shard_of[earlier.request_id]] + bound[shard_of[later.request_id]]
         assert later.sent_time >= earlier.sent_time - slack, f"{later.request_id} went before {earlier.request_id}"
     assert_nothing_left(cluster)
+
+
+# -- ray-gaps: multi-turn workloads and capacity searches on the cluster ---------------------------------------------
+
+MULTI_TURN_SWEEP = """
+[sweep]
+engines = ["inflight"]
+batch_sizes = [2]
+repeats = 2
+
+[[workload]]
+kind = "multi_turn"
+sessions = 2
+turns = 2
+prompt = 8
+message = 4
+output = 3
+"""
+
+
+def test_a_multi_turn_workload_and_a_capacity_search_are_measured_on_one_node_each(pytester, cluster):
+    if not cluster.worker_nodes:  # the node-removal test removed both
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+        cluster.wait_for_nodes()
+    pytester.makefile(".toml", sweep=MULTI_TURN_SWEEP)
+    result = run_session(pytester, "-k", "test_sweep or test_capacity and static", "--perf-config", "sweep.toml",
+                         "--perf-slo", "ttft=2s", "--perf-repeats", "2", "--perf-ray", cluster.address)  # fmt: skip
+
+    result.assert_outcomes(skipped=2)  # measured and recorded; no baselines here, so judged nothing
+    tests = {test_id.split("::")[-1].split("[")[0]: test for test_id, test in by_test(pytester).items()}
+    multi_turn, capacity = tests["test_sweep"], tests["test_capacity"]
+    # each second turn's prompt is 8 + 3 + 4 tokens, resolved by the actor's engine: the mean over 4 turns
+    assert multi_turn.measurement.parameters.input_length == pytest.approx(11.5)
+    assert multi_turn.node and capacity.node, "each names the node that measured it"
+    assert len(capacity.capacity.searches) == 2 and all(s.probes for s in capacity.capacity.searches)
+    assert capacity.fingerprint == multi_turn.fingerprint  # the node's environment, not this process's (no torch)
+    assert_nothing_left(cluster)
+

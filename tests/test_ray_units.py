@@ -3,17 +3,25 @@ reserves, the plugin's usage errors, and a missing Ray named with what to instal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from perfsuite.cluster import wire
-from perfsuite.cluster.actor import bracketed
+from perfsuite.cluster.actor import MeasureActor, bracketed
 from perfsuite.cluster.pool import Requirement
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
+from perfsuite.measure.capacity import CapacityError, CapacitySearch, SteadyState
+from perfsuite.measure.capacity_runs import CapacityRuns, SearchChoices, rate_scaling_mismatch, scaled_to
 from perfsuite.measure.environment import Environment
+from perfsuite.measure.metrics import SLO
+from perfsuite.workload import Arrivals, MultiTurn, OutputLengths, Workload
+from perfsuite.workload.prompts import Vocab
+from capacity_fakes import LoadLatencyEngine
 
 pytest_plugins = ["pytester"]
 
@@ -39,8 +47,10 @@ def test_a_request_and_a_result_travel_as_typed_json_and_come_back_equal():
 
 def test_another_protocol_version_or_message_is_refused_naming_it():
     data = json.loads(wire.dumps(REQUEST))
-    with pytest.raises(wire.ClusterWireError, match="version 2, this side speaks 1: install the same perfsuite"):
-        wire.loads(wire.MeasureRequest, json.dumps({**data, "v": 2}))
+    other = wire.PROTOCOL_VERSION + 1
+    with pytest.raises(wire.ClusterWireError,
+                       match=f"version {other}, this side speaks {wire.PROTOCOL_VERSION}: install the same perfsuite"):
+        wire.loads(wire.MeasureRequest, json.dumps({**data, "v": other}))
     with pytest.raises(wire.ClusterWireError, match="expected a MeasureResult message, got 'MeasureRequest'"):
         wire.loads(wire.MeasureResult, wire.dumps(REQUEST))
     with pytest.raises(wire.ClusterWireError, match="has no field surprise"):
@@ -174,3 +184,134 @@ def test_xdist_with_a_cluster_does_not_share_out_this_hosts_gpus(pytester, monke
     assert hooks.pytest_xdist_auto_num_workers(config) is None
     without_ray = pytester.parseconfig("--perf", "--perf-device", "cuda")
     assert hooks.pytest_xdist_auto_num_workers(without_ray) == 3
+
+
+# -- multi-turn workloads: typed over the wire, resolved by the engine the actor builds -----------------------------
+
+MULTI_TURN = tuple(MultiTurn(sessions=2, turns=3, prompt=4, message=2, output=3).requests(Vocab(97, first_id=3), 7,
+                                                                                          [0.0, 0.0]))  # fmt: skip
+
+
+def actor_over(backend) -> MeasureActor:
+    """An actor over ``backend`` without Ray (its constructor loads a model and asks Ray for its node)."""
+    actor = MeasureActor.__new__(MeasureActor)
+    actor._backend, actor._environment, actor._node, actor._engines = backend, ENVIRONMENT, NODE, {}
+    return actor
+
+
+def fake_backend():
+    from perfsuite.adapters import Backend
+    from perfsuite.engine.fake_runner import FakeRunner
+
+    return Backend(runner=FakeRunner(vocab_size=97), tokenize=lambda text: [3], eos_token_id=None, max_context=512,
+                   device="cpu", probe=lambda device: 1.0)  # fmt: skip
+
+
+def test_a_multi_turn_workload_travels_with_its_follow_ups():
+    request = dataclasses.replace(REQUEST, requests=MULTI_TURN)
+    assert sum(r.follows is not None for r in MULTI_TURN) == 4
+    assert wire.loads(wire.MeasureRequest, wire.dumps(request)) == request
+
+
+def test_the_controllers_stand_in_lets_follow_ups_through_and_the_actors_engine_resolves_them():
+    from perfsuite.adapters.protocol import EngineConfig, check_serves_follow_ups
+    from perfsuite.plugin.cluster import ClusterEngine
+
+    check_serves_follow_ups(ClusterEngine("inflight", EngineConfig(2, 64)), MULTI_TURN)
+    request = wire.MeasureRequest("t", wire.EngineKnobs("inflight", 2, 64), MULTI_TURN, None, 0, 2, 0.05)
+    result = wire.loads(wire.MeasureResult, actor_over(fake_backend()).measure(wire.dumps(request)))
+    assert len(result.runs) == 2
+    records = {r.request_id: r for r in result.runs[-1].records}
+    assert [records[f"s0-t{turn}"].num_prompt_tokens for turn in range(3)] == [4, 4 + 3 + 2, 4 + 3 + 2 + 3 + 2]
+    assert records["s1-t1"].arrival_time >= records["s1-t0"].finished_time
+
+
+def test_an_engine_that_cannot_resolve_follow_ups_fails_on_the_node_naming_it():
+    actor = actor_over(fake_backend())
+    knobs = wire.EngineKnobs("one-turn", 2, 64)
+    actor._engines[knobs] = SimpleNamespace(name="one-turn", run=lambda *args, **kwargs: pytest.fail("ran"))
+    request = wire.MeasureRequest("t", knobs, MULTI_TURN, None, 0, 1, 0.05)
+    with pytest.raises(ValueError, match="engine 'one-turn' cannot serve multi-turn follow-ups"):
+        actor.measure(wire.dumps(request))
+
+
+# -- capacity searches: one typed request, every search on the actor's node -----------------------------------------
+
+CAPACITY_SLO = SLO(ttft=0.050)
+
+
+def capacity_workload(rate: float) -> list[Request]:
+    return Workload(16, OutputLengths(), Arrivals(rate), seed=3).requests(lambda text: [5, 6, 7])
+
+
+def capacity_request(engine: str, repeats: int = 2, slo: SLO = CAPACITY_SLO) -> wire.CapacityRequest:
+    return wire.CapacityRequest("suites/test_capacity.py::test_capacity[x]", wire.EngineKnobs(engine, 4, 64),
+                                tuple(capacity_workload(1.0)), slo, SteadyState(), SearchChoices(), warmup_runs=1,
+                                repeats=repeats, busy_threshold=0.99)  # fmt: skip
+
+
+def capacity_actor(engine) -> MeasureActor:
+    actor = actor_over(fake_backend())
+    actor._engines[wire.EngineKnobs(engine.name, 4, 64)] = engine
+    return actor
+
+
+def test_a_capacity_test_runs_every_search_on_the_actor_and_finds_what_the_process_finds():
+    engine = LoadLatencyEngine(service_rate=40.0)
+    request = capacity_request(engine.name)
+    result = wire.loads(wire.CapacityResult, capacity_actor(engine).measure_capacity(wire.dumps(request)))
+
+    here = CapacityRuns(lambda requests, c: engine.run(requests, max_concurrency=c), capacity_workload, CAPACITY_SLO,
+                        SteadyState(), SearchChoices())  # fmt: skip
+    assert result.search == here.prepare(warmup_runs=1)
+    expected = [here.one_search()[0] for _ in range(2)]
+    assert [s.requests_per_second for s in result.searches] == pytest.approx([s.requests_per_second for s in expected])
+    assert result.node == NODE and result.no_capacity is None
+    assert len(result.at_capacity) == len(result.probes) == 2, "one run at each capacity, the probe around each search"
+    assert wire.loads(wire.CapacityResult, wire.dumps(result)) == result
+
+
+def test_a_capacity_search_that_finds_none_says_why_and_keeps_no_search():
+    engine = LoadLatencyEngine(service_rate=40.0)  # its unloaded TTFT is 10 ms: an SLO of 1 ms never holds
+    request = capacity_request(engine.name, slo=SLO(ttft=0.001))
+    result = wire.loads(wire.CapacityResult, capacity_actor(engine).measure_capacity(wire.dumps(request)))
+    assert "loosen the SLO" in result.no_capacity
+    assert result.searches == () and result.at_capacity == ()
+
+
+def test_a_later_search_that_finds_none_drops_the_earlier_ones_too(monkeypatch):
+    one_search, calls = CapacityRuns.one_search, []
+
+    def second_finds_none(runs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise CapacityError("the second search found none")
+        return one_search(runs)
+
+    monkeypatch.setattr(CapacityRuns, "one_search", second_finds_none)
+    engine = LoadLatencyEngine(service_rate=40.0)
+    request = capacity_request(engine.name, repeats=3)
+    result = wire.loads(wire.CapacityResult, capacity_actor(engine).measure_capacity(wire.dumps(request)))
+    assert result.no_capacity == "the second search found none" and len(calls) == 2
+    assert result.searches == result.at_capacity == result.probes == result.busy_shares == ()
+
+
+def test_requests_at_a_rate_must_be_the_requests_at_one_scaled_by_it():
+    at_one = capacity_workload(1.0)
+    assert rate_scaling_mismatch(at_one, capacity_workload(2.0), 2.0) is None
+    assert scaled_to(at_one, 4.0)[-1].arrival_time == at_one[-1].arrival_time / 4
+    shorter = rate_scaling_mismatch(at_one, capacity_workload(2.0)[:8], 2.0)
+    assert shorter == "8 requests at 2 req/s, 16 at 1 req/s"
+    other_seed = Workload(16, OutputLengths(), Arrivals(2.0), seed=4).requests(lambda text: [5, 6, 7])
+    assert "arrives at" in rate_scaling_mismatch(at_one, other_seed, 2.0)
+    longer = [dataclasses.replace(r, sampling_params=SamplingParams(9)) for r in scaled_to(at_one, 2.0)]
+    assert rate_scaling_mismatch(at_one, longer, 2.0) == "request 'req-0' differs in more than its arrival time"
+
+
+def test_a_capacity_test_may_take_the_timeout_for_each_run_it_may_make():
+    from perfsuite.cluster.pool import RayPool
+
+    pool = RayPool("auto", wire.ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=5)
+    request = capacity_request("static", repeats=3)
+    assert pool._timeout_of(REQUEST) == 5
+    assert pool._timeout_of(request) == 5 * (1 + 2 + 3 * CapacitySearch().max_probes)

@@ -11,6 +11,7 @@ but not re-run: the controller's verdict calls it noisy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 
@@ -50,12 +51,14 @@ class MeasureActor:
         return wire.dumps(wire.Tokens(tuple(int(t) for t in self._backend.tokenize(message.text))))
 
     def measure(self, text: str) -> str:
+        from perfsuite.adapters.protocol import check_serves_follow_ups
         from perfsuite.measure.contention import CpuMeter, contention_reason
         from perfsuite.measure.timing import DevicePeakMemory, timed_run
 
         request = wire.loads(wire.MeasureRequest, text)
         engine = self._engine(request.engine)
         requests, device = list(request.requests), self._backend.device
+        check_serves_follow_ups(engine, requests)  # the controller's stand-in cannot know what this engine does
         for _ in range(request.warmup_runs):
             engine.run(requests, max_concurrency=request.max_concurrency)
         readings = [self._backend.probe(device)]
@@ -73,6 +76,46 @@ class MeasureActor:
                 noisy=contention_reason(uses, request.busy_threshold),
                 device_memory=tuple(peaks) if all(p is not None for p in peaks) else (),
                 runs_in_process=getattr(engine, "runs_in_process", True),
+            )
+        )  # fmt: skip
+
+    def measure_capacity(self, text: str) -> str:
+        """A capacity test's every run on this node: warm-ups, the start, then each search between two probes."""
+        from perfsuite.adapters.protocol import check_serves_follow_ups
+        from perfsuite.measure.capacity import CapacityError
+        from perfsuite.measure.capacity_runs import CapacityRuns, scaled_to
+        from perfsuite.measure.contention import CpuMeter, contention_reason
+        from perfsuite.measure.timing import timed_run
+
+        request = wire.loads(wire.CapacityRequest, text)
+        engine = self._engine(request.engine)
+        device, requests = self._backend.device, request.requests
+        check_serves_follow_ups(engine, requests)
+
+        def run(sent, max_concurrency):
+            return timed_run(engine, sent, device, max_concurrency=max_concurrency)
+
+        runs = CapacityRuns(run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state,
+                            request.choices)  # fmt: skip
+        search = runs.prepare(request.warmup_runs)
+        found = wire.CapacityResult(request.test_id, self._node, self._environment, search,
+                                    runs_in_process=getattr(engine, "runs_in_process", True))  # fmt: skip
+        readings, searches, at_capacity, uses = [self._backend.probe(device)], [], [], []
+        for _ in range(request.repeats):
+            with CpuMeter() as meter:
+                try:
+                    capacity, at = runs.one_search()
+                except CapacityError as error:  # the test fails: no search of it is kept
+                    return wire.dumps(dataclasses.replace(found, no_capacity=str(error)))
+            searches.append(capacity)
+            at_capacity.append(at)
+            uses.append(meter.use)
+            readings.append(self._backend.probe(device))
+        return wire.dumps(
+            dataclasses.replace(
+                found, searches=tuple(searches), at_capacity=tuple(at_capacity), probes=bracketed(readings),
+                busy_shares=tuple(u.busy_share for u in uses if u is not None),
+                noisy=contention_reason(uses, request.busy_threshold),
             )
         )  # fmt: skip
 

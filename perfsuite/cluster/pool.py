@@ -72,8 +72,17 @@ class Requirement:
 class Delivered:
     """A measurement's result, and the first attempt's failure when it was retried on another node."""
 
-    result: wire.MeasureResult
+    result: wire.MeasureResult | wire.CapacityResult
     retried_after: str | None = None
+
+
+Measurement = wire.MeasureRequest | wire.CapacityRequest
+
+# Each request: the actor's method that answers it, and the answer's message.
+_ANSWERS: dict[type, tuple[str, type]] = {
+    wire.MeasureRequest: ("measure", wire.MeasureResult),
+    wire.CapacityRequest: ("measure_capacity", wire.CapacityResult),
+}
 
 
 class RayPool:
@@ -146,8 +155,11 @@ class RayPool:
         answer = self._get(actor.tokenize.remote(wire.dumps(wire.Tokenize(text))), node, seconds, "tokenize")
         return wire.loads(wire.Tokens, answer).token_ids
 
-    def measure(self, request: wire.MeasureRequest) -> Delivered:
-        """``request`` on the next usable node; once more, all repeats, on another node should its actor die."""
+    def measure(self, request: Measurement) -> Delivered:
+        """``request`` on the next usable node; once more, all of it, on another node should its actor die.
+
+        A capacity test is one request: every search of it, and every probe of each, runs on one node.
+        """
         nodes = self._usable_nodes()
         first = nodes[self._next % len(nodes)]
         self._next += 1
@@ -184,14 +196,22 @@ class RayPool:
     def nodes_used(self) -> tuple[wire.NodeInfo, ...]:
         return tuple(self._nodes[node_id] for node_id in self._actors)
 
-    def _measure_on(self, node: wire.NodeInfo, request: wire.MeasureRequest) -> wire.MeasureResult:
+    def _measure_on(self, node: wire.NodeInfo, request: Measurement) -> wire.MeasureResult | wire.CapacityResult:
+        method, answer = _ANSWERS[type(request)]
         actor = self._actor_on(node)
         self._get(actor.describe.remote(), node, START_SECONDS, "load the model")  # a new actor loads first
-        text = self._get(actor.measure.remote(wire.dumps(request)), node, self.timeout, f"measure {request.test_id}")
-        result = wire.loads(wire.MeasureResult, text)
+        remote = getattr(actor, method).remote(wire.dumps(request))
+        text = self._get(remote, node, self._timeout_of(request), f"{method} {request.test_id}")
+        result = wire.loads(answer, text)
         if result.node.node_id != node.node_id:
             raise ClusterError(f"{request.test_id}: asked node {node}, answered by {result.node}")
         return result
+
+    def _timeout_of(self, request: Measurement) -> float:
+        """``timeout`` bounds one measurement's runs; a capacity test's many runs get it for each run they may make."""
+        if isinstance(request, wire.CapacityRequest):
+            return self.timeout * request.max_runs
+        return self.timeout
 
     def _usable_nodes(self, must_have_one: bool = True) -> list[wire.NodeInfo]:
         """Live nodes whose actor has not died: ours, and those with the resources for one free (another

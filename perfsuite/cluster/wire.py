@@ -18,9 +18,12 @@ from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.server_info import ServedModel
 from perfsuite.codec import CodecError, decode, encode
 from perfsuite.engine import Request, RunResult
+from perfsuite.measure.capacity import Capacity, CapacitySearch, SteadyState
+from perfsuite.measure.capacity_runs import SearchChoices
 from perfsuite.measure.environment import Environment
+from perfsuite.measure.metrics import SLO
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: capacity searches (CapacityRequest, CapacityResult)
 _TYPE_KEY = "type"
 _VERSION_KEY = "v"
 
@@ -114,9 +117,57 @@ class MeasureResult:
     runs_in_process: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class CapacityRequest:
+    """One capacity test: warm-ups, the offline run that sets the start, then ``repeats`` searches, all on one node.
+
+    ``requests``: the probe's requests at 1 req/s; each probe at rate r sends
+    them with their arrival offsets divided by r (``measure.capacity_runs.scaled_to``).
+    """
+
+    test_id: str
+    engine: EngineKnobs
+    requests: tuple[Request, ...]
+    slo: SLO
+    steady_state: SteadyState
+    choices: SearchChoices
+    warmup_runs: int
+    repeats: int
+    busy_threshold: float
+
+    @property
+    def max_runs(self) -> int:
+        """The most runs it can take (warm-ups, the start, the unloaded probe, every search's probes)."""
+        return self.warmup_runs + 2 + self.repeats * CapacitySearch().max_probes
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityResult:
+    """The searches of one ``CapacityRequest``, every probe of every one of them from ``node``.
+
+    ``at_capacity``: each search's run at the capacity it found; ``probes`` and
+    ``busy_shares``: the machine probe around each search and other work's
+    share of the node's CPU during it. ``no_capacity``: why a search found
+    none (the searches before it are dropped: the test fails).
+    """
+
+    test_id: str
+    node: NodeInfo
+    environment: Environment
+    search: CapacitySearch
+    searches: tuple[Capacity, ...] = ()
+    at_capacity: tuple[RunResult, ...] = ()
+    probes: tuple[float, ...] = ()
+    busy_shares: tuple[float, ...] = ()
+    noisy: str | None = None
+    no_capacity: str | None = None
+    runs_in_process: bool = True
+
+
 MESSAGES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ModelSpec, NodeInfo, Described, Tokenize, Tokens, EngineKnobs, MeasureRequest, MeasureResult)
+    for cls in (ModelSpec, NodeInfo, Described, Tokenize, Tokens, EngineKnobs, MeasureRequest, MeasureResult,
+                CapacityRequest, CapacityResult)  # fmt: skip
 }
 
 

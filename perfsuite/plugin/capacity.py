@@ -33,12 +33,19 @@ and the CPU meter runs: a search during which other work used the machine
 makes the test noisy (not re-run: a search is long). A probe whose load
 generator fell behind its schedule (``perfsuite.measure.send_lag``) fails:
 its latencies are not the engine's.
+
+The runs themselves are ``perfsuite.measure.capacity_runs``'s. Under
+``--perf-ray`` the whole test (warm-ups, start, every search) is one typed
+``CapacityRequest`` to one actor, which runs them on its node and reads the
+probe and the CPU meter there; its probes' requests are ``requests_at(1.0)``
+with the arrival offsets divided by each rate, so ``requests_at`` must make
+exactly that (``perf_workload_factory(..., rate=rate)`` does; anything else
+fails the test, saying where it differs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,43 +56,28 @@ from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.judge.catalogue import CAPACITY
 from perfsuite.judge.results import TestResult
 from perfsuite.judge.run_config import RunConfiguration, knobs
-from perfsuite.measure.capacity import (
-    BY_CONCURRENCY,
-    CapacityError,
-    CapacityRecord,
-    CapacitySearch,
-    SteadyState,
-    closed_loop_outcome,
-    probe_outcome,
-    search_capacity,
+from perfsuite.measure.capacity import Capacity, CapacityError, CapacityRecord, CapacitySearch, SteadyState
+from perfsuite.measure.capacity_runs import (
+    CapacityRuns,
+    SearchChoices,
+    rate_scaling_mismatch,
+    start_concurrency,  # noqa: F401 - where tests and callers have always found it
+    start_rate,  # noqa: F401
 )
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
-from perfsuite.measure.metrics import run_metrics
-from perfsuite.measure.send_lag import send_lag
+from perfsuite.measure.environment import Environment
 from perfsuite.measure.summaries import Repeats, summarise
 
 if TYPE_CHECKING:
     from perfsuite.adapters.protocol import BatchingEngine
 
 MIN_PROBE_REQUESTS = 16  # after a fifth is discarded as the ramp, halves of 6-7 requests to compare queues
-MAX_PROBE_SECONDS = 60.0  # the search floor: no probe's arrivals may take longer than this
+RATE_CHECKED = 2.0  # under --perf-ray, requests_at(RATE_CHECKED) must be requests_at(1.0) scaled to it
 
 
 def probe_size(num_requests: int) -> int:
     """Requests per probe for a profile of ``num_requests``: four times as many, at least 16."""
     return max(MIN_PROBE_REQUESTS, 4 * num_requests)
-
-
-def start_rate(offline_request_throughput: float) -> float:
-    """The power of two at or below the offline request throughput (module docstring)."""
-    if not offline_request_throughput > 0 or not math.isfinite(offline_request_throughput):
-        return 1.0
-    return 2.0 ** math.floor(math.log2(offline_request_throughput))
-
-
-def start_concurrency(num_requests: int) -> int:
-    """The power of two at or below half the probe's requests, at least 1 (module docstring)."""
-    return 2 ** max(0, math.floor(math.log2(max(1, num_requests // 2))))
 
 
 class MachineProbe(Protocol):
@@ -131,59 +123,28 @@ def measure_capacity(
     if session.against is not None:
         pytest.skip("capacity under --perf-against is not supported yet: its workers run fixed workloads")
     repeats = repeats or session.repeats
-    offline = [dataclasses.replace(r, arrival_time=0.0) for r in requests_at(1.0)]
+    choices = SearchChoices(by or options.capacity_by, target_share, tolerance)
+    if session.cluster is not None:
+        return _measure_on_cluster(recorder, engine, requests_at, choices, steady_state, repeats)
     device = recorder.backend.device
-    for _ in range(options.profile.warmup_runs):
-        timed_run(engine, offline, device)
-    # the first run after the warm-up, all requests at t0: where to start
-    start = start_rate(run_metrics(timed_run(engine, offline, device)).request_throughput)
-    defaults = CapacitySearch()
-    search = CapacitySearch(
-        target_share=defaults.target_share if target_share is None else target_share,
-        tolerance=defaults.tolerance if tolerance is None else tolerance,
-        start_rate=start,
-        min_rate=min(start, max(start / 16, len(offline) / MAX_PROBE_SECONDS)),
-        max_rate=max(defaults.max_rate, start),
-        by=by or options.capacity_by,
-        start_concurrency=start_concurrency(len(offline)),
-        max_concurrency=len(offline),
-    )
-    unloaded_outcomes: list = []
 
-    def unloaded():
-        """The requests one at a time (a closed loop of one), once per test: can any rate pass?"""
-        if not unloaded_outcomes:
-            run = timed_run(engine, offline, device, max_concurrency=1)
-            outcome = probe_outcome(run, len(offline) / run.duration, slo, steady_state)
-            unloaded_outcomes.append(dataclasses.replace(outcome, steady=True, note="one request at a time"))
-        return unloaded_outcomes[0]
+    def run(requests: Sequence[Request], max_concurrency: int | None) -> RunResult:
+        return timed_run(engine, requests, device, max_concurrency=max_concurrency)
 
+    runs = CapacityRuns(run, requests_at, slo, steady_state, choices)
+    search = runs.prepare(options.profile.warmup_runs)
     searches, at_capacity, uses = [], [], []
 
     def one_search() -> None:
-        runs: dict[float, RunResult] = {}  # by the point probed: a rate, or a concurrency
-
-        def probe_rate(rate: float):
-            runs[rate] = timed_run(engine, requests_at(rate), device)
-            sends = send_lag(runs[rate])  # None: the engine does not record its sends
-            bound = sends is not None and sends.is_client_bound
-            return probe_outcome(runs[rate], rate, slo, steady_state, not bound, sends.describe() if bound else "")
-
-        def probe_concurrency(concurrency: int):
-            runs[concurrency] = timed_run(engine, offline, device, max_concurrency=concurrency)
-            return closed_loop_outcome(runs[concurrency], concurrency, slo, steady_state)
-
-        by_concurrency = search.by == BY_CONCURRENCY
-        probe = probe_concurrency if by_concurrency else probe_rate
         probes.starting_run()
         with CpuMeter() as meter:
             try:
-                capacity = search_capacity(probe, search, unloaded=None if by_concurrency else unloaded)
+                capacity, at = runs.one_search()
             except CapacityError as error:
                 pytest.fail(f"{recorder.test_id}: no capacity under SLO {slo.label}: {error}", pytrace=False)
         uses.append(meter.use if in_process and recorder.backend.probe is not None else None)
         searches.append(capacity)
-        at_capacity.append(runs[capacity.found_at])
+        at_capacity.append(at)
 
     benchmark = recorder.benchmark
     benchmark.pedantic(one_search, setup=probes.take, rounds=repeats, iterations=1, warmup_rounds=0)
@@ -193,21 +154,85 @@ def measure_capacity(
     probes.take()
 
     noisy = contention_reason(uses, options.busy_threshold)
+    measured = Repeats(tuple(at_capacity), probes.per_run(), _shares(uses), noisy)
+    return _record(recorder, engine, requests_at(1.0), search, tuple(searches), measured, steady_state, repeats)
+
+
+def _measure_on_cluster(
+    recorder: Any,
+    engine: BatchingEngine,
+    requests_at: Callable[[float], Sequence[Request]],
+    choices: SearchChoices,
+    steady_state: SteadyState,
+    repeats: int,
+) -> TestResult:
+    """``--perf-ray``: the whole test on one actor, one typed request; a retry after its node died is all of it."""
+    from perfsuite.cluster.pool import ClusterError
+    from perfsuite.cluster.wire import CapacityRequest
+    from perfsuite.plugin.cluster import ClusterEngine
+
+    session, options, test_id = recorder.session, recorder.session.options, recorder.test_id
+    recorder._require_factory_engine(engine, ClusterEngine, "--perf-ray", "an actor builds it by name on its node")
+    requests = tuple(requests_at(1.0))
+    mismatch = rate_scaling_mismatch(requests, requests_at(RATE_CHECKED), RATE_CHECKED)
+    if mismatch is not None:
+        pytest.fail(
+            f"{test_id}: under --perf-ray the actor makes each probe's requests from requests_at(1.0), their "
+            f"arrival offsets divided by the rate, but requests_at({RATE_CHECKED:g}) is not that: {mismatch}; make "
+            "requests_at(rate) with perf_workload_factory(..., rate=rate), or run this test without --perf-ray",
+            pytrace=False,
+        )  # fmt: skip
+    request = CapacityRequest(test_id, engine.knobs, requests, options.slo, steady_state, choices,
+                              options.profile.warmup_runs, repeats, options.busy_threshold)  # fmt: skip
+    try:
+        delivered = session.cluster.measure(request)
+    except ClusterError as error:
+        recorder.fail_unrecorded(error)
+    result = delivered.result
+    if not result.runs_in_process:
+        pytest.fail(f"{test_id}: {engine.name} measures a server in another process; measure it without "
+                    "--perf-ray", pytrace=False)  # fmt: skip
+    if delivered.retried_after is not None:
+        session.warnings.append(f"{test_id}: measured on node {result.node} after {delivered.retried_after}")
+    if result.no_capacity is not None:
+        pytest.fail(f"{test_id}: no capacity under SLO {options.slo.label} (on node {result.node}): "
+                    f"{result.no_capacity}", pytrace=False)  # fmt: skip
+    measured = Repeats(result.at_capacity, result.probes, result.busy_shares, result.noisy)
+    return _record(recorder, engine, requests, result.search, result.searches, measured, steady_state, repeats,
+                   environment=result.environment, node=str(result.node))  # fmt: skip
+
+
+def _record(
+    recorder: Any,
+    engine: BatchingEngine,
+    requests: Sequence[Request],
+    search: CapacitySearch,
+    searches: tuple[Capacity, ...],
+    at_capacity: Repeats,
+    steady_state: SteadyState,
+    repeats: int,
+    environment: Environment | None = None,
+    node: str | None = None,
+) -> TestResult:
+    """The searches' capacities as the samples, the runs at each capacity as the repeats; judged and stored."""
+    session, slo = recorder.session, recorder.session.options.slo
     notes = [f"search {i + 1}: {s.stopped}" for i, s in enumerate(searches) if not s.within_tolerance]
     record = CapacityRecord.of(searches, slo, notes)
-    measured = summarise(Repeats(tuple(at_capacity), probes.per_run(), _shares(uses), noisy), (), slo)
+    measured = summarise(at_capacity, (), slo)
     measured = dataclasses.replace(
         measured, samples={CAPACITY: tuple(s.requests_per_second for s in searches), **measured.samples}
     )
-    requests = requests_at(1.0)
     parameters = recorder._sizing(engine, requests, None, None)
     configuration = _configuration(recorder, engine, requests, search, slo.label, steady_state, repeats)
     try:
-        result = session.record_capacity(recorder.test_id, measured, record, parameters, configuration)
+        result = session.record_capacity(recorder.test_id, measured, record, parameters, configuration,
+                                         environment=environment, node=node)  # fmt: skip
     except (OutputError, BaselineError) as error:
         recorder.fail_unrecorded(error)
     recorder.result = result
-    benchmark.extra_info.update(
+    if recorder.benchmark is None:  # --perf-ray: nothing was timed in this process
+        return result
+    recorder.benchmark.extra_info.update(
         {
             "engine": result.measurement.engine_name,
             "parameters": dataclasses.asdict(result.measurement.parameters),

@@ -72,6 +72,9 @@ class ClusterEngine:
     name: str
     config: EngineConfig
     greedy_equal = False  # checked by the correctness tests, not here
+    # The actor builds the real engine on its node and checks there that it resolves a multi-turn workload's
+    # follow-ups (perfsuite's own engines do, in Engine.run); one that does not fails the test naming it.
+    resolves_follow_ups = True
 
     @property
     def runs_in_process(self) -> bool:

@@ -128,12 +128,10 @@ class PerfRecorder:
 
         ``requests_at(rate)``: the probe's requests, Poisson arrivals at ``rate``
         req/s; ``search``: ``target_share``, ``tolerance``, ``steady_state``, ``repeats``.
+        Under ``--perf-ray`` an actor runs every search of the test on its node.
         """
         from perfsuite.plugin.capacity import measure_capacity
 
-        if self.session.cluster is not None:
-            pytest.fail(f"{self.test_id}: capacity searches do not run under --perf-ray yet; run this test "
-                        "without it", pytrace=False)  # fmt: skip
         in_process = runs_in_process(engine)  # a server's machine is not this one: not probed
         probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
         return measure_capacity(self, engine, requests_at, probes, in_process, **search)

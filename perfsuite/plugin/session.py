@@ -158,6 +158,8 @@ class PerfSession:
         capacity: CapacityRecord,
         parameters: SizingParameters,
         configuration: RunConfiguration,
+        environment: Environment | None = None,
+        node: str | None = None,
     ) -> TestResult:
         """A capacity test (``plugin.capacity``): its one sample per search judged like throughput, higher better.
 
@@ -165,11 +167,13 @@ class PerfSession:
         carry the capacities under ``CAPACITY`` and the machine probe around
         each search. The SLO is part of ``configuration``: a baseline searched
         against another SLO is another configuration, not compared.
+        ``environment``, ``node``: ``--perf-ray``'s node that ran every search, as in ``record``.
         """
-        assert self.environment is not None, "capture the environment before recording"
+        environment = environment or self.environment
+        assert environment is not None, "capture the environment before recording"
         measurement = Measurement.of(measured, parameters, configuration, capacity.requests_per_second,
-                                     self.environment)  # fmt: skip
-        result = TestResult(test_id, measurement, capacity=capacity)
+                                     environment)  # fmt: skip
+        result = TestResult(test_id, measurement, capacity=capacity, node=node)
         if measured.noisy:
             self.warnings.append(f"{test_id}: noisy, judges nothing: {measured.noisy}")
         result = self._judge(result, CAPACITY_METRICS)

@@ -464,7 +464,12 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
     )  # fmt: skip
     shown_facts = [(label, _format_value(value)) for label, value in shown]
     return (facts + shown_facts + _memory_facts(test) + _prefix_cache_facts(test) + _machine_facts(test)
-            + send_lag_view.send_lag_facts(test) + capacity_view.capacity_facts(test))  # fmt: skip
+            + _node_facts(test) + send_lag_view.send_lag_facts(test) + capacity_view.capacity_facts(test))  # fmt: skip
+
+
+def _node_facts(test: TestResult) -> list[tuple[str, str]]:
+    """``--perf-ray``: the cluster node whose actor measured every repeat (nodes may differ from test to test)."""
+    return [] if test.node is None else [("measured on node", test.node)]
 
 
 def _machine_facts(test: TestResult) -> list[tuple[str, str]]:
