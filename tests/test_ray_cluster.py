@@ -303,3 +303,55 @@ def test_two_client_shards_deliver_the_schedule_merged_in_order_on_the_controlle
         slack = bound[shard_of[earlier.request_id]] + bound[shard_of[later.request_id]]
         assert later.sent_time >= earlier.sent_time - slack, f"{later.request_id} went before {earlier.request_id}"
     assert_nothing_left(cluster)
+
+
+# -- A/B on a cluster (--perf-against with --perf-ray; docs/ray.md "A/B on a cluster") ------------------------------
+
+from test_ab_session import (  # noqa: E402 - the A/B sessions' throw-away repository and helpers
+    ONE_TEST,
+    git,
+    repo,  # noqa: F401 - a fixture
+    results_json,
+    run_ab,
+    snapshots_of,
+    worker_processes,
+)
+
+
+def trees_on_nodes() -> set[Path]:
+    """The folders A/B actors unpack the two trees into (every node of this cluster is this machine)."""
+    return set(Path(tempfile.gettempdir()).glob("perfsuite-ab-on-ray-*"))
+
+
+def test_an_ab_session_runs_both_sides_of_a_test_on_one_node_and_leaves_nothing_behind(
+    pytester,
+    cluster,
+    repo,  # noqa: F811 - the fixture imported above
+):
+    head = git(repo, "rev-parse", "HEAD")
+    trees_before = trees_on_nodes()
+
+    # 4 pairs: p cannot go below 1/16, so unchanged code cannot fail here by chance; one worker a side, to be cheap
+    result = run_ab(pytester, "HEAD", "-k", ONE_TEST, "--perf-repeats", "4", "--perf-against-workers", "1",
+                    "--perf-ray", cluster.address)  # fmt: skip
+
+    result.assert_outcomes(passed=1)
+    document = results_json(repo)
+    assert "one Ray node" in document["against"]["order"]
+    (test,) = document["tests"]
+    assert test["reference"]["pair_order"] == ["AB", "BA", "AB", "BA"]
+    reference, current = test["reference"]["samples"], test["measurement"]["samples"]
+    assert len(reference["output_throughput"]) == len(current["output_throughput"]) == 4
+    assert test["judgement"]["baseline_status"] == f"A/B against HEAD ({head[:12]})"
+    comparisons = test["judgement"]["comparisons"]
+    assert comparisons and all(c["verdict"] != "regressed" for c in comparisons)
+    worker_ids = {node.node_id for node in cluster.worker_nodes}
+    (node_id,) = [node_id for node_id in worker_ids if node_id[:12] in test["node"]]
+    ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
+    try:
+        groups = [g for g in ray.util.placement_group_table().values() if g["bundles_to_node_id"].get(0) == node_id]
+    finally:
+        ray.shutdown()
+    assert groups and all(g["strategy"] == "STRICT_PACK" for g in groups), "both sides' actor in one bundle there"
+    assert_nothing_left(cluster)
+    assert not worker_processes(repo) and trees_on_nodes() <= trees_before and not snapshots_of(head)

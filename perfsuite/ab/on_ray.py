@@ -24,8 +24,8 @@ from __future__ import annotations
 import shutil
 
 from perfsuite.ab import wire as ab_wire
-from perfsuite.ab.pair import ABRunner, PairedRuns
 from perfsuite.ab.packing import unpack_tree
+from perfsuite.ab.pair import ABRunner, PairedRuns
 from perfsuite.ab.snapshots import new_snapshot, remove_stale_snapshots
 from perfsuite.ab.trees import Trees
 from perfsuite.ab.workers import EngineSpec, WorkerError

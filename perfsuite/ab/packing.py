@@ -13,7 +13,15 @@ its own. What a tree holds:
   nor a tracked file deleted from the working tree: ``git ls-files -co
   --exclude-standard``;
 - any other folder (REF's snapshot, which ``git archive`` filled): every file
-  but Python's byte-code caches and the snapshot's owner record.
+  but the snapshot's owner record.
+
+Neither travels with Python's byte-code caches (``__pycache__``): the node's
+Python writes its own.
+
+A symbolic link travels as a link when it points inside the tree; one that
+points outside it (an absolute path of this machine, ``../``) would point
+at nothing on the node, and tar's ``data`` filter refuses it there: it is left
+out, and ``PackedTree.left_out`` names it so the session can say so.
 
 Only the standard library: the node unpacks with the perfsuite it has installed.
 """
@@ -42,6 +50,7 @@ class PackedTree:
 
     archive: bytes
     num_files: int
+    left_out: tuple[str, ...] = ()  # links that point outside the tree (module docstring)
 
 
 def tree_files(folder: Path) -> list[str]:
@@ -52,18 +61,31 @@ def tree_files(folder: Path) -> list[str]:
     listed = _git_listed(folder)
     if listed is None:
         return sorted(_walked(folder))
-    return sorted(path for path in listed if (folder / path).is_file() or (folder / path).is_symlink())
+    return sorted(
+        path for path in listed
+        if ((folder / path).is_file() or (folder / path).is_symlink()) and "__pycache__" not in path.split("/")
+    )  # fmt: skip
 
 
 def pack_tree(folder: Path) -> PackedTree:
     """``folder``'s files (``tree_files``) as a gzipped tar, in memory."""
     folder = folder.resolve()
-    files = tree_files(folder)
+    files, left_out = [], []
+    for path in tree_files(folder):
+        (left_out if _links_outside(folder, path) else files).append(path)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in files:
             tar.add(folder / path, arcname=path, recursive=False)
-    return PackedTree(buffer.getvalue(), len(files))
+    return PackedTree(buffer.getvalue(), len(files), tuple(left_out))
+
+
+def _links_outside(folder: Path, path: str) -> bool:
+    link = folder / path
+    if not link.is_symlink():
+        return False
+    target = os.readlink(link)
+    return os.path.isabs(target) or not (link.parent / target).resolve().is_relative_to(folder)
 
 
 def unpack_tree(archive: bytes, into: Path) -> Path:
@@ -78,7 +100,8 @@ def unpack_tree(archive: bytes, into: Path) -> Path:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
             tar.extractall(into, filter="data")
     except (tarfile.TarError, OSError, EOFError) as error:
-        raise PackingError(f"cannot unpack a tree into {into}: {error}; the controller sends what pack_tree made") from None
+        message = f"cannot unpack a tree into {into}: {error}; the controller sends what pack_tree made"
+        raise PackingError(message) from None
     return into
 
 

@@ -50,15 +50,24 @@ def package_trees(ref: str, rootdir: Path, invocation_dir: Path) -> tuple[Trees,
         trees.remove()
 
 
-def start_against_on_cluster(options: PerfOptions, rootdir: Path, invocation_dir: Path) -> tuple[Against, PairPool]:
-    """Pack both trees, join the cluster and start both sides on its first usable node (module docstring)."""
+def start_against_on_cluster(
+    options: PerfOptions, rootdir: Path, invocation_dir: Path, warnings: list[str]
+) -> tuple[Against, PairPool]:
+    """Pack both trees, join the cluster and start both sides on its first usable node (module docstring).
+
+    ``warnings``: the session's, where links left out of a tree are named.
+    """
     require_ray()
     trees, reference, current = package_trees(options.against, rootdir, invocation_dir)
+    left_out = [f"REF's {path}" for path in reference.left_out] + list(current.left_out)
     spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
     setup = wire.PairSetup(trees.ref, trees.commit, trees.current_commit, trees.perfsuite_in_trees, spec,
                            options.against_workers, options.worker_timeout)  # fmt: skip
     pool = connect(PairPool(options.ray, setup, reference.archive, current.archive, PairActor))
     against = Against(trees, None, interrupt_on_sigterm(), options.against_workers)
+    if left_out:
+        warnings.append(f"--perf-against {options.against} with --perf-ray: {len(left_out)} symbolic link(s) that "
+                        f"point outside their tree stayed on this machine: {', '.join(left_out[:5])}")  # fmt: skip
     atexit.register(against.close)
     try:
         pool.describe()

@@ -77,8 +77,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from perfsuite.plugin.against_on_ray import start_against_on_cluster
 
         invocation_dir = session.config.invocation_params.dir
-        perf_session.against, perf_session.cluster = start_against_on_cluster(options, perf_session.rootdir,
-                                                                              invocation_dir)  # fmt: skip
+        perf_session.against, perf_session.cluster = start_against_on_cluster(
+            options, perf_session.rootdir, invocation_dir, perf_session.warnings
+        )
     elif options.against is not None and measures:
         from perfsuite.plugin.against import load_message, start_against
 
