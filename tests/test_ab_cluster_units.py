@@ -233,3 +233,29 @@ def test_the_bundle_of_a_placement_group_holds_no_zero_resource():
 
     assert Requirement.for_device("cpu").bundle() == {"CPU": 1}
     assert Requirement.for_device("cuda").bundle() == {"GPU": 1}
+
+
+def test_a_node_that_dies_fails_only_its_attempt_and_every_pair_is_run_again_on_another(pair_pool, monkeypatch):
+    from perfsuite.cluster.pool import _ActorDied
+
+    other = wire.NodeInfo("b" * 56, "gpu-8", "10.0.0.8")
+    monkeypatch.setattr(pair_pool, "_usable_nodes", lambda must_have_one=True: [
+        n for n in (NODE, other) if n.node_id not in pair_pool._dead])  # fmt: skip
+    on_other = wire.PairResult(PAIRS.test_id, other, ENVIRONMENT, (RUN,), (RUN,), ("AB",))
+    pair_pool._actors[NODE.node_id] = FakeActor({"describe": described(NODE), "run_pairs": "its node dies first"})
+    pair_pool._actors[other.node_id] = FakeActor({"describe": described(other), "run_pairs": wire.dumps(on_other)})
+    removed = []
+    monkeypatch.setattr(pair_pool, "_remove_group", removed.append)
+
+    def get(ref, node, timeout, what):
+        if node is NODE and what.startswith("measure"):
+            pair_pool._dead.add(node.node_id)
+            pair_pool._drop(node, kill=False)
+            raise _ActorDied(node, f"the actor on node {node} died during `{what}`")
+        return ref
+
+    monkeypatch.setattr(pair_pool, "_get", get)
+    delivered = pair_pool.measure_pairs(PAIRS)
+    assert delivered.result == on_other, "every pair from the other node: samples never mix nodes"
+    assert "gpu-7 (10.0.0.7, node aaaaaaaaaaaa) died during `measure" in delivered.retried_after
+    assert removed == [NODE.node_id], "the dead node's placement group is removed with its actor"
