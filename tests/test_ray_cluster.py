@@ -318,6 +318,13 @@ from test_ab_session import (  # noqa: E402 - the A/B sessions' throw-away repos
 )
 
 
+def with_worker_nodes(cluster, count: int) -> None:
+    """At least ``count`` worker nodes of 1 CPU: a test above removed some (the module's cluster is shared)."""
+    for _ in range(count - len(cluster.worker_nodes)):
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+    cluster.wait_for_nodes()
+
+
 def trees_on_nodes() -> set[Path]:
     """The folders A/B actors unpack the two trees into (every node of this cluster is this machine)."""
     return set(Path(tempfile.gettempdir()).glob("perfsuite-ab-on-ray-*"))
@@ -328,6 +335,7 @@ def test_an_ab_session_runs_both_sides_of_a_test_on_one_node_and_leaves_nothing_
     cluster,
     repo,  # noqa: F811 - the fixture imported above
 ):
+    with_worker_nodes(cluster, 1)
     head = git(repo, "rev-parse", "HEAD")
     trees_before = trees_on_nodes()
 
@@ -336,6 +344,7 @@ def test_an_ab_session_runs_both_sides_of_a_test_on_one_node_and_leaves_nothing_
                     "--perf-ray", cluster.address)  # fmt: skip
 
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"A/B: A = REF HEAD ({head[:12]}), *ABBA*; both sides of each test on one Ray node;*"])
     document = results_json(repo)
     assert "one Ray node" in document["against"]["order"]
     (test,) = document["tests"]
