@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfsuite.cluster import wire
-from perfsuite.cluster.pool import START_SECONDS, ClusterError, RayPool
+from perfsuite.cluster.pool import START_SECONDS, ClusterError, Delivered, RayPool
 
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label
 RESERVE_SECONDS = 60.0  # a usable node has the bundle's resources free: its group is placed at once
@@ -51,7 +51,7 @@ class PairPool(RayPool):
         self._actor_class = actor_class
         self._groups: dict[str, Any] = {}  # node id -> its placement group
 
-    def measure_pairs(self, request: wire.PairRequest):
+    def measure_pairs(self, request: wire.PairRequest) -> Delivered:
         """``request``'s pairs on the next usable node; once more, every pair, on another should its actor die."""
         return self._deliver(lambda node: self._pairs_on(node, request))
 

@@ -35,8 +35,7 @@ from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.measure.environment import ServerEnvironment
 
 if TYPE_CHECKING:
-    from perfsuite.ab.pair import PairedRuns
-    from perfsuite.measure.environment import Environment
+    from perfsuite.cluster.wire import PairResult
 
 QUIET_CHECK_SECONDS = 0.5
 QUIET_WAIT_SECONDS = 5.0
@@ -160,8 +159,11 @@ class PerfRecorder:
         threads = None if options.against_threads == AUTO_THREADS else options.against_threads
         node = environment = None
         if session.cluster is not None:  # --perf-ray: both sides on one node of the cluster
-            paired, in_process, node, environment = self._pairs_on_cluster(engine, requests, max_concurrency, repeats,
-                                                                           threads)  # fmt: skip
+            from perfsuite.ab.on_ray import paired_runs
+
+            on_node = self._pairs_on_cluster(engine, requests, max_concurrency, repeats, threads)
+            paired, in_process = paired_runs(on_node), on_node.runs_in_process
+            node, environment = str(on_node.node), on_node.environment
         else:
             runner = session.against.runner
             try:
@@ -198,10 +200,9 @@ class PerfRecorder:
         max_concurrency: int | None,
         repeats: int,
         threads: int | None,
-    ) -> tuple[PairedRuns, bool, str, Environment]:
-        """``--perf-against`` with ``--perf-ray``: the pairs, whether the engine ran in process, the node, its
-        environment (``plugin.against_on_ray``)."""
-        from perfsuite.ab.on_ray import paired_runs
+    ) -> PairResult:
+        """``--perf-against`` with ``--perf-ray``: the test's pairs from the node that ran both sides
+        (``plugin.against_on_ray``); the test fails, unrecorded, naming the node when they cannot be had."""
         from perfsuite.cluster.pool import ClusterError
         from perfsuite.plugin.against_on_ray import measure_pairs
 
@@ -214,7 +215,7 @@ class PerfRecorder:
         result = delivered.result
         if delivered.retried_after is not None:
             session.warnings.append(f"{self.test_id}: measured on node {result.node} after {delivered.retried_after}")
-        return paired_runs(result), result.runs_in_process, str(result.node), result.environment
+        return result
 
     def _measure_on_cluster(
         self,
