@@ -181,7 +181,8 @@ _OPTIONS = (
      f"{PAIRED_MIN_EFFECT:g} with --perf-against)"),
     ("perf_against", str, None,
      "a git ref (origin/main, HEAD~1, a tag) or a path to another checkout: measure it and the current tree "
-     "side by side, repeats interleaved ABBA, instead of comparing with baselines/"),
+     "side by side, repeats interleaved ABBA, instead of comparing with baselines/; with --perf-ray, both sides of "
+     "each test on one node of the cluster (docs/ray.md)"),
     ("perf_against_workers", worker_count, "2",
      "worker processes per side under --perf-against (each holds a copy of the model); pairs rotate over them "
      "two at a time, so no one process's own speed shifts every pair"),
