@@ -259,3 +259,94 @@ def test_a_node_that_dies_fails_only_its_attempt_and_every_pair_is_run_again_on_
     assert delivered.result == on_other, "every pair from the other node: samples never mix nodes"
     assert "gpu-7 (10.0.0.7, node aaaaaaaaaaaa) died during `measure" in delivered.retried_after
     assert removed == [NODE.node_id], "the dead node's placement group is removed with its actor"
+
+
+# -- the node's A/B actor, its runner and Ray stubbed ------------------------------------------------------------------
+
+
+class FakeRunner:
+    """Stands in for ``ABRunner``: records the trees it was given; ``fail`` makes every call a worker's failure."""
+
+    fail: str | None = None
+
+    def __init__(self, trees, load, timeout, workers_per_side):
+        self.trees, self.load, self.timeout, self.workers_per_side = trees, load, timeout, workers_per_side
+        self.closed = False
+        from perfsuite.ab import wire as ab_wire
+
+        self.loaded = ab_wire.Loaded("cpu", 10, None, 64, None, 100)
+
+    def _maybe_fail(self):
+        from perfsuite.ab.workers import WorkerError
+
+        if self.fail:
+            raise WorkerError(self.fail)
+
+    def start(self):
+        self._maybe_fail()
+
+    def build(self, spec):
+        from perfsuite.ab import wire as ab_wire
+
+        self._maybe_fail()
+        return ab_wire.Built(spec.engine_id, spec.engine, spec.batch_size), ab_wire.Built(
+            spec.engine_id, spec.engine, spec.batch_size, runs_in_process=False)  # fmt: skip
+
+    def run_pairs(self, spec, requests, max_concurrency, num_warmups, num_pairs, threads):
+        from perfsuite.ab.pair import PairedRuns
+
+        self._maybe_fail()
+        return PairedRuns((RUN,) * num_pairs, (RUN,) * num_pairs, ("AB", "BA")[:num_pairs], num_threads=threads)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def node_actor(monkeypatch, tmp_path, work_tree):
+    import tempfile
+
+    from perfsuite.ab import on_ray
+    from perfsuite.cluster import actor
+    from perfsuite.measure import environment
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node-tmp"))
+    (tmp_path / "node-tmp").mkdir()
+    monkeypatch.setattr(on_ray, "ABRunner", FakeRunner)
+    monkeypatch.setattr(actor, "this_node", lambda: NODE)
+    monkeypatch.setattr(environment, "capture_environment", lambda model, dtype, device: ENVIRONMENT)
+    FakeRunner.fail = None
+    archive = pack_tree(work_tree).archive
+    return on_ray.PairActor(wire.dumps(SETUP), archive, archive), tmp_path / "node-tmp"
+
+
+def test_the_node_actor_unpacks_both_trees_starts_both_sides_and_answers_typed(node_actor):
+    pair_actor, node_tmp = node_actor
+    (folder,) = node_tmp.glob("perfsuite-ab-on-ray-*")
+    runner = pair_actor._runner
+    assert (runner.trees.reference, runner.trees.current) == (folder / "reference", folder / "current")
+    assert (folder / "current" / "pkg" / "__init__.py").read_text() == "VERSION = 'edited'\n"
+    assert runner.trees.reference_label == f"origin/main ({'c' * 12})" and runner.workers_per_side == 2
+
+    described = wire.loads(wire.Described, pair_actor.describe())
+    assert (described.node, described.environment, described.max_context) == (NODE, ENVIRONMENT, 64)
+    result = wire.loads(wire.PairResult, pair_actor.run_pairs(wire.dumps(PAIRS)))
+    assert (result.node, result.order, result.num_threads) == (NODE, ("AB", "BA"), 1)
+    assert result.runs_in_process is False, "either side's engine in another process: the controller refuses it"
+
+    pair_actor.close()
+    assert runner.closed and not folder.exists(), "both sides stopped and the trees removed from the node"
+
+
+def test_a_side_that_fails_on_the_node_is_answered_as_a_failure_and_the_actor_lives_on(node_actor):
+    pair_actor, _ = node_actor
+    FakeRunner.fail = "worker A#1, REF origin/main failed to start: ImportError"
+    failed = wire.loads(wire.PairFailed, pair_actor.describe())
+    assert (failed.node, failed.message) == (NODE, FakeRunner.fail)
+
+    FakeRunner.fail = None
+    assert wire.loads(wire.Described, pair_actor.describe()).node == NODE, "started at the next try"
+    FakeRunner.fail = "worker B#2 died (exit code -9) during run static"
+    failed = wire.loads(wire.PairFailed, pair_actor.run_pairs(wire.dumps(PAIRS)))
+    assert (failed.test_id, failed.message) == (PAIRS.test_id, FakeRunner.fail)
+    pair_actor.close()
