@@ -88,6 +88,13 @@ def assert_nothing_left(cluster) -> None:
     assert all(group["state"] == "REMOVED" for group in groups.values()), groups
 
 
+def with_worker_nodes(cluster, count: int) -> None:
+    """At least ``count`` worker nodes of 1 CPU: the node-removal test removes both (the module's cluster is shared)."""
+    for _ in range(count - len(cluster.worker_nodes)):
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+    cluster.wait_for_nodes()
+
+
 LOCAL_SESSION = """
 import sys
 from pathlib import Path
@@ -276,6 +283,7 @@ def test_two_client_shards_deliver_the_schedule_merged_in_order_on_the_controlle
     from perfsuite.cluster.wire import HttpClientSpec
     from perfsuite.engine.types import Request, SamplingParams
 
+    with_worker_nodes(cluster, 2)  # one shard on each: the node-removal test above removed both
     schedule = [Request(f"r{i}", (5 + i, 6, 7), SamplingParams(2, ignore_eos=True), arrival_time=SHARD_GAP_S * i)
                 for i in range(8)]  # fmt: skip
     ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
@@ -316,13 +324,6 @@ from test_ab_session import (  # noqa: E402 - the A/B sessions' throw-away repos
     snapshots_of,
     worker_processes,
 )
-
-
-def with_worker_nodes(cluster, count: int) -> None:
-    """At least ``count`` worker nodes of 1 CPU: a test above removed some (the module's cluster is shared)."""
-    for _ in range(count - len(cluster.worker_nodes)):
-        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
-    cluster.wait_for_nodes()
 
 
 def trees_on_nodes() -> set[Path]:
