@@ -70,6 +70,10 @@ PURE_MODULES = [
     "perfsuite.cluster.shards",
     "perfsuite.cluster.client_actor",
     "perfsuite.cluster.client_pool",
+    "perfsuite.ab.packing",
+    "perfsuite.ab.on_ray",
+    "perfsuite.cluster.pairs",
+    "perfsuite.plugin.against_on_ray",
 ]
 
 
@@ -113,9 +117,11 @@ ALLOWED = {
     "testing": {"adapters", "correctness", "engine", "models"},
     "serve": {"adapters", "engine", "measure", "models"},
     "argtypes": set(),
-    # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions
-    "ab": {"__init__", "codec", "engine", "adapters", "measure", "models"},
-    # --perf-ray: the typed wire (codec), the actor (which builds engines and measures on its node), the pool
+    # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions;
+    # ab/on_ray.py is A/B's end on a cluster node: it speaks cluster/wire.py and names its node as cluster/actor.py does
+    "ab": {"__init__", "cluster", "codec", "engine", "adapters", "measure", "models"},
+    # --perf-ray: the typed wire (codec), the actor (which builds engines and measures on its node), the pool. Not ab:
+    # the A/B pool (cluster/pairs.py) is handed its node actor's class (ab/on_ray.py) by the plugin
     "cluster": {"adapters", "codec", "engine", "measure", "models"},
     "plugin": {"ab", "adapters", "argtypes", "cluster", "codec", "engine", "history", "judge", "measure", "models",
                "report", "workload", "correctness"},

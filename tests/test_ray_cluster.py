@@ -88,6 +88,13 @@ def assert_nothing_left(cluster) -> None:
     assert all(group["state"] == "REMOVED" for group in groups.values()), groups
 
 
+def with_worker_nodes(cluster, count: int) -> None:
+    """At least ``count`` worker nodes of 1 CPU: the node-removal test removes both (the module's cluster is shared)."""
+    for _ in range(count - len(cluster.worker_nodes)):
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+    cluster.wait_for_nodes()
+
+
 LOCAL_SESSION = """
 import sys
 from pathlib import Path
@@ -276,6 +283,7 @@ def test_two_client_shards_deliver_the_schedule_merged_in_order_on_the_controlle
     from perfsuite.cluster.wire import HttpClientSpec
     from perfsuite.engine.types import Request, SamplingParams
 
+    with_worker_nodes(cluster, 2)  # one shard on each: the node-removal test above removed both
     schedule = [Request(f"r{i}", (5 + i, 6, 7), SamplingParams(2, ignore_eos=True), arrival_time=SHARD_GAP_S * i)
                 for i in range(8)]  # fmt: skip
     ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
@@ -324,9 +332,7 @@ output = 3
 
 
 def test_a_multi_turn_workload_and_a_capacity_search_are_measured_on_one_node_each(pytester, cluster):
-    if not cluster.worker_nodes:  # the node-removal test removed both
-        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
-        cluster.wait_for_nodes()
+    with_worker_nodes(cluster, 1)  # the node-removal test removed both
     pytester.makefile(".toml", sweep=MULTI_TURN_SWEEP)
     result = run_session(pytester, "-k", "test_sweep or test_capacity and static", "--perf-config", "sweep.toml",
                          "--perf-slo", "ttft=2s", "--perf-repeats", "2", "--perf-ray", cluster.address)  # fmt: skip
@@ -341,3 +347,56 @@ def test_a_multi_turn_workload_and_a_capacity_search_are_measured_on_one_node_ea
     assert capacity.fingerprint == multi_turn.fingerprint  # the node's environment, not this process's (no torch)
     assert_nothing_left(cluster)
 
+
+# -- A/B on a cluster (--perf-against with --perf-ray; docs/ray.md "A/B on a cluster") ------------------------------
+
+from test_ab_session import (  # noqa: E402 - the A/B sessions' throw-away repository and helpers
+    ONE_TEST,
+    git,
+    repo,  # noqa: F401 - a fixture
+    results_json,
+    run_ab,
+    snapshots_of,
+    worker_processes,
+)
+
+
+def trees_on_nodes() -> set[Path]:
+    """The folders A/B actors unpack the two trees into (every node of this cluster is this machine)."""
+    return set(Path(tempfile.gettempdir()).glob("perfsuite-ab-on-ray-*"))
+
+
+def test_an_ab_session_runs_both_sides_of_a_test_on_one_node_and_leaves_nothing_behind(
+    pytester,
+    cluster,
+    repo,  # noqa: F811 - the fixture imported above
+):
+    with_worker_nodes(cluster, 1)
+    head = git(repo, "rev-parse", "HEAD")
+    trees_before = trees_on_nodes()
+
+    # 4 pairs: p cannot go below 1/16, so unchanged code cannot fail here by chance; one worker a side, to be cheap
+    result = run_ab(pytester, "HEAD", "-k", ONE_TEST, "--perf-repeats", "4", "--perf-against-workers", "1",
+                    "--perf-ray", cluster.address)  # fmt: skip
+
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"A/B: A = REF HEAD ({head[:12]}), *ABBA*; both sides of each test on one Ray node;*"])
+    document = results_json(repo)
+    assert "one Ray node" in document["against"]["order"]
+    (test,) = document["tests"]
+    assert test["reference"]["pair_order"] == ["AB", "BA", "AB", "BA"]
+    reference, current = test["reference"]["samples"], test["measurement"]["samples"]
+    assert len(reference["output_throughput"]) == len(current["output_throughput"]) == 4
+    assert test["judgement"]["baseline_status"] == f"A/B against HEAD ({head[:12]})"
+    comparisons = test["judgement"]["comparisons"]
+    assert comparisons and all(c["verdict"] != "regressed" for c in comparisons)
+    worker_ids = {node.node_id for node in cluster.worker_nodes}
+    (node_id,) = [node_id for node_id in worker_ids if node_id[:12] in test["node"]]
+    ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
+    try:
+        groups = [g for g in ray.util.placement_group_table().values() if g["bundles_to_node_id"].get(0) == node_id]
+    finally:
+        ray.shutdown()
+    assert groups and all(g["strategy"] == "STRICT_PACK" for g in groups), "both sides' actor in one bundle there"
+    assert_nothing_left(cluster)
+    assert not worker_processes(repo) and trees_on_nodes() <= trees_before and not snapshots_of(head)

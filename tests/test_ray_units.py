@@ -86,7 +86,6 @@ def test_without_ray_the_option_says_what_to_install(monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--perf-ray", "auto", "--perf-against", "HEAD"), "*A/B on a cluster is not supported yet; drop one of them"),
         (("--perf-ray", "auto", "--perf-engines", "openai-http", "--perf-endpoint", "http://localhost:1"),
          "*openai-http measures a server in another process*measure it without --perf-ray"),
         (("--perf-ray", " "), "*--perf-ray needs local, auto or a cluster's address*"),

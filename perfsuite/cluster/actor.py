@@ -33,7 +33,7 @@ class MeasureActor:
         loaded = load_model(spec.model, device=device, dtype=spec.dtype)
         self._backend = Backend.from_loaded(loaded, decode_mode=spec.decode_mode, probe=machine_probe)
         self._environment = capture_environment(spec.model, spec.dtype, self._backend.device)
-        self._node = _this_node()
+        self._node = this_node()
         self._engines: dict[wire.EngineKnobs, object] = {}
 
     def describe(self) -> str:
@@ -134,7 +134,7 @@ def bracketed(readings: list[float]) -> tuple[float, ...]:
     return tuple(math.sqrt(before * after) for before, after in zip(readings, readings[1:]))
 
 
-def _this_node() -> wire.NodeInfo:
+def this_node() -> wire.NodeInfo:
     import ray
 
     context = ray.get_runtime_context()

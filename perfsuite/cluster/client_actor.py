@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from perfsuite.cluster import wire
-from perfsuite.cluster.actor import _this_node
+from perfsuite.cluster.actor import this_node
 
 TEXT_ONLY = (
     "client shards (--perf-client-shards) load no tokenizer: they count the token ids the server streams, and this "
@@ -27,7 +27,7 @@ TEXT_ONLY = (
 class ClientShardActor:
     def __init__(self, spec_text: str) -> None:
         self._spec = wire.loads(wire.HttpClientSpec, spec_text)
-        self._node = _this_node()
+        self._node = this_node()
         self._engines: dict[int, object] = {}  # batch size -> its client, negotiated once
 
     def clock(self) -> str:

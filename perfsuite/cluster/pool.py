@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +68,16 @@ class Requirement:
     def describe(self) -> str:
         return f"{self.num_gpus:g} GPU" if self.num_gpus else f"{self.num_cpus:g} CPU"
 
+    def bundle(self) -> dict[str, float]:
+        """As a placement group's bundle: the resources it reserves, none of them zero (Ray refuses those)."""
+        return {name: amount for name, amount in (("CPU", self.num_cpus), ("GPU", self.num_gpus)) if amount}
+
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """A measurement's result, and the first attempt's failure when it was retried on another node."""
 
-    result: wire.MeasureResult | wire.CapacityResult
+    result: wire.MeasureResult | wire.CapacityResult | wire.PairResult  # the last from ``cluster.pairs``
     retried_after: str | None = None
 
 
@@ -130,12 +135,10 @@ class RayPool:
         if self._described is None:
             nodes = self._usable_nodes()
             node = nodes[self._first_node % len(nodes)]
-            actor = self._actor_on(node)
             try:
-                text = self._get(actor.describe.remote(), node, START_SECONDS, "load the model")
+                self._described = self._load_on(node)
             except _ActorDied as died:
                 raise ClusterError(str(died)) from None
-            self._described = wire.loads(wire.Described, text)
         return self._described
 
     def tokenize(self, text: str) -> tuple[int, ...]:
@@ -160,18 +163,21 @@ class RayPool:
 
         A capacity test is one request: every search of it, and every probe of each, runs on one node.
         """
+        return self._deliver(lambda node: self._measure_on(node, request))
+
+    def _deliver(self, measure_on: Callable[[wire.NodeInfo], Any]) -> Delivered:
         nodes = self._usable_nodes()
         first = nodes[self._next % len(nodes)]
         self._next += 1
         try:
-            return Delivered(self._measure_on(first, request))
+            return Delivered(measure_on(first))
         except _ActorDied as died:
             others = [node for node in self._usable_nodes(must_have_one=False) if node.node_id != first.node_id]
             if not others:
                 raise ClusterError(f"{died}; no other node of the cluster has {self.requirement.describe()} free "
                                    "to retry it on") from None  # fmt: skip
             try:
-                return Delivered(self._measure_on(others[0], request), retried_after=str(died))
+                return Delivered(measure_on(others[0]), retried_after=str(died))
             except _ActorDied as again:
                 raise ClusterError(f"{died}; its retry died too: {again}") from None
 
@@ -181,16 +187,21 @@ class RayPool:
             import ray
         except ImportError:
             return
+        self._release_actors()
+        if self._connected_here:
+            ray.shutdown()
+            self._connected_here = False
+        self._remove_temp_dir()
+
+    def _release_actors(self) -> None:
+        import ray
+
         for actor in self._actors.values():
             try:
                 ray.kill(actor)
             except Exception:  # noqa: BLE001 - an actor on a node that is gone: nothing left to kill
                 pass
         self._actors.clear()
-        if self._connected_here:
-            ray.shutdown()
-            self._connected_here = False
-        self._remove_temp_dir()
 
     @property
     def nodes_used(self) -> tuple[wire.NodeInfo, ...]:
@@ -199,7 +210,7 @@ class RayPool:
     def _measure_on(self, node: wire.NodeInfo, request: Measurement) -> wire.MeasureResult | wire.CapacityResult:
         method, answer = _ANSWERS[type(request)]
         actor = self._actor_on(node)
-        self._get(actor.describe.remote(), node, START_SECONDS, "load the model")  # a new actor loads first
+        self._load_on(node)  # a new actor loads first
         remote = getattr(actor, method).remote(wire.dumps(request))
         text = self._get(remote, node, self._timeout_of(request), f"{method} {request.test_id}")
         result = wire.loads(answer, text)
@@ -241,19 +252,27 @@ class RayPool:
             f"`ray start --address=HEAD:6379 {flag}`"
         )
 
+    def _load_on(self, node: wire.NodeInfo) -> wire.Described:
+        """The model as ``node``'s actor loaded it (a new actor loads it now)."""
+        text = self._get(self._actor_on(node).describe.remote(), node, START_SECONDS, "load the model")
+        return wire.loads(wire.Described, text)
+
     def _actor_on(self, node: wire.NodeInfo):
+        if node.node_id not in self._actors:
+            self._actors[node.node_id] = self._new_actor(node)
+        return self._actors[node.node_id]
+
+    def _new_actor(self, node: wire.NodeInfo):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from perfsuite.cluster.actor import MeasureActor
 
-        if node.node_id not in self._actors:
-            remote = ray.remote(MeasureActor).options(
-                num_cpus=self.requirement.num_cpus, num_gpus=self.requirement.num_gpus, max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            )  # fmt: skip
-            self._actors[node.node_id] = remote.remote(wire.dumps(self.spec))
-        return self._actors[node.node_id]
+        remote = ray.remote(MeasureActor).options(
+            num_cpus=self.requirement.num_cpus, num_gpus=self.requirement.num_gpus, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+        )  # fmt: skip
+        return remote.remote(wire.dumps(self.spec))
 
     def _get(self, ref, node: wire.NodeInfo, timeout: float, what: str) -> str:
         import ray

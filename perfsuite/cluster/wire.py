@@ -23,7 +23,7 @@ from perfsuite.measure.capacity_runs import SearchChoices
 from perfsuite.measure.environment import Environment
 from perfsuite.measure.metrics import SLO
 
-PROTOCOL_VERSION = 2  # 2: capacity searches (CapacityRequest, CapacityResult)
+PROTOCOL_VERSION = 2  # 2: capacity searches, A/B pairs and client shards
 _TYPE_KEY = "type"
 _VERSION_KEY = "v"
 
@@ -164,10 +164,65 @@ class CapacityResult:
     runs_in_process: bool = True
 
 
+# -- A/B on a cluster (``--perf-against`` with ``--perf-ray``): both sides on one node (docs/ray.md) ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class PairSetup:
+    """What a node's A/B actor sets up once, beside the two trees' tarballs: the sides' workers and their model."""
+
+    ref: str  # --perf-against as the user gave it
+    reference_commit: str | None  # None: a checkout that is not a git repository
+    current_commit: str | None
+    perfsuite_in_trees: bool  # False: a project that installs perfsuite; both sides import the node's
+    model: ModelSpec
+    workers_per_side: int
+    timeout: float  # --perf-worker-timeout: one run of one side
+
+
+@dataclass(frozen=True, slots=True)
+class PairRequest:
+    """One perf test's A/B measurement: warm-ups on every worker, then ``num_pairs`` pairs in ABBA order."""
+
+    test_id: str
+    engine: EngineKnobs
+    requests: tuple[Request, ...]
+    max_concurrency: int | None
+    warmup_runs: int
+    num_pairs: int
+    threads: int | None = None  # every worker's intra-op threads; None: chosen on the node from its free cores
+
+
+@dataclass(frozen=True, slots=True)
+class PairResult:
+    """A ``PairRequest``'s pairs, both sides run on ``node`` (``perfsuite.ab.pair.PairedRuns``, field by field)."""
+
+    test_id: str
+    node: NodeInfo
+    environment: Environment  # the node's: the fingerprint the test is recorded under
+    reference: tuple[RunResult, ...]  # side A
+    current: tuple[RunResult, ...]  # side B
+    order: tuple[str, ...]  # "AB" or "BA", per pair
+    workers: tuple[int, ...] = ()
+    reference_busy: tuple[float, ...] = ()
+    current_busy: tuple[float, ...] = ()
+    num_threads: int | None = None
+    runs_in_process: bool = True  # False: the engine is a server in another process, on both sides
+
+
+@dataclass(frozen=True, slots=True)
+class PairFailed:
+    """A side's worker died, hung or raised on ``node``: the test fails with ``message``, the actor lives on."""
+
+    test_id: str
+    node: NodeInfo
+    message: str
+
+
 MESSAGES: dict[str, type] = {
     cls.__name__: cls
     for cls in (ModelSpec, NodeInfo, Described, Tokenize, Tokens, EngineKnobs, MeasureRequest, MeasureResult,
-                CapacityRequest, CapacityResult)  # fmt: skip
+                CapacityRequest, CapacityResult, PairSetup, PairRequest, PairResult, PairFailed)  # fmt: skip
 }
 
 
@@ -242,6 +297,11 @@ def dumps(message: Any) -> str:
 
 def loads(expected: type, text: str) -> Any:
     """``text`` (from ``dumps``) as this side's ``expected`` message; ``ClusterWireError`` naming what is wrong."""
+    return loads_one_of((expected,), text)
+
+
+def loads_one_of(expected: tuple[type, ...], text: str) -> Any:
+    """``text`` as whichever of the ``expected`` messages it is (an answer or its failure)."""
     try:
         data = json.loads(text)
     except (TypeError, json.JSONDecodeError) as error:
@@ -255,9 +315,10 @@ def loads(expected: type, text: str) -> Any:
             "on every node and the controller"
         )
     name = data.pop(_TYPE_KEY, None)
-    if name != expected.__name__:
-        raise ClusterWireError(f"expected a {expected.__name__} message, got {name!r}")
+    wanted = {cls.__name__: cls for cls in expected}
+    if not isinstance(name, str) or name not in wanted:
+        raise ClusterWireError(f"expected a {' or '.join(wanted)} message, got {name!r}")
     try:
-        return decode(expected, data)
+        return decode(wanted[name], data)
     except CodecError as error:
         raise ClusterWireError(str(error)) from None

@@ -30,10 +30,15 @@ from perfsuite.judge.results import AgainstDescription
 ORDER = "ABBA: repeats in pairs, A (the reference) first in even pairs, B (the current tree) first in odd ones"
 
 
-def describe_order(workers_per_side: int) -> str:
+ON_ONE_NODE = "both sides of each test on one Ray node (each result names it)"
+
+
+def describe_order(workers_per_side: int, on_cluster: bool = False) -> str:
     if workers_per_side == 1:
-        return f"{ORDER}; one worker process a side"
-    return f"{ORDER}; pairs rotate two at a time over {workers_per_side} worker processes a side"
+        order = f"{ORDER}; one worker process a side"
+    else:
+        order = f"{ORDER}; pairs rotate two at a time over {workers_per_side} worker processes a side"
+    return f"{order}; {ON_ONE_NODE}" if on_cluster else order
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,21 +46,23 @@ class Against:
     """The reference tree and the workers measuring it and the current tree."""
 
     trees: Trees
-    runner: ABRunner
+    runner: ABRunner | None  # None under --perf-ray: each node's actor runs both sides there (plugin.against_on_ray)
     restore_sigterm: Callable[[], None]  # undoes ``interrupt_on_sigterm``
+    workers_per_side: int
 
     @property
     def label(self) -> str:
         return self.trees.reference_label
 
     def describe(self) -> AgainstDescription:
-        order = describe_order(self.runner.workers_per_side)
+        order = describe_order(self.workers_per_side, on_cluster=self.runner is None)
         return AgainstDescription(self.trees.ref, self.trees.commit, self.trees.current_commit, order)
 
     def close(self) -> None:
         atexit.unregister(self.close)
         try:
-            self.runner.close()
+            if self.runner is not None:
+                self.runner.close()
         finally:
             self.trees.remove()
             self.restore_sigterm()
@@ -76,7 +83,8 @@ def start_against(
         trees = prepare_trees(ref, rootdir, invocation_dir)
     except ReferenceError as error:
         raise pytest.UsageError(str(error)) from None
-    against = Against(trees, ABRunner(trees, load, timeout, workers_per_side=workers_per_side), interrupt_on_sigterm())
+    runner = ABRunner(trees, load, timeout, workers_per_side=workers_per_side)
+    against = Against(trees, runner, interrupt_on_sigterm(), workers_per_side)
     atexit.register(against.close)
     try:
         against.runner.start()

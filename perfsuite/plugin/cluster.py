@@ -28,12 +28,14 @@ INSTALL_HINT = "--perf-ray needs Ray: pip install 'perfsuite[ray]'"
 
 def start_cluster(options: PerfOptions) -> RayPool:
     """Join (or start) the cluster; a usage error when Ray is missing or the cluster cannot be reached."""
-    try:
-        import ray  # noqa: F401 - only to say what to install
-    except ImportError:
-        raise pytest.UsageError(INSTALL_HINT) from None
+    require_ray()
     spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
-    pool = RayPool(options.ray, spec, options.worker_timeout, first_node=_xdist_worker_number())
+    return connect(RayPool(options.ray, spec, options.worker_timeout, first_node=_xdist_worker_number()))
+
+
+def connect(pool: RayPool) -> RayPool:
+    """``pool`` joined to its cluster, closed at exit; a usage error when Ray is missing or the cluster unreachable."""
+    require_ray()
     try:
         pool.connect()
     except ClusterError as error:
@@ -48,6 +50,13 @@ def start_client_shards(options: PerfOptions) -> ClientShards:
     shards = ClientShards(options.client_shards, spec, options.worker_timeout)
     atexit.register(shards.close)
     return shards
+
+
+def require_ray() -> None:
+    try:
+        import ray  # noqa: F401 - only to say what to install
+    except ImportError:
+        raise pytest.UsageError(INSTALL_HINT) from None
 
 
 def _xdist_worker_number() -> int:

@@ -72,7 +72,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     perf_session.num_planned_tests = sum(1 for item in session.items if _will_run(item))
     options = perf_session.options
-    if options.against is not None and perf_session.num_planned_tests and not session.config.option.collectonly:
+    measures = perf_session.num_planned_tests and not session.config.option.collectonly
+    if options.against is not None and options.ray is not None and measures:  # both sides on one node per test
+        from perfsuite.plugin.against_on_ray import start_against_on_cluster
+
+        invocation_dir = session.config.invocation_params.dir
+        perf_session.against, perf_session.cluster = start_against_on_cluster(
+            options, perf_session.rootdir, invocation_dir, perf_session.warnings
+        )
+    elif options.against is not None and measures:
         from perfsuite.plugin.against import load_message, start_against
 
         invocation_dir = session.config.invocation_params.dir
@@ -80,7 +88,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         perf_session.against = start_against(
             options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout, options.against_workers
         )
-    if options.ray is not None and perf_session.num_planned_tests and not session.config.option.collectonly:
+    elif options.ray is not None and measures:
         from perfsuite.plugin.cluster import start_cluster
 
         perf_session.cluster = start_cluster(options)
@@ -307,14 +315,14 @@ def perf_backend(request, perf_session):
     from perfsuite.adapters import Backend
     from perfsuite.measure.probe import machine_probe
 
+    if perf_session.cluster is not None:  # with --perf-against too: the first node's current tree tokenizes
+        from perfsuite.plugin.cluster import cluster_backend
+
+        return cluster_backend(perf_session.cluster)
     if perf_session.against is not None:
         from perfsuite.plugin.against import worker_backend
 
         return worker_backend(perf_session.against)
-    if perf_session.cluster is not None:
-        from perfsuite.plugin.cluster import cluster_backend
-
-        return cluster_backend(perf_session.cluster)
     options = perf_session.options
     return Backend.from_loaded(
         request.getfixturevalue("perf_model"), endpoint=options.endpoint, decode_mode=options.decode_mode,

@@ -181,7 +181,8 @@ _OPTIONS = (
      f"{PAIRED_MIN_EFFECT:g} with --perf-against)"),
     ("perf_against", str, None,
      "a git ref (origin/main, HEAD~1, a tag) or a path to another checkout: measure it and the current tree "
-     "side by side, repeats interleaved ABBA, instead of comparing with baselines/"),
+     "side by side, repeats interleaved ABBA, instead of comparing with baselines/; with --perf-ray, both sides of "
+     "each test on one node of the cluster (docs/ray.md)"),
     ("perf_against_workers", worker_count, "2",
      "worker processes per side under --perf-against (each holds a copy of the model); pairs rotate over them "
      "two at a time, so no one process's own speed shifts every pair"),
@@ -315,7 +316,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
     if against is not None:
         _check_against(config, against, save_baseline, values["perf_engines"])
     if values["perf_ray"] is not None:
-        _check_ray(config, values["perf_ray"], against, values["perf_engines"], values["perf_client_shards"])
+        _check_ray(config, values["perf_ray"], values["perf_engines"], values["perf_client_shards"])
     if values["perf_client_shards"] > 1:
         _check_client_shards(values)
     min_effect = values["perf_min_effect"]
@@ -383,16 +384,9 @@ def _ini_switch(config: pytest.Config, name: str) -> bool:
 SERVER_ENGINES = ("openai-http",)
 
 
-def _check_ray(
-    config: pytest.Config, address: str, against: str | None, engines: tuple[str, ...], client_shards: int = 1
-) -> None:
+def _check_ray(config: pytest.Config, address: str, engines: tuple[str, ...], client_shards: int = 1) -> None:
     if not address.strip():
         raise pytest.UsageError("--perf-ray needs local, auto or a cluster's address, e.g. --perf-ray auto")
-    if against is not None:
-        raise pytest.UsageError(
-            f"--perf-ray {address} with --perf-against {against}: A/B on a cluster is not supported yet; "
-            "drop one of them"
-        )
     servers = [name for name in engines if name in SERVER_ENGINES]
     if servers and client_shards == 1:
         raise pytest.UsageError(

@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -33,6 +33,9 @@ from perfsuite.plugin.options import AUTO_THREADS
 from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
 from perfsuite.judge.baselines import BaselineError, OutputError
 from perfsuite.measure.environment import ServerEnvironment
+
+if TYPE_CHECKING:
+    from perfsuite.cluster.wire import PairResult
 
 QUIET_CHECK_SECONDS = 0.5
 QUIET_WAIT_SECONDS = 5.0
@@ -151,15 +154,24 @@ class PerfRecorder:
 
         session, options = self.session, self.session.options
         self._require_factory_engine(engine, WorkerEngine, "--perf-against", "the workers build it by name in each tree")
-        runner = session.against.runner
         threads = None if options.against_threads == AUTO_THREADS else options.against_threads
-        try:
-            built = runner.build(engine.spec)
-            paired = runner.run_pairs(engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats,
-                                      threads)  # fmt: skip
-        except WorkerError as error:
-            pytest.fail(f"{self.test_id}: --perf-against {options.against}: {error}", pytrace=False)
-        if not all(side.runs_in_process for side in built):
+        node = environment = None
+        if session.cluster is not None:  # --perf-ray: both sides on one node of the cluster
+            from perfsuite.ab.on_ray import paired_runs
+
+            on_node = self._pairs_on_cluster(engine, requests, max_concurrency, repeats, threads)
+            paired, in_process = paired_runs(on_node), on_node.runs_in_process
+            node, environment = str(on_node.node), on_node.environment
+        else:
+            runner = session.against.runner
+            try:
+                built = runner.build(engine.spec)
+                paired = runner.run_pairs(engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats,
+                                          threads)  # fmt: skip
+            except WorkerError as error:
+                pytest.fail(f"{self.test_id}: --perf-against {options.against}: {error}", pytrace=False)
+            in_process = all(side.runs_in_process for side in built)
+        if not in_process:
             pytest.fail(f"{self.test_id}: {engine.name} runs in another process, the same for both sides: "
                         "--perf-against measures in-process engines", pytrace=False)  # fmt: skip
         unequal = different_output_lengths(paired)
@@ -175,9 +187,33 @@ class PerfRecorder:
         parameters = self._sizing(engine, requests, max_concurrency, None)
         self.result = session.record_paired(
             self.test_id, current, reference, paired.order, parameters, configuration, arrival_rate,
-            num_threads=paired.num_threads,
+            num_threads=paired.num_threads, environment=environment, node=node,
         )  # fmt: skip
         return self.result
+
+    def _pairs_on_cluster(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        max_concurrency: int | None,
+        repeats: int,
+        threads: int | None,
+    ) -> PairResult:
+        """``--perf-against`` with ``--perf-ray``: the test's pairs from the node that ran both sides
+        (``plugin.against_on_ray``); the test fails, unrecorded, naming the node when they cannot be had."""
+        from perfsuite.cluster.pool import ClusterError
+        from perfsuite.plugin.against_on_ray import measure_pairs
+
+        session, options = self.session, self.session.options
+        try:
+            delivered = measure_pairs(session.cluster, self.test_id, engine, requests, max_concurrency,
+                                      options.profile.warmup_runs, repeats, threads)  # fmt: skip
+        except ClusterError as error:
+            self.fail_unrecorded(ClusterError(f"--perf-against {options.against}: {error}"))
+        result = delivered.result
+        if delivered.retried_after is not None:
+            session.warnings.append(f"{self.test_id}: measured on node {result.node} after {delivered.retried_after}")
+        return result
 
     def _measure_on_cluster(
         self,

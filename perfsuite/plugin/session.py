@@ -192,21 +192,27 @@ class PerfSession:
         configuration: RunConfiguration,
         arrival_rate: float | None = None,
         num_threads: int | None = None,
+        environment: Environment | None = None,
+        node: str | None = None,
     ) -> TestResult:
         """Judge side B's repeats against side A's, measured beside them (``--perf-against``); no baseline.
 
         ``num_threads``: the workers' intra-op threads for this test, which its
         environment (and so its fingerprint in the run history) records.
+        ``environment`` and ``node``: under ``--perf-ray``, the node that ran
+        both sides, and its environment (else this machine's).
         """
         assert self.environment is not None and self.against is not None, "start the A/B workers first"
-        environment = self.environment
+        environment = environment or self.environment
         if num_threads is not None:
             environment = dataclasses.replace(environment, num_threads=num_threads)
-            self._note_fewer_threads(test_id, num_threads)
+            if node is None:  # this machine's cores; a node's other work is in each run's CPU reading
+                self._note_fewer_threads(test_id, num_threads)
         result = TestResult(
             test_id,
             Measurement.of(current, parameters, configuration, arrival_rate, environment),
             reference=ReferenceSide(reference.samples, reference.timeline, pair_order, num_threads),
+            node=node,
         )
         result = judge_paired(
             result,

@@ -94,9 +94,10 @@ def _write_results(
     options = perf_session.options
     num_metrics = len(perf_session.compared_metrics)
     if perf_session.against is not None:
+        where = "; both sides of each test on one Ray node" if perf_session.cluster is not None else ""
         write(f"A/B: A = REF {perf_session.against.label}, B = the current tree, side by side; "
-              f"{perf_session.repeats} pairs per test in ABBA order over {options.against_workers} worker(s) a side; "
-              "no baselines read or written")  # fmt: skip
+              f"{perf_session.repeats} pairs per test in ABBA order over {options.against_workers} worker(s) a side"
+              f"{where}; no baselines read or written")  # fmt: skip
     write(
         f"profile {options.profile.name}, {perf_session.repeats} repeats, alpha {options.policy.alpha} "
         f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "
