@@ -2,7 +2,7 @@
 
     python bench/peers.py [--model smollm2-135m] [--num-requests 20] [--repeats 2]
                           [--batch-sizes 8,32] [--workloads mixed,exponential]
-                          [--engines static,inflight,hf-static,hf-cb[,vllm]]
+                          [--engines static,inflight,paged,hf-static,hf-cb[,vllm]]
 
 Every engine is built by name through ``perfsuite.adapters.build_engine`` over
 one loaded model and serves the same seeded requests, all at t0. Where vLLM is
@@ -26,9 +26,10 @@ grows with --num-requests x --repeats. With 20 requests, B=32 holds them all
 in one batch, so that cell measures one batch draining, not a steady state.
 For each workload and batch size it prints
 output tok/s per engine and the median per-repeat ratios inflight/hf-static,
-inflight/hf-cb and inflight/static (and inflight/vllm when vllm ran). The last
-line is the first workload at the first batch size (the default workload at B=8
-by default):
+inflight/hf-cb and inflight/static (and inflight/vllm when vllm ran). Where
+vLLM ran, one line per workload and batch size gives
+``paged/vllm=<x> inflight/vllm=<y>``. The last line is the first workload at
+the first batch size (the default workload at B=8 by default):
 
     inflight/hf-static=<x> inflight/hf-cb=<y> inflight/static=<z> [inflight/vllm=<v>] overhead=<pct>%
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -63,7 +65,7 @@ WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "mixed": mixed_workload,
     "exponential": lambda num_requests: Workload(num_requests, OutputLengths("exponential", 1, 256, mean=64)),
 }
-ENGINES = ("static", "inflight", "hf-static", "hf-cb")
+ENGINES = ("static", "inflight", "paged", "hf-static", "hf-cb")
 OPTIONAL_ENGINES = ("vllm",)  # columns by default where they are installed
 RATIOS = ("hf-static", "hf-cb", "static")  # always shown, n/a when not measured
 BASELINE = "inflight"
@@ -83,11 +85,11 @@ class CellResult:
     throughput: dict[str, list[float]]
     overheads: list[float]
 
-    def ratio(self, other: str) -> float | None:
-        """Median over repeats of in-flight's tok/s over ``other``'s in the same repeat."""
-        if BASELINE not in self.throughput or other not in self.throughput:
+    def ratio(self, other: str, ours: str = BASELINE) -> float | None:
+        """Median over repeats of ``ours``'s tok/s (in-flight's by default) over ``other``'s in the same repeat."""
+        if ours not in self.throughput or other not in self.throughput:
             return None
-        pairs = zip(self.throughput[BASELINE], self.throughput[other])
+        pairs = zip(self.throughput[ours], self.throughput[other])
         return statistics.median(ours / theirs for ours, theirs in pairs)
 
     @property
@@ -136,6 +138,15 @@ def ratio_line(cell: CellResult) -> str:
     return f"{ratios} overhead={_format(cell.overhead, '%', 100, 1)}"
 
 
+def vllm_line(cell: CellResult) -> str | None:
+    """``paged/vllm=<x> inflight/vllm=<y>`` where vLLM ran: perfsuite's engines against it, same repeats."""
+    if "vllm" not in cell.throughput:
+        return None
+    ours = [name for name in ("paged", BASELINE) if name in cell.throughput]
+    ratios = " ".join(f"{name}/vllm={_format(cell.ratio('vllm', ours=name))}" for name in ours)
+    return f"{cell.workload} B={cell.batch_size}: {ratios}"
+
+
 def report(cell: CellResult) -> None:
     rows = [
         [name, statistics.median(values), min(values), max(values), _format(cell.ratio(name))]
@@ -177,6 +188,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def machine_line() -> str:
+    """The CPU model, its CPUs and the date: what a table of these figures must name."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+    return f"{model}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     bench_model = load_bench_model(args)
@@ -187,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"requests={args.num_requests} repeats={args.repeats} engines={','.join(args.engines)}",
         flush=True,
     )
+    print(f"machine: {machine_line()}; command: {' '.join(sys.argv)}", flush=True)
     cells = []
     for workload in args.workloads:
         for batch_size in args.batch_sizes:
@@ -194,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             cells.append(measure_cell(loaded, backend, workload, batch_size, args, device))
             report(cells[-1])
             print(f"  ({time.perf_counter() - started:.0f} s)", flush=True)
+    for line in filter(None, map(vllm_line, cells)):
+        print(line)
     print(f"headline: {cells[0].workload} B={cells[0].batch_size}")
     print(ratio_line(cells[0]))
 
