@@ -349,6 +349,9 @@ def test_the_merged_runs_are_recorded_as_one_clients_under_the_servers_identity(
     assert measured.environment.served_model == "tiny-random" and measured.parameters.model == "tiny-random"
     assert measured.configuration.decode_mode == "server" and measured.configuration.num_requests == 8
     assert measured.noisy is None and measured.send_lag.num_requests == 8, "lags of all 8 requests, one run"
+    # judged only against runs sent by as many shards, never against a one-client baseline
+    assert dict(measured.configuration.engine_knobs)["client_shards"] == 2
+    assert result.node == f"client shards on {NODE}, {OTHER_NODE}"
 
 
 def test_a_closed_loop_reaches_the_shards_with_its_concurrency(tmp_path):

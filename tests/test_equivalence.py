@@ -166,9 +166,7 @@ class _BlockTableBug(ModelRunner):
 
     def _attention_group(self, plan, tensors, block_size):
         group = super()._attention_group(plan, tensors, block_size)
-        key_positions = torch.arange(group.max_key_len)
-        reversed_cells = group.block_tables.flip(1)[:, key_positions // block_size] * block_size
-        return dataclasses.replace(group, key_cells=reversed_cells + key_positions % block_size)
+        return dataclasses.replace(group, block_tables=group.block_tables.flip(1))
 
 
 @pytest.mark.parametrize(

@@ -113,3 +113,20 @@ def test_a_chunk_past_its_blocks_is_refused_before_it_writes(runner):
     with pytest.raises(ValueError, match=r"'r' reaches position 6 beyond its 1 blocks of 4 tokens; the scheduler"):
         runner.execute(SchedulerOutput((chunk,), num_waiting=0), cache)
     assert not cache.keys.any(), "nothing written"
+
+
+def test_keys_of_rows_gathers_whole_blocks_as_the_cells_they_hold():
+    # The cell-by-cell gather it replaced: position p of a row sits in cell table[p // size] * size + p % size.
+    from perfsuite.engine.layers import PagedKVCache
+
+    layers, num_blocks, block_size, kv_heads, head_dim = 2, 7, 4, 3, 5
+    shape = (layers, num_blocks, block_size, kv_heads, head_dim)
+    pool = PagedKVCache(torch.randn(shape), torch.randn(shape))
+    tables = torch.tensor([[5, 2, 0, 0], [1, 6, 3, 4]])  # row 0 owns 2 blocks, padded with block 0
+    for num_keys in (1, 4, 6, 13, 16):
+        keys, values = pool.keys_of_rows(1, tables, num_keys)
+        assert keys.shape == values.shape == (2, kv_heads, num_keys, head_dim)
+        positions = torch.arange(num_keys)
+        cells = tables[:, positions // block_size] * block_size + positions % block_size
+        k_cells, v_cells = pool.token_rows(1)
+        assert torch.equal(keys, k_cells[cells].transpose(1, 2)) and torch.equal(values, v_cells[cells].transpose(1, 2))

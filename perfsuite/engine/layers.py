@@ -61,6 +61,22 @@ class PagedKVCache:
     def block_size(self) -> int:
         return self.keys.shape[2]
 
+    def keys_of_rows(self, layer_index: int, block_tables: torch.Tensor, num_keys: int) -> tuple[torch.Tensor, ...]:
+        """Each row's first ``num_keys`` keys and values, [rows, kv_heads, num_keys, head_dim], through its blocks.
+
+        ``block_tables`` [rows, max_blocks] may be padded with any block: positions past a row's own are for the
+        mask to hide. Whole blocks are gathered (``index_select``), not cell by cell: block_size times fewer
+        indices, and each copy a block's contiguous run; on CPU that halved the gather (bench/step_profile.py).
+        """
+        num_blocks = min(block_tables.shape[1], -(-num_keys // self.block_size))  # the blocks those keys fill
+        rows, blocks = block_tables.shape[0], block_tables[:, :num_blocks].flatten()
+        return tuple(
+            pool[layer_index].index_select(0, blocks).view(rows, num_blocks * self.block_size, *pool.shape[3:])[
+                :, :num_keys
+            ].transpose(1, 2)
+            for pool in (self.keys, self.values)
+        )
+
     def token_rows(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's keys and values with one row per token cell, [num_blocks * block_size, kv_heads, head_dim].
 

@@ -40,8 +40,7 @@ class _AttentionGroup:
     """Chunks attended together: all decode chunks, or all prefill chunks.
 
     A slot cache reads the rows' keys from ``slots``; a paged one gathers
-    them from the pool cells ``key_cells`` (what a paged kernel derives from
-    ``block_tables`` and the key lengths).
+    them block by block through ``block_tables`` (``PagedKVCache.keys_of_rows``).
     """
 
     token_index: torch.Tensor  # [num_group_tokens] positions in the packed batch
@@ -53,7 +52,6 @@ class _AttentionGroup:
     query_cols: torch.Tensor | None  # [num_group_tokens] column of each token
     mask: torch.Tensor  # [rows, 1, max_query_len, max_key_len] bool, True = may attend
     block_tables: torch.Tensor | None = None  # [rows, max_blocks] paged: each row's blocks, padded with block 0
-    key_cells: torch.Tensor | None = None  # [rows, max_key_len] paged: the pool cell of each key position
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +205,12 @@ class ModelRunner:
                 v_cache[batch.token_slots, :, batch.positions] = v
             attended = torch.empty_like(q)  # [T, heads, head_dim]
             for group, mask in zip(batch.groups, masks):
-                attended[group.token_index] = self._attend(group, mask, q, k_cache, v_cache)
+                if is_paged:
+                    keys, values = kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
+                else:
+                    keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
+                    values = v_cache[group.slots, :, : group.max_key_len]
+                attended[group.token_index] = self._attend(group, mask, q, keys, values)
             return attended
 
         hidden = self.decoder.forward(batch.input_ids, batch.positions, attend)  # [T, hidden]
@@ -215,13 +218,9 @@ class ModelRunner:
             return []
         return self.decoder.greedy_tokens(hidden[batch.sample_index]).tolist()
 
-    def _attend(self, group: _AttentionGroup, mask: torch.Tensor, q, k_cache, v_cache) -> torch.Tensor:
-        if group.key_cells is None:
-            keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
-            values = v_cache[group.slots, :, : group.max_key_len]
-        else:  # a gather on CPU; on GPU a paged kernel would read the blocks in place
-            keys = k_cache[group.key_cells].transpose(1, 2)  # [rows, kv_heads, keys, head_dim]
-            values = v_cache[group.key_cells].transpose(1, 2)
+    def _attend(self, group: _AttentionGroup, mask: torch.Tensor, q, keys, values) -> torch.Tensor:
+        """``group``'s queries over its rows' ``keys`` and ``values`` [rows, kv_heads, keys, head_dim] (a paged
+        pool's gathered block by block; on GPU a paged kernel would read them in place)."""
         group_q = q[group.token_index]  # [group_tokens, heads, head_dim]
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
@@ -317,12 +316,11 @@ class ModelRunner:
         key_pos = torch.arange(plan.max_key_len, device=self.device)
         mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
         is_decode = plan.max_query_len == 1
-        block_tables = key_cells = None
+        block_tables = None
         slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
         if block_size is not None:
             slots = None
             block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
-            key_cells = block_tables[:, key_pos // block_size] * block_size + key_pos % block_size
         return _AttentionGroup(
             token_index=tensors[plan.token_index],
             slots=slots,
@@ -333,7 +331,6 @@ class ModelRunner:
             query_cols=None if is_decode else tensors[plan.query_cols],
             mask=mask,
             block_tables=block_tables,
-            key_cells=key_cells,
         )
 
 

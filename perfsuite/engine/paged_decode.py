@@ -160,18 +160,16 @@ class PagedDecodeStep:
         block_size = self.block_size
         cells = tables.gather(1, (positions // block_size)[:, None]).squeeze(1) * block_size + positions % block_size
         key_positions = torch.arange(self.max_blocks_per_seq * block_size, device=inputs.device)
-        key_cells = tables[:, key_positions // block_size] * block_size + key_positions % block_size  # [rows, keys]
         heads = self.decoder.heads
         mask = (key_positions[None, :] <= positions[:, None])[:, None, None, :]  # [rows, 1, 1, keys]
         mask = tile_mask(mask, heads.num_heads // heads.num_kv_heads)  # once for all layers
+        pool = PagedKVCache(self.keys, self.values)
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            k_cache = self.keys[layer_index].flatten(0, 1)  # [cells, kv_heads, head_dim], a view
-            v_cache = self.values[layer_index].flatten(0, 1)
-            k_cache[cells] = k
-            v_cache[cells] = v
-            keys = k_cache[key_cells].transpose(1, 2)  # [rows, kv_heads, keys, head_dim]
-            values = v_cache[key_cells].transpose(1, 2)
+            k_cells, v_cells = pool.token_rows(layer_index)  # [cells, kv_heads, head_dim], views
+            k_cells[cells] = k
+            v_cells[cells] = v
+            keys, values = pool.keys_of_rows(layer_index, tables, key_positions.shape[0])  # the full width
             return grouped_query_attention(q.unsqueeze(1), keys, values, mask).squeeze(1)
 
         hidden = self.decoder.forward(token_ids, positions, attend)  # [rows, hidden]

@@ -282,9 +282,14 @@ class PerfRecorder:
         server = served_model_environment(sharded[-1].served_model, options.server_label)
         parameters = self._sizing(engine, requests, max_concurrency, server)
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
+        # Sent by N clients on other hosts, not one: judged only against runs sent the same way
+        sent_by = {"client_shards": len(sharded[-1].shards)}
+        configuration = dataclasses.replace(configuration, engine_knobs=knobs({**dict(configuration.engine_knobs),
+                                                                               **sent_by}))  # fmt: skip
+        nodes = ", ".join(sorted({str(part.node) for part in sharded[-1].shards}))
         try:
             self.result = session.record(self.test_id, runs, parameters, configuration, arrival_rate,
-                                         environment=server)  # fmt: skip
+                                         environment=server, node=f"client shards on {nodes}")  # fmt: skip
         except (OutputError, BaselineError) as error:
             self.fail_unrecorded(error)
         return self.result
