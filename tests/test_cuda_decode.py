@@ -119,9 +119,12 @@ def settled_reserved_bytes() -> int:
     return torch.cuda.memory_reserved()
 
 
-def build_run_and_drop(runner, batch_sizes, max_seq_len: int = 256) -> None:
+def build_run_and_drop(runner, batch_sizes, max_seq_len: int = 256, paged: bool = False) -> None:
     for batch_size in batch_sizes:
-        engine = static_engine(runner, batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=None)
+        if paged:
+            engine = paged_engine(runner, decode_batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=None)
+        else:
+            engine = static_engine(runner, batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=None)
         engine.run([_request(i, 4 + i, 8) for i in range(batch_size)])
         del engine
 
@@ -166,19 +169,12 @@ def test_a_paged_cuda_graph_engine_captures_every_bucket_at_build_and_replays_th
     assert step.num_steps > 0 and sorted(step.captured) == [1, 2, 4, 6], "replayed, nothing captured again"
 
 
-def build_run_and_drop_paged(runner, batch_sizes, max_seq_len: int = 256) -> None:
-    for batch_size in batch_sizes:
-        engine = paged_engine(runner, decode_batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=None)
-        engine.run([_request(i, 4 + i, 8) for i in range(batch_size)])
-        del engine
-
-
 def test_a_paged_engines_graphs_go_with_it():
     loaded = load_model("tiny-random", device="cuda", dtype="bfloat16")
     runner = ModelRunner(loaded.model, decode_mode="cuda-graph")
-    build_run_and_drop_paged(runner, [3, 9])
+    build_run_and_drop(runner, [3, 9], paged=True)
     settled = settled_reserved_bytes()
     for _ in range(3):
-        build_run_and_drop_paged(runner, [3, 9])
+        build_run_and_drop(runner, [3, 9], paged=True)
     grown = settled_reserved_bytes() - settled
     assert grown <= RESERVED_SLACK_BYTES, f"reserved memory grew {grown / 2**20:.1f} MiB over 6 paged engines"
