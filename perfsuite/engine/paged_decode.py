@@ -68,7 +68,7 @@ class PagedDecodeStep:
         if max_blocks_per_seq < 1:
             raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
         self.decoder = decoder
-        self.keys, self.values = kv_cache.keys, kv_cache.values
+        self.pool = PagedKVCache(kv_cache.keys, kv_cache.values)  # the tensors, not the step that holds this
         self.block_size = kv_cache.block_size
         self.max_blocks_per_seq = max_blocks_per_seq
         self.buckets = decode_buckets(max_num_seqs)
@@ -163,7 +163,7 @@ class PagedDecodeStep:
         heads = self.decoder.heads
         mask = (key_positions[None, :] <= positions[:, None])[:, None, None, :]  # [rows, 1, 1, keys]
         mask = tile_mask(mask, heads.num_heads // heads.num_kv_heads)  # once for all layers
-        pool = PagedKVCache(self.keys, self.values)
+        pool = self.pool
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cells, v_cells = pool.token_rows(layer_index)  # [cells, kv_heads, head_dim], views
