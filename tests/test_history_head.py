@@ -100,6 +100,7 @@ def test_a_step_is_a_new_verdict_once_and_then_still_shown_with_the_session_that
     assert same.change_point.index == change.change_point.index == 20
     assert not same.is_new and same.first_reported.commit == found.commit
     assert again.regressions == (same,) and again.new_regressions == ()
-    assert same.describe().endswith(f"; still at the head, first reported at session {found.commit[:7]} ({found.created_at})")
+    reported = f"; still at the head, first reported at session {found.commit[:7]} ({found.created_at})"
+    assert same.describe().endswith(reported)
     assert again.summary().startswith("change points: 1 at the head (0 new, 1 reported by an earlier session) of 1 ")
     assert any(w.endswith(same.describe()) for w in again.warnings), "still listed among the warnings"
