@@ -31,8 +31,11 @@ a session runs at its end. Per test and metric:
   and how many runs after the step; the session at which the cumulative
   slowdown first exceeds 10% and how many runs, counting that one, until
   the first head regression reported from there (target: at most 5);
-- aa: head change points over all its prefixes, per 100 runs per test
-  (target: at most 1), measured, and resampled: many synthetic A/A series
+- aa: false change points per 100 runs per test (target: at most 1),
+  counted as distinct steps (each once, at the session that first reports
+  it: ``HeadChange.is_new``) and, beside it, per run (every session that
+  shows a head change point, as before issue 24 item 5's two rules),
+  measured, and resampled: many synthetic A/A series
   drawn from the measured A/A values (a permutation, or a moving-block
   bootstrap when the values are autocorrelated), each searched prefix by
   prefix as above (``perfsuite.history.changes.detect`` on the series).
@@ -55,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -76,7 +80,7 @@ if str(BENCH) not in sys.path:
 
 from calibrate_e2e import _tail, run_logged  # noqa: E402
 
-from perfsuite.history.changes import ChangePointPolicy, detect  # noqa: E402
+from perfsuite.history.changes import ChangePointPolicy, detect, head_step  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
 from perfsuite.history.series import Series, build_series  # noqa: E402
 from perfsuite.judge.results import Results, ResultsFileError, read_results, results_from_json  # noqa: E402
@@ -95,6 +99,7 @@ GRID = {
     "max_p_value": (0.001, 0.005, 0.01, 0.05),
     "min_magnitude": (0.01, 0.02, 0.05),
     "head_runs": (3, 5),
+    "min_after_runs": (1, 2),
 }
 
 
@@ -180,6 +185,7 @@ class HeadReport:
     relative_change: float
     p_value: float
     is_regression: bool
+    is_new: bool = True  # False: an earlier session of the series reported the same step (no verdict again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +201,11 @@ class Replay:
     @property
     def regressions(self) -> tuple[HeadReport, ...]:
         return tuple(r for r in self.reports if r.is_regression)
+
+    @property
+    def new_reports(self) -> tuple[HeadReport, ...]:
+        """Each step once, at the session that first reported it: the verdicts."""
+        return tuple(r for r in self.reports if r.is_new)
 
 
 def replay(sessions: Sequence[Results], policy: ChangePointPolicy) -> list[Replay]:
@@ -222,7 +233,7 @@ def replay(sessions: Sequence[Results], policy: ChangePointPolicy) -> list[Repla
             key = (change.key.test_id, change.key.metric)
             found.setdefault(key, []).append(
                 HeadReport(index, index_of[point.first_after.commit], point.relative_change, point.p_value,
-                           point.is_regression)  # fmt: skip
+                           point.is_regression, change.is_new)  # fmt: skip
             )
     return [Replay(*key, len(sessions), searched.get(key, 0), tuple(found.get(key, ()))) for key in seen]
 
@@ -239,21 +250,21 @@ def replay_series(series: Series, policy: ChangePointPolicy) -> Replay:
     reports = []
     for end in range(policy.min_points, len(series.points) + 1):
         prefix = replace(series, points=series.points[max(0, end - policy.window_len - 1) : end])
-        head = detect(prefix, policy).head
-        if head is not None:
+        step = head_step(detect(prefix, policy))
+        if step is not None:
+            head = step.change_point
             reports.append(
                 HeadReport(end - 1, index_of[head.first_after.commit], head.relative_change, head.p_value,
-                           head.is_regression)  # fmt: skip
+                           head.is_regression, step.is_new)  # fmt: skip
             )
     num_searched = max(0, len(series.points) - policy.min_points + 1)
     return Replay(series.key.test_id, series.key.metric, len(series.points), num_searched, tuple(reports))
 
 
-def replay_values(values: Sequence[float], series: Series, policy: ChangePointPolicy) -> tuple[int, int]:
-    """(head change points, prefixes searched) for ``values`` in place of ``series``' own (``replay_series``)."""
+def replay_values(values: Sequence[float], series: Series, policy: ChangePointPolicy) -> Replay:
+    """``replay_series`` with ``values`` in place of ``series``' own."""
     points = tuple(replace(point, value=value) for point, value in zip(series.points, values, strict=True))
-    run = replay_series(replace(series, points=points), policy)
-    return len(run.reports), run.num_searched
+    return replay_series(replace(series, points=points), policy)
 
 
 def lag1_autocorrelation(values: Sequence[float]) -> float:
@@ -296,8 +307,9 @@ class Resampled:
     metric: str
     method: str
     num_series: int
-    flagged: int
+    flagged: int  # runs with a head change point
     searched: int
+    flagged_new: int = 0  # distinct steps: each once, when new
 
     @property
     def per_100(self) -> float:
@@ -315,11 +327,12 @@ def resample_aa(
             continue
         rng = random.Random(f"{seed}-{series.key.test_id}-{series.key.metric}")
         method, draw = resampler(list(series.values), rng)
-        flagged = searched = 0
+        flagged = flagged_new = searched = 0
         for _ in range(count):
-            f, s = replay_values(draw(), series, policy)
-            flagged, searched = flagged + f, searched + s
-        out.append(Resampled(series.key.test_id, series.key.metric, method, count, flagged, searched))
+            run = replay_values(draw(), series, policy)
+            flagged, flagged_new = flagged + len(run.reports), flagged_new + len(run.new_reports)
+            searched += run.num_searched
+        out.append(Resampled(series.key.test_id, series.key.metric, method, count, flagged, searched, flagged_new))
     return out
 
 
@@ -332,6 +345,7 @@ class CreepFigures:
     past_target: int  # the session whose cumulative slowdown first exceeds the target
     runs_to_find: int | None  # counting that session as 1: runs until the first head regression from there on
     first_regression: HeadReport | None  # the first head regression at all
+    runs_to_find_new: int | None = None  # the same, counting only new head regressions (verdicts)
 
 
 def creep_figures(run: Replay, every: int, target: float = CREEP_TARGET) -> CreepFigures:
@@ -342,10 +356,20 @@ def creep_figures(run: Replay, every: int, target: float = CREEP_TARGET) -> Cree
         if step is not None and step not in found:
             found[step] = report.session - report.first_after + 1
     past = first_past(target, every)
-    later = [r.session for r in run.regressions if r.session >= past]
-    runs_to_find = later[0] - past + 1 if later and past < run.num_sessions else None
     first = run.regressions[0] if run.regressions else None
-    return CreepFigures(tuple(sorted(found.items())), len(boundaries), past, runs_to_find, first)
+    return CreepFigures(
+        tuple(sorted(found.items())),
+        len(boundaries),
+        past,
+        _runs_from(past, run.regressions, run.num_sessions),
+        first,
+        _runs_from(past, [r for r in run.regressions if r.is_new], run.num_sessions),
+    )
+
+
+def _runs_from(past: int, reports: Sequence[HeadReport], num_sessions: int) -> int | None:
+    later = [r.session for r in reports if r.session >= past]
+    return later[0] - past + 1 if later and past < num_sessions else None
 
 
 # -------------------------------------------------------------------------------------------------- the table
@@ -357,6 +381,17 @@ def _percent(value: float) -> str:
 
 def _per_100(flagged: int, searched: int) -> str:
     return f"{flagged}/{searched} runs = {100 * flagged / searched:.1f}" if searched else "n/a"
+
+
+def _steps_and_runs(steps: int, runs: int, searched: int) -> str:
+    """False steps (each once, when new) per 100 runs, and beside it runs with a head change point per 100."""
+    if not searched:
+        return "n/a"
+    return f"{_per_100(steps, searched)} (per run: {runs} = {100 * runs / searched:.1f})"
+
+
+def _found(runs: int | None) -> str:
+    return "not found" if runs is None else str(runs)
 
 
 def _busy_summary(meta: Sequence[dict[str, Any]]) -> str:
@@ -413,13 +448,14 @@ def figures_table(analysis: dict[str, Any]) -> str:
                 if first
                 else "none"
             )
-            found = "not found" if figures.runs_to_find is None else str(figures.runs_to_find)
-            found = f"session {figures.past_target}: {found}"
+            found = f"session {figures.past_target}: {_found(figures.runs_to_find_new)} (any report: " \
+                    f"{_found(figures.runs_to_find)})"  # fmt: skip
         else:
             steps = first_text = found = "n/a"
-        measured = _per_100(len(aa.reports), aa.num_searched) if aa else "n/a"
+        measured = _steps_and_runs(len(aa.new_reports), len(aa.reports), aa.num_searched) if aa else "n/a"
         synthetic = (
-            f"{_per_100(resampled.flagged, resampled.searched)} ({resampled.num_series} series, {resampled.method})"
+            f"{_steps_and_runs(resampled.flagged_new, resampled.flagged, resampled.searched)} "
+            f"({resampled.num_series} series, {resampled.method})"
             if resampled
             else "n/a"
         )
@@ -429,9 +465,9 @@ def figures_table(analysis: dict[str, Any]) -> str:
         "metric",
         "creep: steps found (runs after the step)",
         "creep: first head regression",
-        "creep: >10% from session: runs to find (target <= 5)",
-        "A/A measured: head change points per 100 runs",
-        "A/A resampled from measured values: per 100 runs",
+        "creep: >10% from session: runs to a new head regression (target <= 5)",
+        "A/A measured: false steps per 100 runs (per run)",
+        "A/A resampled from measured values: false steps per 100 runs (per run)",
     ]
     return _markdown(headers, rows)
 
@@ -446,17 +482,22 @@ def verdict_line(analysis: dict[str, Any], metric: str = HEADLINE) -> str:
     """Whether the targets are met for ``metric``: found within 5 runs and at most 1 false per 100."""
     every = analysis["every"]
     rows = [row for row in analysis["rows"] if row["key"][1] == metric]
-    finds = [creep_figures(r["creep"], every).runs_to_find for r in rows if r["creep"] is not None]
+    finds = [creep_figures(r["creep"], every).runs_to_find_new for r in rows if r["creep"] is not None]
     aa = [r["aa"] for r in rows if r["aa"] is not None]
     resampled = [r["resampled"] for r in rows if r["resampled"] is not None]
     found_ok = bool(finds) and all(f is not None and f <= MAX_RUNS_TO_FIND for f in finds)
-    measured = 100 * sum(len(a.reports) for a in aa) / max(1, sum(a.num_searched for a in aa))
-    synthetic = 100 * sum(r.flagged for r in resampled) / max(1, sum(r.searched for r in resampled))
+    searched = max(1, sum(a.num_searched for a in aa))
+    measured = 100 * sum(len(a.new_reports) for a in aa) / searched
+    measured_runs = 100 * sum(len(a.reports) for a in aa) / searched
+    resampled_searched = max(1, sum(r.searched for r in resampled))
+    synthetic = 100 * sum(r.flagged_new for r in resampled) / resampled_searched
+    synthetic_runs = 100 * sum(r.flagged for r in resampled) / resampled_searched
     aa_ok = bool(aa) and measured <= MAX_FALSE_PER_100 and (not resampled or synthetic <= MAX_FALSE_PER_100)
     return (
         f"{metric}: creep found within {MAX_RUNS_TO_FIND} runs: {'yes' if found_ok else 'no'} ({finds}); "
-        f"A/A <= {MAX_FALSE_PER_100:g} per 100 runs: {'yes' if aa_ok else 'no'} (measured {measured:.1f}"
-        + (f", resampled {synthetic:.2f}" if resampled else "")
+        f"A/A <= {MAX_FALSE_PER_100:g} false step per 100 runs: {'yes' if aa_ok else 'no'} (measured "
+        f"{measured:.1f}, per run {measured_runs:.1f}"
+        + (f"; resampled {synthetic:.2f}, per run {synthetic_runs:.2f}" if resampled else "")
         + f"); both targets: {'met' if found_ok and aa_ok else 'missed'}"
     )
 
@@ -514,21 +555,21 @@ def grid_report(data: dict[str, Any], resamples: int = 0, seed: int = 0) -> str:
     runs = {name: documents_of(data, name) for name in SERIES_NAMES}
     series = {name: [s for s in build_series(runs[name]) if s.key.metric == HEADLINE] for name in SERIES_NAMES}
     lines = []
-    for p in GRID["max_p_value"]:
-        for m in GRID["min_magnitude"]:
-            for h in GRID["head_runs"]:
-                policy = replace(ChangePointPolicy(), max_p_value=p, min_magnitude=m, head_runs=h)
-                creep = {(s.key.test_id, s.key.metric): replay_series(s, policy) for s in series["creep"]}
-                aa = {(s.key.test_id, s.key.metric): replay_series(s, policy) for s in series["aa"]}
-                resampled = {}
-                if resamples:
-                    resampled = {(r.test_id, r.metric): r for r in resample_aa(runs["aa"], policy, resamples, seed)}
-                rows = [
-                    {"key": key, "creep": creep.get(key), "aa": aa.get(key), "resampled": resampled.get(key)}
-                    for key in sorted(set(creep) | set(aa))
-                ]
-                analysis = {"rows": rows, "every": data["every"]}
-                lines.append(f"max_p_value={p} min_magnitude={m} head_runs={h}: {verdict_line(analysis)}")
+    for values in itertools.product(*GRID.values()):
+        thresholds = dict(zip(GRID, values, strict=True))
+        policy = replace(ChangePointPolicy(), **thresholds)
+        creep = {(s.key.test_id, s.key.metric): replay_series(s, policy) for s in series["creep"]}
+        aa = {(s.key.test_id, s.key.metric): replay_series(s, policy) for s in series["aa"]}
+        resampled = {}
+        if resamples:
+            resampled = {(r.test_id, r.metric): r for r in resample_aa(runs["aa"], policy, resamples, seed)}
+        rows = [
+            {"key": key, "creep": creep.get(key), "aa": aa.get(key), "resampled": resampled.get(key)}
+            for key in sorted(set(creep) | set(aa))
+        ]
+        analysis = {"rows": rows, "every": data["every"]}
+        label = " ".join(f"{name}={value}" for name, value in thresholds.items())
+        lines.append(f"{label}: {verdict_line(analysis)}")
     return "\n".join(lines)
 
 

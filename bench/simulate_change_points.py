@@ -1,29 +1,41 @@
 """The change-point defaults on simulated series: false head alarms on flat ones, and how soon a step is found.
 
-    python bench/simulate_change_points.py [--noise 0.03] [--sequences 20] [--runs 100] [--step -0.10]
+    python bench/simulate_change_points.py [--noise 0.03] [--shape normal|t3|outliers] [--sequences 20]
+                                           [--runs 100] [--step -0.10]
 
 Seeded, no machine measured: each run's value is 100 times (1 + noise x a
-standard normal), as a session's median might move. ``A/A``: ``--sequences``
-flat series of ``--runs`` runs; after each run from ``min_points`` on, the
-head is searched over the newest ``window_len`` runs, as a session does
-(``perfsuite.history.head``), and each run with a change point at its head
-counts. ``step``: 50 series of 30 flat runs and then a ``--step`` change;
-how many runs after the step the head search first finds it (within one run
-of where it is). docs/change-points.md quotes its output; the calibration
-on real sessions (issue 24, item 5) is what tunes ``ChangePointPolicy``.
+draw of ``--shape``): ``normal``, a standard normal; ``t3``, Student's t
+with 3 degrees of freedom scaled to the same standard deviation (heavy
+tails); ``outliers``, the normal, and in 5% of runs a slow session besides,
+10-30% below the level (a neighbour took the machine), as real runs have.
+``A/A``: ``--sequences`` flat series of ``--runs`` runs; after each run from
+``min_points`` on, the head is searched over the newest ``window_len`` runs,
+as a session does (``perfsuite.history.head``). Counted under the old rules
+(every run with a change point at its head, any number of runs after it:
+``min_after_runs=1``, per run) and the new (each step once, when new, at
+least ``min_after_runs`` runs holding it: ``HeadStep.is_new``). ``step``: 50
+series of 30 flat runs and then a ``--step`` change; how many runs after the
+step the head search first finds it (within one run of where it is), under
+each rule. docs/change-points.md quotes its output; the calibration on real
+sessions (issue 24, item 5) is what tunes ``ChangePointPolicy``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 
-from perfsuite.history.changes import ChangePointPolicy, head_change
+from perfsuite.history.changes import ChangePointPolicy, detect, head_step
 from perfsuite.history.series import Series, SeriesKey, SeriesPoint
 from perfsuite.judge.stats import Direction
 
-POLICY = ChangePointPolicy()
+NEW_RULES = ChangePointPolicy()
+OLD_RULES = replace(NEW_RULES, min_after_runs=1)
+OUTLIER_SHARE = 0.05
 
 
 def series_of(values: list[float]) -> Series:
@@ -31,41 +43,73 @@ def series_of(values: list[float]) -> Series:
     return Series(SeriesKey("t", "output_throughput", "sim", None), Direction.HIGHER_IS_BETTER, points, "simulated")
 
 
-def false_head_alarms(rng: random.Random, noise: float, sequences: int, runs: int) -> tuple[int, int]:
-    alarms = checked = 0
+def noise_draw(shape: str, rng: random.Random) -> Callable[[float], float]:
+    """A run's factor around its level, 1 + noise x a draw of ``shape`` (module docstring)."""
+
+    def t3() -> float:  # a normal over the root of a chi-square with 3 dof over 3; its variance is 3
+        chi2 = sum(rng.gauss(0, 1) ** 2 for _ in range(3))
+        return rng.gauss(0, 1) / math.sqrt(chi2 / 3) / math.sqrt(3)
+
+    def factor(noise: float) -> float:
+        if shape == "t3":
+            return 1 + noise * t3()
+        slow = rng.uniform(0.10, 0.30) if shape == "outliers" and rng.random() < OUTLIER_SHARE else 0.0
+        return (1 + noise * rng.gauss(0, 1)) * (1 - slow)
+
+    return factor
+
+
+def false_head_alarms(draw, noise: float, sequences: int, runs: int) -> tuple[int, int, int]:
+    """(runs with a head change point under the old rules, new steps under the new rules, runs searched)."""
+    old = new = checked = 0
     for _ in range(sequences):
-        values = [100 * (1 + noise * rng.gauss(0, 1)) for _ in range(runs)]
-        for end in range(POLICY.min_points, runs + 1):
+        values = [100 * draw(noise) for _ in range(runs)]
+        for end in range(NEW_RULES.min_points, runs + 1):
+            series = series_of(values[max(0, end - NEW_RULES.window_len) : end])
             checked += 1
-            alarms += head_change(series_of(values[max(0, end - POLICY.window_len) : end]), POLICY) is not None
-    return alarms, checked
+            old += detect(series, OLD_RULES).head is not None
+            step = head_step(detect(series, NEW_RULES))
+            new += step is not None and step.is_new
+    return old, new, checked
 
 
-def runs_to_find_a_step(rng: random.Random, noise: float, step: float, before: int = 30) -> int | None:
-    values = [100 * (1 + noise * rng.gauss(0, 1)) for _ in range(before)]
-    values += [100 * (1 + step) * (1 + noise * rng.gauss(0, 1)) for _ in range(POLICY.head_runs)]
-    for after in range(1, POLICY.head_runs + 1):
-        found = head_change(series_of(values[: before + after]), POLICY)
-        if found is not None and abs(found.index - before) <= 1:
-            return after
-    return None
+def runs_to_find_a_step(draw, noise: float, step: float, before: int = 30) -> tuple[int | None, int | None]:
+    """Runs after the step until the old rules report it, and until the new rules report it as new."""
+    values = [100 * draw(noise) for _ in range(before)]
+    values += [100 * (1 + step) * draw(noise) for _ in range(NEW_RULES.head_runs)]
+    found: list[int | None] = [None, None]
+    for after in range(1, NEW_RULES.head_runs + 1):
+        series = series_of(values[: before + after])
+        old = detect(series, OLD_RULES).head
+        new = head_step(detect(series, NEW_RULES))
+        if found[0] is None and old is not None and abs(old.index - before) <= 1:
+            found[0] = after
+        if found[1] is None and new is not None and new.is_new and abs(new.change_point.index - before) <= 1:
+            found[1] = after
+    return found[0], found[1]
+
+
+def _shown(found: Counter) -> str:
+    return ", ".join(f"{'never' if k is None else f'after {k}'}: {n}" for k, n in sorted(found.items(), key=str))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--noise", type=float, default=0.03, help="relative spread of a run's value (0.03)")
+    parser.add_argument("--shape", choices=("normal", "t3", "outliers"), default="normal", help="noise (normal)")
     parser.add_argument("--sequences", type=int, default=20, help="flat series for the A/A count (20)")
     parser.add_argument("--runs", type=int, default=100, help="runs per flat series (100)")
     parser.add_argument("--step", type=float, default=-0.10, help="the step to find, -0.10 = 10%% slower (-0.10)")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    rng = random.Random(args.seed)
-    alarms, checked = false_head_alarms(rng, args.noise, args.sequences, args.runs)
-    print(f"{POLICY}\nA/A, noise {args.noise:.0%}: {alarms} runs with a head change point of {checked} "
-          f"({100 * alarms / checked:.2f} per 100 runs)")  # fmt: skip
-    found = Counter(runs_to_find_a_step(rng, args.noise, args.step) for _ in range(50))
-    shown = ", ".join(f"{'never' if k is None else f'after {k}'}: {n}" for k, n in sorted(found.items(), key=str))
-    print(f"a {args.step:+.0%} step, noise {args.noise:.0%}, 50 series: found {shown}")
+    draw = noise_draw(args.shape, random.Random(args.seed))
+    old, new, checked = false_head_alarms(draw, args.noise, args.sequences, args.runs)
+    print(f"{NEW_RULES}\nA/A, {args.shape} noise {args.noise:.0%}, {checked} runs searched: old rules {old} runs with "
+          f"a head change point ({100 * old / checked:.2f} per 100 runs); new rules {new} new steps "
+          f"({100 * new / checked:.2f} per 100 runs)")  # fmt: skip
+    finds = [runs_to_find_a_step(draw, args.noise, args.step) for _ in range(50)]
+    print(f"a {args.step:+.0%} step, {args.shape} noise {args.noise:.0%}, 50 series: old rules found "
+          f"{_shown(Counter(f[0] for f in finds))}; new rules {_shown(Counter(f[1] for f in finds))}")
 
 
 if __name__ == "__main__":

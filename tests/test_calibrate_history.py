@@ -81,12 +81,23 @@ def test_replay_finds_a_step_after_it_and_nothing_in_a_flat_series():
 def test_replaying_values_counts_as_the_session_replay_does():
     values = step_values(18, 6, step=-0.12, noise=0.01)
     (run,) = calibrate.replay(sessions(values), POLICY)
-    assert calibrate.replay_values(values, series_of(values), POLICY) == (len(run.reports), run.num_searched)
-    assert calibrate.replay_values(step_values(24, 0, 0.0, noise=0.01), series_of(values), POLICY) == (0, 19)
+    replayed = calibrate.replay_values(values, series_of(values), POLICY)
+    assert (replayed.reports, replayed.num_searched) == (run.reports, run.num_searched)
+    flat = calibrate.replay_values(step_values(24, 0, 0.0, noise=0.01), series_of(values), POLICY)
+    assert (flat.reports, flat.num_searched) == ((), 19)
 
 
-def _report(session, first_after, regression=True):
-    return calibrate.HeadReport(session, first_after, -0.05 if regression else 0.05, 1e-4, regression)
+def test_a_step_shown_by_several_sessions_is_one_false_step_and_several_runs():
+    """What an A/A series counts: each step once, when new; per run, every session that shows it (as before)."""
+    (run,) = calibrate.replay(sessions(step_values(18, 6, step=-0.12, noise=0.01)), POLICY)
+    assert len(run.reports) >= 2 and len(run.new_reports) == 1
+    assert run.new_reports[0] == run.reports[0] and not any(r.is_new for r in run.reports[1:])
+    values = step_values(18, 6, step=-0.12, noise=0.01)
+    assert calibrate.replay_values(values, series_of(values), POLICY).new_reports == run.new_reports
+
+
+def _report(session, first_after, regression=True, new=True):
+    return calibrate.HeadReport(session, first_after, -0.05 if regression else 0.05, 1e-4, regression, new)
 
 
 def test_creep_figures():
@@ -99,6 +110,10 @@ def test_creep_figures():
     assert figures.steps_found == ((3, 2), (5, 2), (7, 2))  # 13 is no boundary; the improvement does not count
     assert figures.past_target == 15 and figures.runs_to_find == 2  # session 16 is the second at > 10%
     assert figures.first_regression.session == 10
+    assert figures.runs_to_find_new == 2
+    again = calibrate.Replay("t", "m", 28, 23, (_report(14, 12), _report(15, 12, new=False), _report(19, 18)))
+    figures = calibrate.creep_figures(again, every=3)
+    assert (figures.runs_to_find, figures.runs_to_find_new) == (1, 5), "a step still shown is no new verdict"
     late = calibrate.creep_figures(calibrate.Replay("t", "m", 28, 23, (_report(10, 9),)), every=3)
     assert late.runs_to_find is None and late.steps_found == ((3, 2),)
 
@@ -140,20 +155,22 @@ def test_the_table_and_the_verdict_line():
     assert cells[1] == "output_throughput"
     assert re.fullmatch(r"[1-7]/7: #\d+ \(\d\).*", cells[2])  # 7 steps in 16 sessions; the first is found
     assert re.fullmatch(r"session \d+ \(\d+% slower\), -\d+\.\d%", cells[3])
-    assert cells[4].startswith("session 10: ")
-    assert cells[5] == "0/11 runs = 0.0"  # A/A: 16 sessions, searched from the 6th
-    assert re.fullmatch(r"0/22 runs = 0\.0 \(2 series, permutation .*\)", cells[6])
+    assert re.fullmatch(r"session 10: (\d|not found) \(any report: (\d|not found)\)", cells[4])
+    assert cells[5] == "0/11 runs = 0.0 (per run: 0 = 0.0)"  # A/A: 16 sessions, searched from the 6th
+    assert re.fullmatch(r"0/22 runs = 0\.0 \(per run: 0 = 0\.0\) \(2 series, permutation .*\)", cells[6])
     last = text.splitlines()[-1]
     assert last.startswith("output_throughput: creep found within 5 runs: ")
     grid = calibrate.grid_report(data, resamples=0)
-    assert len(grid.splitlines()) == 4 * 3 * 2 and "max_p_value=0.05 min_magnitude=0.05 head_runs=3" in grid
+    assert len(grid.splitlines()) == 4 * 3 * 2 * 2
+    assert "max_p_value=0.05 min_magnitude=0.05 head_runs=3 min_after_runs=1: " in grid
 
 
 def test_a_flagging_aa_series_misses_the_target():
     flagging = step_values(8, 4, step=-0.2, noise=0.005)
     analysis = calibrate.analyse(_data(flagging, flagging), POLICY, resamples=0)
     line = calibrate.verdict_line(analysis)
-    assert "A/A <= 1 per 100 runs: no" in line and line.endswith("both targets: missed")
+    assert "A/A <= 1 false step per 100 runs: no (measured 14.3, per run 42.9)" in line  # 1 step, 3 runs of 7
+    assert line.endswith("both targets: missed")
 
 
 def test_spread():

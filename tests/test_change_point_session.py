@@ -2,8 +2,9 @@
 ``--perf-fail-on-change-point`` (or its ini key) when it is a regression.
 
 The engine fabricates its timestamps (no model, no sleeping; as in tests/test_plugin_late_regression.py), so
-the one session's figures are exact: 25% slower than the eleven stored sessions before it (themselves within
-2% of one another), a step Otava finds at the head whatever the machine does.
+the sessions' figures are exact: 25% slower than the eleven stored sessions before them (themselves within
+2% of one another), a step Otava finds at the head whatever the machine does, once two sessions follow it, and
+reports as new once.
 """
 
 from __future__ import annotations
@@ -116,13 +117,27 @@ def test_a_regression_at_the_head_is_shown_and_fails_the_session_under_the_optio
     monkeypatch.setenv("SLOWNESS", "1.25")
     monkeypatch.setenv("COMMIT", "b" * 40)
     pytester.makeini("[pytest]\nperf_fail_on_change_point = true\n")
+    outlier = pytester.runpytest_inprocess(*ARGS)
+    assert outlier.ret == pytest.ExitCode.OK, "one slow session is an outlier, not a step: no change point yet"
+    outlier.stdout.fnmatch_lines(["change points: none at the head of 4 series searched (11 earlier sessions*"])
+
+    monkeypatch.setenv("COMMIT", "c" * 40)
     second = pytester.runpytest_inprocess(*ARGS)
     second.assert_outcomes(skipped=1)
     assert second.ret == pytest.ExitCode.TESTS_FAILED, "the test judged nothing (no baseline, so skipped): only the head change fails the session"
     second.stdout.fnmatch_lines([
         f"{HEAD_WARNING_PREFIX}test_fabricated.py::test_fabricated output_throughput *: -20.0% (regression) "
         "between aaaaaaa..bbbbbbb * (fails the session: --perf-fail-on-change-point)",
-        "change points: 4 at the head of 4 series searched (11 earlier sessions in the history)",
+        "change points: 4 at the head of 4 series searched (12 earlier sessions in the history)",
     ])  # fmt: skip
     warnings = read_results(reports / "results.json").warnings
     assert sum(w.startswith(HEAD_WARNING_PREFIX) for w in warnings) == 4
+
+    monkeypatch.setenv("COMMIT", "d" * 40)
+    third = pytester.runpytest_inprocess(*ARGS)
+    assert third.ret == pytest.ExitCode.OK, "the same step, reported by the session before: no verdict again"
+    third.stdout.fnmatch_lines([
+        f"{HEAD_WARNING_PREFIX}test_fabricated.py::test_fabricated output_throughput *: -20.0% (regression) "
+        "between aaaaaaa..bbbbbbb *; still at the head, first reported at session ccccccc * (fails nothing again)",
+        "change points: 4 at the head (0 new, 4 reported by an earlier session) of 4 series searched *",
+    ])  # fmt: skip

@@ -16,6 +16,7 @@ from perfsuite.history.changes import (
     ChangePointsUnavailable,
     detect,
     head_change,
+    head_step,
 )
 from perfsuite.judge.stats import Direction
 
@@ -106,3 +107,60 @@ def test_without_otava_a_search_names_the_pip_command(without_otava):
     with pytest.raises(ChangePointsUnavailable, match="apache-otava") as raised:
         detect(series_of(step_values(15, 10, step=-0.10)))
     assert INSTALL_OTAVA in str(raised.value) and "--no-deps" in INSTALL_OTAVA
+
+
+OLD_HEAD_RULE = ChangePointPolicy(min_after_runs=1)  # any run after the step will do, as before issue 24's item 5
+
+
+@pytest.mark.parametrize("num_back_to_normal", [0, 1])
+def test_one_outlying_session_is_no_step_at_the_head(num_back_to_normal):
+    """A 30% slow session, newest or followed by one run back at the old level: one run holds it, not two."""
+    values = step_values(20, 0, step=0.0, noise=0.01, seed=2) + [70.0] + [100.0] * num_back_to_normal
+    assert head_change(series_of(values), OLD_HEAD_RULE) is not None, "the old rule reported it"
+    assert head_change(series_of(values)) is None
+
+
+def test_a_step_is_at_the_head_once_two_runs_hold_it():
+    values = step_values(20, 2, step=-0.10, noise=0.01)
+    assert head_change(series_of(values[:21])) is None
+    change = head_change(series_of(values))
+    assert change is not None and change.index == 20 and change.relative_change == pytest.approx(-0.10, abs=0.02)
+
+
+def test_min_after_runs_must_fit_within_the_head():
+    with pytest.raises(ValueError, match="give 1 <= min_after_runs <= head_runs"):
+        ChangePointPolicy(min_after_runs=6)
+    with pytest.raises(ValueError, match="min_after_runs=0"):
+        ChangePointPolicy(min_after_runs=0)
+
+
+def _head_step(values):
+    return head_step(detect(series_of(values)))
+
+
+def test_a_step_is_new_at_the_first_session_that_finds_it_and_not_at_the_next():
+    values = step_values(20, 3, step=-0.10, noise=0.01)
+    first, second = _head_step(values[:22]), _head_step(values)
+    assert first.is_new and first.change_point.index == 20
+    assert not second.is_new and second.change_point.index == 20
+    assert second.first_reported.commit == commit_of(21), "the session that found it"
+    assert _head_step(step_values(20, 0, step=0.0, noise=0.01)) is None
+
+
+@pytest.mark.parametrize(
+    ("seed", "end", "earlier_index", "index"),
+    [(16, 24, 19, 20), (55, 25, 22, 20)],  # 6% steps in 2% noise where the best split moved as runs were added
+)
+def test_a_split_that_moves_one_run_back_or_a_few_forward_is_the_same_step(seed, end, earlier_index, index):
+    values = step_values(20, 5, step=-0.06, noise=0.02, seed=seed)
+    assert _head_step(values[: end - 1]).change_point.index == earlier_index
+    step = _head_step(values[:end])
+    assert step.change_point.index == index and not step.is_new
+    assert step.first_reported.commit == commit_of(end - 2)
+
+
+def test_a_split_more_than_one_run_later_than_the_reported_one_is_a_new_step():
+    values = step_values(20, 5, step=-0.06, noise=0.02, seed=26)
+    assert _head_step(values[:24]).change_point.index == 20
+    step = _head_step(values)
+    assert step.change_point.index == 23 and step.is_new

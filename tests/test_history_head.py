@@ -42,10 +42,10 @@ def test_a_short_history_is_counted_as_too_short():
 
 
 def test_a_stored_copy_of_the_session_itself_is_not_counted_twice():
-    *history, current = sessions(step_values(20, 1, step=-0.12))
+    *history, current = sessions(step_values(20, 2, step=-0.12))
     assert check_head(history, current).changes
     check = check_head([*history, current], current)
-    assert check.num_earlier_sessions == 20 and check.changes[0].num_runs == 21
+    assert check.num_earlier_sessions == 21 and check.changes[0].num_runs == 22
 
 
 def test_an_ab_session_is_not_checked():
@@ -69,9 +69,38 @@ def test_without_otava_the_check_says_so_among_the_warnings(monkeypatch):
 @pytest.mark.parametrize("noisy", [True, False])
 def test_only_series_with_a_point_of_this_session_are_checked(noisy):
     """A noisy session test is no point of its series: the history's step is not this session's verdict."""
-    *history, current = sessions(step_values(20, 1, step=-0.12))
+    *history, current = sessions(step_values(20, 2, step=-0.12))
     if noisy:
-        current = session(20, 88.0, noisy="another process held the CPU")
+        current = session(21, 88.0, noisy="another process held the CPU")
     check = check_head(history, current)
     assert bool(check.changes) is not noisy
     assert check.num_series == (0 if noisy else 1)
+
+
+def test_one_slow_session_is_an_outlier_not_a_change_point():
+    """The same 12% drop as above, in the newest session only: it needs a second run after it to be a step."""
+    values = step_values(20, 2, step=-0.12)
+    *history, current = sessions(values[:21])
+    assert check_head(history, current).changes == ()
+    *history, current = sessions(values)
+    assert check_head(history, current).changes, "one run later it is a step"
+
+
+def test_a_step_is_a_new_verdict_once_and_then_still_shown_with_the_session_that_reported_it():
+    values = step_values(20, 4, step=-0.12)
+    runs = sessions(values)
+    *history, found = runs[:22]
+    first = check_head(history, found)
+    (change,) = first.changes
+    assert change.is_new and first.new_regressions == (change,)
+    assert "still at the head" not in change.describe()
+    *history, later = runs[:23]
+    again = check_head(history, later)
+    (same,) = again.changes
+    assert same.change_point.index == change.change_point.index == 20
+    assert not same.is_new and same.first_reported.commit == found.commit
+    assert again.regressions == (same,) and again.new_regressions == ()
+    reported = f"; still at the head, first reported at session {found.commit[:7]} ({found.created_at})"
+    assert same.describe().endswith(reported)
+    assert again.summary().startswith("change points: 1 at the head (0 new, 1 reported by an earlier session) of 1 ")
+    assert any(w.endswith(same.describe()) for w in again.warnings), "still listed among the warnings"

@@ -23,16 +23,19 @@ with ``--no-deps`` (``make install`` does), and where it is missing the
 functions here raise ``ChangePointsUnavailable`` naming that command.
 
 A change point *at the head* is one whose "after" segment is made of the
-newest runs only (``ChangePointPolicy.head_runs`` of them at most): the
-last few sessions stepped away from the ones before. It is a verdict of its
-own (``head_change``); later, once more runs follow it, it is history.
+newest runs only (``ChangePointPolicy.head_runs`` of them at most, and at
+least ``min_after_runs``): the last few sessions stepped away from the ones
+before. It is a verdict of its own, once: ``head_step`` says whether an
+earlier session's own search already had the same step at its head
+(``HeadStep.first_reported``). Later, once more runs follow it, it is
+history.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfsuite.history.series import Series, SeriesPoint
 from perfsuite.judge.stats import Direction
@@ -62,6 +65,12 @@ class ChangePointPolicy:
     ``head_runs``: a change point is at the head while at most this many of
     the newest runs make its "after" segment; a 10% step in 3% noise is found
     within three to five runs.
+    ``min_after_runs``: a change point is at the head only once at least this
+    many runs after it hold it (each nearer the level after it than the level
+    before). One slow session is an outlier, not a level shift, and the
+    per-run verdict already judges it against its baseline; a step that stays
+    is still there one run later, well inside the five runs the creep target
+    allows.
     """
 
     max_p_value: float = 0.001
@@ -69,6 +78,14 @@ class ChangePointPolicy:
     window_len: int = 50
     min_points: int = 6
     head_runs: int = 5
+    min_after_runs: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_after_runs <= self.head_runs:
+            raise ValueError(
+                f"min_after_runs={self.min_after_runs} with head_runs={self.head_runs}: a change point at the head "
+                "has between min_after_runs and head_runs runs after it; give 1 <= min_after_runs <= head_runs"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +139,40 @@ class Detection:
     not_searched: str | None = None  # too few runs, say
     num_skipped: int = 0  # points without a finite value, left out of the search
 
+    def runs_after(self, change_point: ChangePoint) -> int:
+        """Points of the series from ``change_point``'s first "after" point to the newest, both included."""
+        return len(self.series.points) - change_point.index
+
+    def runs_holding(self, change_point: ChangePoint) -> int:
+        """Runs after ``change_point`` nearer the level after it than the level before: those that show the step."""
+        after = (point.value for point in self.series.points[change_point.index :] if math.isfinite(point.value))
+        return sum(abs(v - change_point.mean_after) < abs(v - change_point.mean_before) for v in after)
+
     @property
     def head(self) -> ChangePoint | None:
-        """The newest change point, when it is at the head (module docstring)."""
+        """The newest change point, when it is at the head and at least ``min_after_runs`` runs after it hold it.
+
+        Held: nearer the level after the step than the level before. One
+        outlying session, newest or followed by runs back at the old level,
+        holds a step alone, so it is never one.
+        """
         if not self.change_points:
             return None
         newest = self.change_points[-1]
-        return newest if len(self.series.points) - newest.index <= self.policy.head_runs else None
+        at_head = self.runs_after(newest) <= self.policy.head_runs
+        return newest if at_head and self.runs_holding(newest) >= self.policy.min_after_runs else None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadStep:
+    """A change point at the head, and whether it is new: a verdict once, at the first session that finds it."""
+
+    change_point: ChangePoint
+    first_reported: SeriesPoint | None = None  # the earlier session whose own search had it at its head; None: new
+
+    @property
+    def is_new(self) -> bool:
+        return self.first_reported is None
 
 
 def detect(series: Series, policy: ChangePointPolicy = ChangePointPolicy()) -> Detection:
@@ -152,6 +196,30 @@ def detect(series: Series, policy: ChangePointPolicy = ChangePointPolicy()) -> D
 def head_change(series: Series, policy: ChangePointPolicy = ChangePointPolicy()) -> ChangePoint | None:
     """The change point whose "after" segment is the newest ``policy.head_runs`` runs or fewer; None: none."""
     return detect(series, policy).head
+
+
+def head_step(detection: Detection) -> HeadStep | None:
+    """The searched series' change point at the head, and the earlier session that first reported it, if one did.
+
+    No state is kept between sessions: what an earlier session reported is
+    what its own search (the series up to it) had at its head, so each
+    session that could have seen the step, from the first with
+    ``min_after_runs`` runs after it on, is searched again; that costs
+    nothing unless the newest search found a head. The same step is one of
+    the same kind (regression or not) whose first "after" point is at most
+    one run before this one's, or anywhere after it: the runs from this step
+    on are now one level, so an earlier split among them was this step seen
+    sooner, and as runs are added the best split can move, by one run back
+    or by a few forward. A step more than one run before it is another step.
+    """
+    series, policy, head = detection.series, detection.policy, detection.head
+    if head is None:
+        return None
+    for end in range(head.index + policy.min_after_runs - 1, len(series.points)):
+        earlier = detect(replace(series, points=series.points[:end]), policy).head
+        if earlier is not None and earlier.index >= head.index - 1 and earlier.is_regression == head.is_regression:
+            return HeadStep(head, first_reported=series.points[end - 1])
+    return HeadStep(head)
 
 
 def _change_point(step, usable: Sequence[tuple[int, SeriesPoint]], series: Series) -> ChangePoint:

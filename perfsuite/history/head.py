@@ -4,10 +4,12 @@ After a ``pytest --perf`` session, each series its tests belong to
 (``perfsuite.history.series``: same test, metric, fingerprint and run
 configuration) is searched over the earlier sessions and this one; a change
 point whose "after" segment is this session and at most a few before it
-(``perfsuite.history.changes.head_change``) is reported. A single run
+(``perfsuite.history.changes.head_step``) is reported. A single run
 compared with a baseline cannot see a slow creep; this verdict can. It is
-shown always; ``--perf-fail-on-change-point`` makes a regression among them
-fail the session (off until the thresholds are calibrated).
+shown always; ``--perf-fail-on-change-point`` makes a new regression among
+them fail the session (off until the thresholds are calibrated). A step an
+earlier session already reported is still shown, with that session, but is
+no verdict again: it failed (or could have failed) that session once.
 
 An A/B session (``--perf-against``) is no point of any series
 (``perfsuite.history.series`` says why): nothing is checked for it.
@@ -18,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perfsuite.history.changes import ChangePoint, ChangePointPolicy, ChangePointsUnavailable, detect
-from perfsuite.history.series import SeriesKey, build_series
+from perfsuite.history.changes import ChangePoint, ChangePointPolicy, ChangePointsUnavailable, detect, head_step
+from perfsuite.history.series import SeriesKey, SeriesPoint, build_series
 from perfsuite.judge.results import Results
 
 # results.json keeps each head change point among its warnings, after this prefix.
@@ -33,13 +35,22 @@ class HeadChange:
     key: SeriesKey
     change_point: ChangePoint
     num_runs: int  # points in the series, this session's included
+    first_reported: SeriesPoint | None = None  # the earlier session that reported the same step; None: new
+
+    @property
+    def is_new(self) -> bool:
+        return self.first_reported is None
 
     def describe(self) -> str:
         key = self.key
-        return (
+        text = (
             f"{key.test_id} {key.metric} (fingerprint {key.fingerprint_label}, {key.configuration_label}, "
             f"{self.num_runs} runs): {self.change_point.describe()}"
         )
+        if self.first_reported is None:
+            return text
+        earlier = self.first_reported
+        return f"{text}; still at the head, first reported at session {earlier.short_commit} ({earlier.created_at})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +69,11 @@ class HeadCheck:
         return tuple(change for change in self.changes if change.change_point.is_regression)
 
     @property
+    def new_regressions(self) -> tuple[HeadChange, ...]:
+        """The regressions no earlier session reported: the verdicts of this one."""
+        return tuple(change for change in self.regressions if change.is_new)
+
+    @property
     def warnings(self) -> tuple[str, ...]:
         """What results.json records among its warnings: each head change point, or why none was searched."""
         found = tuple(HEAD_WARNING_PREFIX + change.describe() for change in self.changes)
@@ -70,6 +86,9 @@ class HeadCheck:
         searched = self.num_series - self.num_too_short
         short = f"; {self.num_too_short} with too few runs to search" if self.num_too_short else ""
         found = f"{len(self.changes)} at the head" if self.changes else "none at the head"
+        num_reported = sum(not change.is_new for change in self.changes)
+        if num_reported:
+            found += f" ({len(self.changes) - num_reported} new, {num_reported} reported by an earlier session)"
         return (
             f"change points: {found} of {searched} series searched{short} "
             f"({self.num_earlier_sessions} earlier sessions in the history)"
@@ -95,9 +114,10 @@ def check_head(
     for series in own:
         try:
             detection = detect(series, policy)
+            step = head_step(detection)
         except ChangePointsUnavailable as error:
             return HeadCheck(num_series=len(own), num_earlier_sessions=len(earlier), unavailable=str(error))
         num_too_short += detection.not_searched is not None
-        if detection.head is not None:
-            changes.append(HeadChange(series.key, detection.head, len(series.points)))
+        if step is not None:
+            changes.append(HeadChange(series.key, step.change_point, len(series.points), step.first_reported))
     return HeadCheck(tuple(changes), len(own), num_too_short, len(earlier))

@@ -129,8 +129,9 @@ _SWITCHES = (
      "noisy, inconclusive), and make it a usage error, instead of a warning, when the session is too large for a "
      "lone regression to be flagged; a --perf-save-baseline session records and is not failed for judging nothing"),
     ("perf_fail_on_change_point",
-     "fail the session when a change point at the head of a test's run history (--perf-history) is a "
-     "regression; shown either way. Off until its thresholds are calibrated (docs/change-points.md)"),
+     "fail the session when a new change point at the head of a test's run history (--perf-history) is a "
+     "regression (one an earlier session reported fails nothing again); shown either way. Off by default: "
+     "a false rate per series adds up over a session's tests and metrics (docs/change-points.md)"),
 )
 # Switches an ini file may turn on too (true/false): a CI's configuration can make every perf session strict.
 _SWITCHES_IN_INI = ("perf_strict", "perf_fail_on_change_point")
@@ -290,7 +291,7 @@ class PerfOptions:
     # --perf-history, resolved like report_dir: a path under the rootdir, or a URL. None (--perf-history none, and
     # options built by hand, which have no rootdir to resolve the option's default against): no history is kept.
     history_store: Path | str | None = None
-    fail_on_change_point: bool = False  # a regression at the head of a test's run history fails the session
+    fail_on_change_point: bool = False  # a new regression at the head of a test's run history fails the session
 
 
 def read_options(config: pytest.Config) -> PerfOptions:

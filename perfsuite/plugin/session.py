@@ -362,10 +362,13 @@ class PerfSession:
 
     @property
     def failing_change_points(self) -> tuple[str, ...]:
-        """Head change points that are regressions, when ``--perf-fail-on-change-point`` makes them fail it."""
+        """New head change points that are regressions, when ``--perf-fail-on-change-point`` makes them fail it.
+
+        A step an earlier session already reported fails nothing again.
+        """
         if self.head_check is None or not self.options.fail_on_change_point:
             return ()
-        return tuple(change.describe() for change in self.head_check.regressions)
+        return tuple(change.describe() for change in self.head_check.new_regressions)
 
     def append_to_history(self) -> str | None:
         """Append the finished session to ``--perf-history``; where it went, or None when there is nothing to keep.

@@ -16,7 +16,8 @@ the requests that hit and missed.
 
 After the warnings, the change points at the head of the session's run
 history (``perfsuite.history.head``): one line each, red where
-``--perf-fail-on-change-point`` makes it fail the session, and always a line
+``--perf-fail-on-change-point`` makes it fail the session (a step an earlier
+session reported is shown as such and fails nothing again), and always a line
 saying how many series were searched.
 """
 
@@ -121,6 +122,8 @@ def _write_change_points(write: Callable[..., None], perf_session: PerfSession) 
         line = change.describe()
         if line in failing:
             write(f"{HEAD_WARNING_PREFIX}{line} (fails the session: --perf-fail-on-change-point)", red=True, bold=True)
+        elif change.change_point.is_regression and not change.is_new:
+            write(f"{HEAD_WARNING_PREFIX}{line} (fails nothing again)", yellow=True)
         elif change.change_point.is_regression:
             write(f"{HEAD_WARNING_PREFIX}{line} (fails nothing: --perf-fail-on-change-point is off)", yellow=True)
         else:
