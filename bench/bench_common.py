@@ -51,3 +51,12 @@ def comma_choices(choices: Sequence[str], what: str = "workload") -> Callable[[s
         return names
 
     return parse
+
+
+def comma_list(parse: Callable[[str], object]) -> Callable[[str], tuple]:
+    """An argparse type: a comma-separated list, each item read by ``parse``."""
+
+    def parse_list(text: str) -> tuple:
+        return tuple(parse(item.strip()) for item in text.split(",") if item.strip())
+
+    return parse_list

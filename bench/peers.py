@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batching import ProfiledRunner  # noqa: E402
-from bench_common import add_model_arguments, load_bench_model  # noqa: E402
+from bench_common import add_model_arguments, comma_list, load_bench_model  # noqa: E402
 from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine, check_engine_names  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.measure.timing import max_seq_len_for, timed_run, warm_up  # noqa: E402
@@ -155,13 +155,6 @@ def report(cell: CellResult) -> None:
     print(f"{cell.workload} B={cell.batch_size}:")
     print(format_table(["engine", "tok/s median", "min", "max", f"{BASELINE}/engine"], rows))
     print(ratio_line(cell), flush=True)
-
-
-def comma_list(parse: Callable[[str], object]) -> Callable[[str], tuple]:
-    def parse_list(text: str) -> tuple:
-        return tuple(parse(item.strip()) for item in text.split(",") if item.strip())
-
-    return parse_list
 
 
 def workload_name(text: str) -> str:

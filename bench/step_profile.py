@@ -75,7 +75,9 @@ PARTS = (
 # The labels wrapped around perfsuite's layer functions while profiling, innermost first when nested.
 LABELS = {"norms": "norms", "rotary": "rotary", "sdpa": "attention (SDPA)", "attend": "attention (K/V write, gather)",
           "lm_head": "lm head + argmax"}  # fmt: skip
-PROJECTION_OPS = {"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::t", "aten::bmm"}
+PROJECTION_OPS = {"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::t", "aten::bmm",
+                  "mkldnn::_linear_pointwise"}  # fmt: skip
+OPERATOR_NAMESPACES = ("aten::", "mkldnn::")  # the packed projections are oneDNN's (perfsuite.engine.projection)
 
 
 @contextmanager
@@ -120,7 +122,7 @@ def split_by_part(events, wall_us: float) -> dict[str, float]:
     its innermost label or its name; what no operator accounts for is Python and dispatch."""
     totals: dict[str, float] = defaultdict(float)
     for event in events:
-        if event.name in LABELS or not event.name.startswith("aten::"):
+        if event.name in LABELS or not event.name.startswith(OPERATOR_NAMESPACES):
             continue
         label = None
         parent = event.cpu_parent

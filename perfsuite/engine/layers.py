@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from perfsuite.engine.projection import Projection
+
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 # (layer_index, q [T, heads, head_dim], k and v [T, kv_heads, head_dim]) -> attended [T, heads, head_dim].
@@ -89,12 +91,11 @@ class PagedKVCache:
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    qkv_bias: torch.Tensor | None
-    out: torch.Tensor  # [hidden, heads * head_dim]
+    qkv: Projection  # [(heads + 2 * kv_heads) * head_dim, hidden], with the biases if the model has them
+    out: Projection  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Projection  # [2 * intermediate, hidden]
+    down: Projection  # [hidden, intermediate]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +193,12 @@ def decoder_layer(
 ) -> torch.Tensor:
     """One pre-norm Llama layer over hidden [T, hidden_size]: attention, then the gated MLP, each residual."""
     normed = rms_norm(hidden, layer.input_norm, eps)
-    q, k, v = heads.split(F.linear(normed, layer.qkv, layer.qkv_bias))
+    q, k, v = heads.split(layer.qkv(normed))
     attended = attend(layer_index, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
-    hidden = hidden + F.linear(attended.reshape(hidden.shape[0], -1), layer.out)
+    hidden = hidden + layer.out(attended.reshape(hidden.shape[0], -1))
     normed = rms_norm(hidden, layer.post_norm, eps)
-    gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
-    return hidden + F.linear(F.silu(gate) * up, layer.down)
+    gate, up = layer.gate_up(normed).chunk(2, dim=-1)
+    return hidden + layer.down(F.silu(gate) * up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +208,7 @@ class Decoder:
     embed: torch.Tensor  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
     final_norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden]
+    lm_head: Projection  # [vocab, hidden]
     cos_table: torch.Tensor  # [max_context, head_dim]
     sin_table: torch.Tensor  # [max_context, head_dim]
     heads: HeadLayout
@@ -226,8 +227,12 @@ class Decoder:
         return self.cos_table.shape[0]
 
     @classmethod
-    def from_hf(cls, model, device: torch.device, dtype: torch.dtype) -> Decoder:
-        """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``."""
+    def from_hf(cls, model, device: torch.device, dtype: torch.dtype, *, pack_weights: bool = True) -> Decoder:
+        """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``.
+
+        With ``pack_weights`` the projections are also packed for MKL where
+        they can be (``perfsuite.engine.projection``: float32 on the CPU).
+        """
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -248,9 +253,9 @@ class Decoder:
         cos_table, sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
         return cls(
             embed=moved(decoder.embed_tokens.weight),
-            layers=tuple(_layer_weights(layer, moved) for layer in decoder.layers),
+            layers=tuple(_layer_weights(layer, moved, pack_weights) for layer in decoder.layers),
             final_norm=moved(decoder.norm.weight),
-            lm_head=moved(model.lm_head.weight),
+            lm_head=Projection.of(moved(model.lm_head.weight), pack=pack_weights),
             cos_table=cos_table,
             sin_table=sin_table,
             heads=heads,
@@ -291,22 +296,25 @@ class Decoder:
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The most likely next token [N] after each of hidden [N, hidden]."""
-        logits = rms_norm(hidden, self.final_norm, self.rms_norm_eps) @ self.lm_head.T  # [N, vocab]
+        logits = self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))  # [N, vocab]
         return logits.argmax(dim=-1)
 
 
-def _layer_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
+def _layer_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor], pack: bool) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     biases = [p.bias for p in projections]
     return LayerWeights(
         input_norm=moved(layer.input_layernorm.weight),
-        qkv=moved(torch.cat([p.weight for p in projections])),
-        qkv_bias=None if biases[0] is None else moved(torch.cat(biases)),
-        out=moved(attn.o_proj.weight),
+        qkv=Projection.of(
+            moved(torch.cat([p.weight for p in projections])),
+            None if biases[0] is None else moved(torch.cat(biases)),
+            pack=pack,
+        ),
+        out=Projection.of(moved(attn.o_proj.weight), pack=pack),
         post_norm=moved(layer.post_attention_layernorm.weight),
-        gate_up=moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-        down=moved(mlp.down_proj.weight),
+        gate_up=Projection.of(moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), pack=pack),
+        down=Projection.of(moved(mlp.down_proj.weight), pack=pack),
     )
 
 

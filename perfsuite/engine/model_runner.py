@@ -115,6 +115,9 @@ class ModelRunner:
 
     ``decode_mode`` picks how steps whose chunks are all one token run (see
     ``DecodeMode``); other steps always take the packed path.
+    ``pack_weights`` packs the projections for MKL's small-batch GEMM where
+    it can (float32 on the CPU; ``perfsuite.engine.projection``); False
+    keeps only plain ``F.linear``, as before it.
     """
 
     def __init__(
@@ -124,10 +127,11 @@ class ModelRunner:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
         decode_mode: DecodeMode | str = DecodeMode.PACKED,
+        pack_weights: bool = True,
     ) -> None:
         decode_mode = DecodeMode.parse(decode_mode)
         device = torch.device(device) if device is not None else model.device
-        self.decoder = Decoder.from_hf(model, device, dtype or model.dtype)
+        self.decoder = Decoder.from_hf(model, device, dtype or model.dtype, pack_weights=pack_weights)
         self.num_forward_passes = 0
         self.static_decode = (
             None

@@ -1,0 +1,169 @@
+"""Does packing the weights for MKL pay, and for how many rows?
+
+    python bench/packed_linear.py [--model smollm2-135m] [--rows 1,2,3,4,8,16,32,64,128,256,512]
+                                  [--batch-sizes 1,8,32] [--rounds 5]
+
+Two parts, each measured side by side in this one run:
+
+1. Every projection shape of the model (fused QKV, attention out, fused
+   gate-up, down, lm head) at each of --rows rows: ``F.linear`` against
+   ``mkldnn::_linear_pointwise`` over a weight laid out once for oneDNN,
+   interleaved round by round; the ratio is plain / packed (above 1: packing pays). This is
+   where ``perfsuite.engine.projection``'s PACKED_MIN_ROWS and
+   PACKED_MAX_ROWS come from.
+2. The model runner's decode step (``ModelRunner.execute``, B rows at
+   position --context, over a slot cache and over a paged pool) and one
+   prefill step of --prompt tokens, with the runner's weights packed and
+   not (``ModelRunner(pack_weights=...)``): the ratio unpacked / packed.
+
+The last line is ``packed/plain decode B=<b>: <x> ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from bench_common import comma_list  # noqa: E402
+from decode_graphs import BLOCK_SIZE, DecodeShape, decode_step, ms_per_step  # noqa: E402
+
+from perfsuite.argtypes import positive_int  # noqa: E402
+from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
+from perfsuite.engine.projection import LAYOUT_HINT_ROWS, PACKED_MAX_ROWS, PACKED_MIN_ROWS, can_pack  # noqa: E402
+from perfsuite.engine.types import ScheduledChunk, SchedulerOutput  # noqa: E402
+from perfsuite.measure.environment import cpu_model  # noqa: E402
+from perfsuite.measure.timing import configure_threads  # noqa: E402
+from perfsuite.models import load_model  # noqa: E402
+from perfsuite.report.table import format_table  # noqa: E402
+
+
+def us_per_call(function: Callable[[], object], min_seconds: float = 0.05) -> float:
+    function()
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < min_seconds or calls < 3:
+        function()
+        calls += 1
+    return 1e6 * elapsed / calls
+
+
+def projection_shapes(runner: ModelRunner) -> dict[str, torch.Tensor]:
+    layer = runner.decoder.layers[0]
+    return {"qkv": layer.qkv.weight, "out": layer.out.weight, "gate_up": layer.gate_up.weight,
+            "down": layer.down.weight, "lm_head": runner.decoder.lm_head.weight}  # fmt: skip
+
+
+def gemm_ratios(weights: dict[str, torch.Tensor], rows: list[int], num_rounds: int) -> list[list[object]]:
+    """plain / packed time per (shape, rows), the median over rounds that interleave the two."""
+    table = []
+    for name, weight in weights.items():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS)
+        for count in rows:
+            x = torch.randn(count, weight.shape[1])
+            plain_us, packed_us = [], []
+            for _ in range(num_rounds):
+                plain_us.append(us_per_call(lambda: F.linear(x, weight)))
+                packed_us.append(
+                    us_per_call(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+                )
+            ratios = [a / b for a, b in zip(plain_us, packed_us, strict=True)]
+            table.append([name, f"{weight.shape[0]}x{weight.shape[1]}", count, f"{statistics.median(plain_us):.0f}",
+                          f"{statistics.median(packed_us):.0f}", f"{statistics.median(ratios):.2f}"])  # fmt: skip
+    return table
+
+
+def prefill_step(prompt_len: int, tables: tuple[int, ...] = ()) -> SchedulerOutput:
+    chunk = ScheduledChunk("p", 0, tuple(range(1, prompt_len + 1)), 0, samples=True, is_prefill=True,
+                           block_table=tables)  # fmt: skip
+    return SchedulerOutput((chunk,), num_waiting=0)
+
+
+def step_ratios(runners: dict[str, ModelRunner], batch_sizes: list[int], args) -> tuple[list[list[object]], list[str]]:
+    rows, last = [], []
+    blocks_per_row = -(-args.max_seq_len // BLOCK_SIZE)
+    caches = {
+        label: (runner.new_kv_cache(max(batch_sizes), args.max_seq_len),
+                runner.new_paged_kv_cache(max(batch_sizes) * blocks_per_row, BLOCK_SIZE))
+        for label, runner in runners.items()
+    }  # fmt: skip
+    tables = [tuple(range(r * blocks_per_row, (r + 1) * blocks_per_row)) for r in range(max(batch_sizes))]
+    cases: list[tuple[str, int, Callable[[str], float]]] = []
+    for batch_size in batch_sizes:
+        shape = DecodeShape(batch_size, args.max_seq_len, args.context, args.steps)
+        for cache_index, kind in ((0, "slot"), (1, "paged")):
+
+            def timed(label: str, shape=shape, cache_index=cache_index, kind=kind) -> float:
+                runner, cache = runners[label], caches[label][cache_index]
+                step_tables = tables if kind == "paged" else None
+                return ms_per_step(
+                    lambda tokens, position: runner.execute(decode_step(tokens, position, step_tables), cache),
+                    shape, "cpu",
+                )  # fmt: skip
+
+            cases.append((f"decode {kind}", batch_size, timed))
+
+    def timed_prefill(label: str) -> float:
+        runner, cache = runners[label], caches[label][1]
+        start = time.perf_counter()
+        runner.execute(prefill_step(args.prompt, tables[0]), cache)
+        return 1e3 * (time.perf_counter() - start)
+
+    cases.append((f"prefill {args.prompt} tokens", 1, timed_prefill))
+    for name, batch_size, timed in cases:
+        times = {label: [] for label in runners}
+        order = list(runners)
+        for round_index in range(args.rounds + 1):
+            for label in order:
+                elapsed = timed(label)
+                if round_index:
+                    times[label].append(elapsed)
+            order.reverse()
+        ratios = [p / q for p, q in zip(times["plain"], times["packed"], strict=True)]
+        ratio = statistics.median(ratios)
+        rows.append([name, batch_size, f"{statistics.median(times['plain']):.2f}",
+                     f"{statistics.median(times['packed']):.2f}", f"{ratio:.2f}",
+                     " ".join(f"{r:.2f}" for r in ratios)])  # fmt: skip
+        if name == "decode paged":
+            last.append(f"B={batch_size}: {ratio:.2f}")
+    return rows, last
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--rows", type=comma_list(positive_int), default=(1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512))
+    parser.add_argument("--batch-sizes", type=comma_list(positive_int), default=(1, 4, 8, 16, 32))
+    parser.add_argument("--max-seq-len", type=positive_int, default=512)
+    parser.add_argument("--context", type=positive_int, default=256, help="decode rows' position")
+    parser.add_argument("--prompt", type=positive_int, default=256, help="the prefill step's tokens")
+    parser.add_argument("--steps", type=positive_int, default=10, help="decode steps per case per round")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="timed rounds, after one warm-up round")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    threads = configure_threads(args.threads)
+    model = load_model(args.model, device="cpu", dtype="float32").model
+    runners = {"plain": ModelRunner(model, pack_weights=False), "packed": ModelRunner(model, pack_weights=True)}
+    weights = projection_shapes(runners["plain"])
+    if not can_pack(weights["qkv"]):
+        sys.exit("this torch has no oneDNN (or the weights are not float32 on the CPU): nothing to compare")
+    print(f"{time.strftime('%Y-%m-%d')} {cpu_model()}, {threads} threads, torch {torch.__version__}, "
+          f"model {args.model} float32; packed rows {PACKED_MIN_ROWS}..{PACKED_MAX_ROWS}", flush=True)  # fmt: skip
+    print("\nGEMM: F.linear against the packed weight (median us a call; plain/packed above 1: packing pays)")
+    gemm = gemm_ratios(weights, list(args.rows), args.rounds)
+    print(format_table(["weight", "shape", "rows", "plain us", "packed us", "plain/packed"], gemm), flush=True)
+    print("\nModel runner steps, unpacked against packed weights (ms a step, median over rounds)")
+    rows, last = step_ratios(runners, list(args.batch_sizes), args)
+    print(format_table(["step", "B", "plain ms", "packed ms", "plain/packed", "per round"], rows))
+    print(f"packed/plain decode (paged) {' '.join(last)}")
+
+
+if __name__ == "__main__":
+    main()
