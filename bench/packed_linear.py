@@ -15,8 +15,12 @@ Two parts, each measured side by side in this one run:
    position --context, over a slot cache and over a paged pool) and one
    prefill step of --prompt tokens, with the runner's weights packed and
    not (``ModelRunner(pack_weights=...)``): the ratio unpacked / packed.
+3. Whole engine runs (``--engines``, default in-flight and paged) of the
+   mixed workload (``--num-requests`` shipped prompts, 8..128 new tokens,
+   as ``bench/peers.py``'s) at each of --engine-batch-sizes, packed and not,
+   in alternating order: output tok/s, the ratio packed / plain.
 
-The last line is ``packed/plain decode B=<b>: <x> ...``.
+The last line is ``packed/plain engine <name> B=<b>: <x> ...``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,14 +41,17 @@ import torch.nn.functional as F  # noqa: E402
 from bench_common import comma_list  # noqa: E402
 from decode_graphs import BLOCK_SIZE, DecodeShape, decode_step, ms_per_step  # noqa: E402
 
+from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.engine.projection import LAYOUT_HINT_ROWS, PACKED_MAX_ROWS, PACKED_MIN_ROWS, can_pack  # noqa: E402
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput  # noqa: E402
 from perfsuite.measure.environment import cpu_model  # noqa: E402
-from perfsuite.measure.timing import configure_threads  # noqa: E402
+from perfsuite.measure.metrics import run_metrics  # noqa: E402
+from perfsuite.measure.timing import configure_threads, max_seq_len_for, timed_run, warm_up  # noqa: E402
 from perfsuite.models import load_model  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
+from perfsuite.workload import mixed_workload  # noqa: E402
 
 
 def us_per_call(function: Callable[[], object], min_seconds: float = 0.05) -> float:
@@ -136,6 +144,32 @@ def step_ratios(runners: dict[str, ModelRunner], batch_sizes: list[int], args) -
     return rows, last
 
 
+def engine_ratios(loaded, runners: dict[str, ModelRunner], args) -> tuple[list[list[object]], list[str]]:
+    """Output tok/s of each engine over the mixed workload, packed and plain, in alternating order."""
+    backends = {label: replace(Backend.from_loaded(loaded), runner=runner) for label, runner in runners.items()}
+    requests = mixed_workload(args.num_requests).requests(backends["plain"].tokenize)
+    rows, last = [], []
+    for name in args.engines:
+        for batch_size in args.engine_batch_sizes:
+            config = EngineConfig(batch_size, max_seq_len_for(requests, loaded.max_context))
+            engines = {label: build_engine(name, backend, config) for label, backend in backends.items()}
+            for engine in engines.values():
+                warm_up(engine, requests)
+            throughput = {label: [] for label in engines}
+            for repeat in range(args.engine_repeats):
+                for label in engines if repeat % 2 == 0 else reversed(engines):
+                    result = timed_run(engines[label], requests, "cpu")
+                    throughput[label].append(run_metrics(result).output_throughput)
+            ratios = [a / b for a, b in zip(throughput["packed"], throughput["plain"], strict=True)]
+            ratio = statistics.median(ratios)
+            rows.append([name, batch_size, f"{statistics.median(throughput['plain']):.1f}",
+                         f"{statistics.median(throughput['packed']):.1f}", f"{ratio:.2f}",
+                         " ".join(f"{r:.2f}" for r in ratios)])  # fmt: skip
+            last.append(f"{name} B={batch_size}: {ratio:.2f}")
+            print(f"  {name} B={batch_size}: packed/plain {ratio:.2f}", flush=True)
+    return rows, last
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -146,23 +180,36 @@ def main() -> None:
     parser.add_argument("--prompt", type=positive_int, default=256, help="the prefill step's tokens")
     parser.add_argument("--steps", type=positive_int, default=10, help="decode steps per case per round")
     parser.add_argument("--rounds", type=positive_int, default=5, help="timed rounds, after one warm-up round")
+    parser.add_argument("--engines", type=comma_list(str), default=("inflight", "paged"))
+    parser.add_argument("--engine-batch-sizes", type=comma_list(positive_int), default=(8, 32))
+    parser.add_argument("--num-requests", type=positive_int, default=32, help="requests of each engine run")
+    parser.add_argument("--engine-repeats", type=positive_int, default=2, help="runs of each engine, packed and not")
+    parser.add_argument("--parts", type=comma_list(str), default=("gemm", "steps", "engines"))
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     threads = configure_threads(args.threads)
-    model = load_model(args.model, device="cpu", dtype="float32").model
+    loaded = load_model(args.model, device="cpu", dtype="float32")
+    model = loaded.model
     runners = {"plain": ModelRunner(model, pack_weights=False), "packed": ModelRunner(model, pack_weights=True)}
     weights = projection_shapes(runners["plain"])
     if not can_pack(weights["qkv"]):
         sys.exit("this torch has no oneDNN (or the weights are not float32 on the CPU): nothing to compare")
     print(f"{time.strftime('%Y-%m-%d')} {cpu_model()}, {threads} threads, torch {torch.__version__}, "
           f"model {args.model} float32; packed rows {PACKED_MIN_ROWS}..{PACKED_MAX_ROWS}", flush=True)  # fmt: skip
-    print("\nGEMM: F.linear against the packed weight (median us a call; plain/packed above 1: packing pays)")
-    gemm = gemm_ratios(weights, list(args.rows), args.rounds)
-    print(format_table(["weight", "shape", "rows", "plain us", "packed us", "plain/packed"], gemm), flush=True)
-    print("\nModel runner steps, unpacked against packed weights (ms a step, median over rounds)")
-    rows, last = step_ratios(runners, list(args.batch_sizes), args)
-    print(format_table(["step", "B", "plain ms", "packed ms", "plain/packed", "per round"], rows))
-    print(f"packed/plain decode (paged) {' '.join(last)}")
+    if "gemm" in args.parts:
+        print("\nGEMM: F.linear against the packed weight (median us a call; plain/packed above 1: packing pays)")
+        gemm = gemm_ratios(weights, list(args.rows), args.rounds)
+        print(format_table(["weight", "shape", "rows", "plain us", "packed us", "plain/packed"], gemm), flush=True)
+    if "steps" in args.parts:
+        print("\nModel runner steps, unpacked against packed weights (ms a step, median over rounds)")
+        rows, last = step_ratios(runners, list(args.batch_sizes), args)
+        print(format_table(["step", "B", "plain ms", "packed ms", "plain/packed", "per round"], rows))
+        print(f"packed/plain decode (paged) {' '.join(last)}", flush=True)
+    if "engines" in args.parts:
+        print(f"\nEngine runs, mixed workload of {args.num_requests} requests (output tok/s, median over repeats)")
+        rows, last = engine_ratios(loaded, runners, args)
+        print(format_table(["engine", "B", "plain tok/s", "packed tok/s", "packed/plain", "per repeat"], rows))
+        print(f"packed/plain engine {' '.join(last)}")
 
 
 if __name__ == "__main__":

@@ -106,15 +106,13 @@ class HeadLayout:
     num_kv_heads: int
     head_dim: int
 
-    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] from qkv [T, (heads + 2 * kv_heads) * head_dim]."""
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+    def split_values(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys together [T, heads + kv_heads, head_dim] (rotated as one) and v [T, kv_heads, head_dim]."""
         num_tokens = qkv.shape[0]
+        num_q_and_k = (self.num_heads + self.num_kv_heads) * self.head_dim
+        q_and_k, v = qkv.split((num_q_and_k, self.num_kv_heads * self.head_dim), dim=-1)
         return (
-            q.view(num_tokens, self.num_heads, self.head_dim),
-            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            q_and_k.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim),
             v.view(num_tokens, self.num_kv_heads, self.head_dim),
         )
 
@@ -169,16 +167,21 @@ def tile_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Hugging Face's LlamaRMSNorm normalises in float32 whatever the model
     # dtype (float64 included); doing the same keeps greedy choices equal.
-    as_float = hidden.to(torch.float32)
-    variance = as_float.pow(2).mean(-1, keepdim=True)
-    return weight * (as_float * torch.rsqrt(variance + eps)).to(hidden.dtype)
+    # The conversions are skipped where they would be no-ops: each is a dispatch, 60 a decode step.
+    as_float = hidden if hidden.dtype == torch.float32 else hidden.to(torch.float32)
+    normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (normed if hidden.dtype == torch.float32 else normed.to(hidden.dtype))
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x [T, heads, head_dim] with cos and sin [T, 1, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated_half * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x [T, heads, head_dim] with cos and ``signed_sin`` [T, 1, head_dim].
+
+    Hugging Face's ``x * cos + rotate_half(x) * sin``, where rotate_half is
+    ``cat(-x2, x1)``: here ``roll(x) = cat(x2, x1)`` times a sine whose first
+    half is negated (``Decoder.signed_sin_table``). Negation is exact, so the
+    result is the same bits in four operations instead of seven.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def decoder_layer(
@@ -193,8 +196,9 @@ def decoder_layer(
 ) -> torch.Tensor:
     """One pre-norm Llama layer over hidden [T, hidden_size]: attention, then the gated MLP, each residual."""
     normed = rms_norm(hidden, layer.input_norm, eps)
-    q, k, v = heads.split(layer.qkv(normed))
-    attended = attend(layer_index, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+    q_and_k, v = heads.split_values(layer.qkv(normed))
+    q, k = apply_rotary(q_and_k, cos, sin).split((heads.num_heads, heads.num_kv_heads), dim=1)
+    attended = attend(layer_index, q, k, v)
     hidden = hidden + layer.out(attended.reshape(hidden.shape[0], -1))
     normed = rms_norm(hidden, layer.post_norm, eps)
     gate, up = layer.gate_up(normed).chunk(2, dim=-1)
@@ -210,7 +214,7 @@ class Decoder:
     final_norm: torch.Tensor  # [hidden]
     lm_head: Projection  # [vocab, hidden]
     cos_table: torch.Tensor  # [max_context, head_dim]
-    sin_table: torch.Tensor  # [max_context, head_dim]
+    signed_sin_table: torch.Tensor  # [max_context, head_dim], its first half negated (apply_rotary)
     heads: HeadLayout
     rms_norm_eps: float
 
@@ -250,14 +254,14 @@ class Decoder:
             return t.detach().to(device=device, dtype=dtype)
 
         decoder = model.model
-        cos_table, sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
+        cos_table, signed_sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
         return cls(
             embed=moved(decoder.embed_tokens.weight),
             layers=tuple(_layer_weights(layer, moved, pack_weights) for layer in decoder.layers),
             final_norm=moved(decoder.norm.weight),
             lm_head=Projection.of(moved(model.lm_head.weight), pack=pack_weights),
             cos_table=cos_table,
-            sin_table=sin_table,
+            signed_sin_table=signed_sin_table,
             heads=heads,
             rms_norm_eps=config.rms_norm_eps,
         )
@@ -289,7 +293,7 @@ class Decoder:
         """The last layer's hidden states [T, hidden] of token_ids [T] at positions [T]."""
         hidden = self.embed[token_ids]  # [T, hidden]
         cos = self.cos_table[positions].unsqueeze(1)  # [T, 1, head_dim]
-        sin = self.sin_table[positions].unsqueeze(1)
+        sin = self.signed_sin_table[positions].unsqueeze(1)
         for layer_index, layer in enumerate(self.layers):
             hidden = decoder_layer(layer, layer_index, hidden, cos, sin, self.heads, self.rms_norm_eps, attend)
         return hidden
@@ -326,4 +330,7 @@ def _rotary_tables(
     freqs = positions[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)  # [max_context, head_dim]
     scaling = getattr(rotary, "attention_scaling", 1.0)
-    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+    sin = angles.sin() * scaling
+    half = sin.shape[-1] // 2
+    signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # apply_rotary's roll needs the sign here
+    return (angles.cos() * scaling).to(dtype), signed_sin.to(dtype)
