@@ -146,16 +146,16 @@ class _PositionBug(ModelRunner):
 
 
 class _MaskBug(ModelRunner):
-    def _attention_group(self, *args):
-        group = super()._attention_group(*args)
+    def _attention_group(self, *args, **kwargs):
+        group = super()._attention_group(*args, **kwargs)
         leaky = group.mask.clone()
         leaky[..., : group.max_key_len] |= torch.ones_like(leaky)  # every key visible, stale ones too
         return dataclasses.replace(group, mask=leaky)
 
 
 class _SlotBug(ModelRunner):
-    def _attention_group(self, *args):
-        group = super()._attention_group(*args)
+    def _attention_group(self, *args, **kwargs):
+        group = super()._attention_group(*args, **kwargs)
         if isinstance(group.slots, slice) or group.num_rows < 2:
             return group
         return dataclasses.replace(group, slots=group.slots.flip(0))
@@ -164,8 +164,8 @@ class _SlotBug(ModelRunner):
 class _BlockTableBug(ModelRunner):
     """Walks each row's block table backwards, as an off-by-one in the table walk would misplace keys."""
 
-    def _attention_group(self, plan, tensors, block_size):
-        group = super()._attention_group(plan, tensors, block_size)
+    def _attention_group(self, plan, tensors, block_size, **kwargs):
+        group = super()._attention_group(plan, tensors, block_size, **kwargs)
         return dataclasses.replace(group, block_tables=group.block_tables.flip(1))
 
 

@@ -64,8 +64,8 @@ def test_a_step_copies_its_indices_to_the_device_once(runner, kind, monkeypatch)
         batch = engine.runner._prepare(output.chunks, engine.kv_cache)
         indices = [batch.input_ids, batch.positions, batch.token_slots, batch.sample_index]
         for group in batch.groups:
-            indices += [group.token_index] + [t for t in (group.query_rows, group.query_cols, group.block_tables)
-                                              if t is not None]  # fmt: skip
+            indices += [t for t in (group.token_index, group.query_rows, group.query_cols, group.block_tables)
+                        if t is not None]  # fmt: skip
             if isinstance(group.slots, torch.Tensor):
                 indices.append(group.slots)
         assert len({t.untyped_storage().data_ptr() for t in indices}) == 1, "every index is a view of one buffer"

@@ -15,7 +15,7 @@ match the unbatched reference that runs the Hugging Face model itself.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,13 @@ class PagedKVCache:
     # The engine's bucketed static-shape decode step over these tensors (perfsuite.engine.paged_decode), set by
     # ModelRunner.with_paged_decode under decode_mode static or cuda-graph; it lives and dies with the pool.
     decode_step: object | None = None
+    # Each layer's (keys, values, key cells, value cells) views, made once: taken per layer and step they were
+    # four selects and two flattens of every layer (six dispatches each, 180 a step of SmolLM2's 30 layers).
+    _layer_views: tuple[tuple[torch.Tensor, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        views = tuple((k, v, k.flatten(0, 1), v.flatten(0, 1)) for k, v in zip(self.keys, self.values, strict=True))
+        object.__setattr__(self, "_layer_views", views)
 
     @property
     def num_blocks(self) -> int:
@@ -72,11 +79,10 @@ class PagedKVCache:
         """
         num_blocks = min(block_tables.shape[1], -(-num_keys // self.block_size))  # the blocks those keys fill
         rows, blocks = block_tables.shape[0], block_tables[:, :num_blocks].flatten()
+        cells = (rows, num_blocks * self.block_size, *self.keys.shape[3:])
         return tuple(
-            pool[layer_index].index_select(0, blocks).view(rows, num_blocks * self.block_size, *pool.shape[3:])[
-                :, :num_keys
-            ].transpose(1, 2)
-            for pool in (self.keys, self.values)
+            pool.index_select(0, blocks).view(cells)[:, :num_keys].transpose(1, 2)
+            for pool in self._layer_views[layer_index][:2]
         )
 
     def token_rows(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +90,8 @@ class PagedKVCache:
 
         Cell ``block * block_size + offset`` is the index vLLM calls a slot; a view, no copy.
         """
-        keys, values = self.keys[layer_index], self.values[layer_index]
-        return keys.flatten(0, 1), values.flatten(0, 1)
+        _, _, key_cells, value_cells = self._layer_views[layer_index]
+        return key_cells, value_cells
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ class _AttentionGroup:
     them block by block through ``block_tables`` (``PagedKVCache.keys_of_rows``).
     """
 
-    token_index: torch.Tensor  # [num_group_tokens] positions in the packed batch
+    token_index: torch.Tensor | None  # [num_group_tokens] positions in the packed batch; None: all, in order
     slots: torch.Tensor | slice | None  # which cache slots, a view when contiguous; None for a paged cache
     num_rows: int
     max_query_len: int
@@ -105,6 +105,7 @@ class _GroupPlan:
     query_cols: int
     block_tables: int | None  # [rows * max_blocks], paged only
     num_table_columns: int
+    tokens_in_order: bool  # the group's tokens are 0, 1, ... of the step: with no other group, no index is needed
 
 
 class ModelRunner:
@@ -207,14 +208,17 @@ class ModelRunner:
                 k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
                 k_cache[batch.token_slots, :, batch.positions] = k
                 v_cache[batch.token_slots, :, batch.positions] = v
+            def group_keys(group: _AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
+                if is_paged:
+                    return kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
+                # [rows, kv_heads, keys, head_dim]
+                return k_cache[group.slots, :, : group.max_key_len], v_cache[group.slots, :, : group.max_key_len]
+
+            if batch.groups[0].token_index is None:  # one group of every token in order: nothing to scatter
+                return self._attend(batch.groups[0], masks[0], q, *group_keys(batch.groups[0]))
             attended = torch.empty_like(q)  # [T, heads, head_dim]
             for group, mask in zip(batch.groups, masks):
-                if is_paged:
-                    keys, values = kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
-                else:
-                    keys = k_cache[group.slots, :, : group.max_key_len]  # [rows, kv_heads, keys, head_dim]
-                    values = v_cache[group.slots, :, : group.max_key_len]
-                attended[group.token_index] = self._attend(group, mask, q, keys, values)
+                attended[group.token_index] = self._attend(group, mask, q, *group_keys(group))
             return attended
 
         hidden = self.decoder.forward(batch.input_ids, batch.positions, attend)  # [T, hidden]
@@ -225,7 +229,7 @@ class ModelRunner:
     def _attend(self, group: _AttentionGroup, mask: torch.Tensor, q, keys, values) -> torch.Tensor:
         """``group``'s queries over its rows' ``keys`` and ``values`` [rows, kv_heads, keys, head_dim] (a paged
         pool's gathered block by block; on GPU a paged kernel would read them in place)."""
-        group_q = q[group.token_index]  # [group_tokens, heads, head_dim]
+        group_q = q if group.token_index is None else q[group.token_index]  # [group_tokens, heads, head_dim]
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
         else:
@@ -271,7 +275,7 @@ class ModelRunner:
         tensors = indices.upload(self.device)
         return _Batch(
             *(tensors[handle] for handle in handles),
-            groups=tuple(self._attention_group(plan, tensors, block_size) for plan in plans),
+            groups=tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans),
         )
 
     @staticmethod
@@ -311,10 +315,11 @@ class ModelRunner:
             query_cols=indices.add(query_cols),
             block_tables=block_tables,
             num_table_columns=num_table_columns,
+            tokens_in_order=token_index == list(range(len(token_index))),
         )
 
     def _attention_group(
-        self, plan: _GroupPlan, tensors: list[torch.Tensor], block_size: int | None
+        self, plan: _GroupPlan, tensors: list[torch.Tensor], block_size: int | None, *, alone: bool
     ) -> _AttentionGroup:
         query_pos = tensors[plan.query_positions].view(plan.num_rows, plan.max_query_len)
         key_pos = torch.arange(plan.max_key_len, device=self.device)
@@ -326,7 +331,7 @@ class ModelRunner:
             slots = None
             block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
         return _AttentionGroup(
-            token_index=tensors[plan.token_index],
+            token_index=None if alone and plan.tokens_in_order else tensors[plan.token_index],
             slots=slots,
             num_rows=plan.num_rows,
             max_query_len=plan.max_query_len,
