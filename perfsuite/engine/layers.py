@@ -54,8 +54,8 @@ class PagedKVCache:
     # The engine's bucketed static-shape decode step over these tensors (perfsuite.engine.paged_decode), set by
     # ModelRunner.with_paged_decode under decode_mode static or cuda-graph; it lives and dies with the pool.
     decode_step: object | None = None
-    # Each layer's (keys, values, key cells, value cells) views, made once: taken per layer and step they were
-    # four selects and two flattens of every layer (six dispatches each, 180 a step of SmolLM2's 30 layers).
+    # Each layer's (keys, values, key cells, value cells) views, made once: taken at every layer of every step
+    # they were four selects and two flattens, 180 dispatches a step of SmolLM2's 30 layers.
     _layer_views: tuple[tuple[torch.Tensor, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

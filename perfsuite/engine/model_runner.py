@@ -116,9 +116,9 @@ class ModelRunner:
 
     ``decode_mode`` picks how steps whose chunks are all one token run (see
     ``DecodeMode``); other steps always take the packed path.
-    ``pack_weights`` packs the projections for MKL's small-batch GEMM where
-    it can (float32 on the CPU; ``perfsuite.engine.projection``); False
-    keeps only plain ``F.linear``, as before it.
+    ``pack_weights`` also lays the projections' weights out once for
+    oneDNN where it can (float32 on the CPU; ``perfsuite.engine.projection``),
+    for decode-sized products; False keeps only plain ``F.linear``.
     """
 
     def __init__(
@@ -208,6 +208,7 @@ class ModelRunner:
                 k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
                 k_cache[batch.token_slots, :, batch.positions] = k
                 v_cache[batch.token_slots, :, batch.positions] = v
+
             def group_keys(group: _AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
                 if is_paged:
                     return kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
