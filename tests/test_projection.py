@@ -30,6 +30,8 @@ def test_packed_products_equal_f_linear_at_every_row_count(with_bias: bool) -> N
     for rows in range(1, PACKED_MAX_ROWS + 33):
         x = torch.randn(rows, 40, generator=generator)
         torch.testing.assert_close(projection(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5, msg=f"{rows} rows")
+    strided = torch.randn(PACKED_MIN_ROWS + 4, 80, generator=generator)[:, ::2]  # not contiguous
+    torch.testing.assert_close(projection(strided), F.linear(strided, weight, bias), rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn

@@ -112,7 +112,7 @@ class HeadLayout:
     num_kv_heads: int
     head_dim: int
 
-    def split_values(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def split_qk_and_v(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries and keys together [T, heads + kv_heads, head_dim] (rotated as one) and v [T, kv_heads, head_dim]."""
         num_tokens = qkv.shape[0]
         num_q_and_k = (self.num_heads + self.num_kv_heads) * self.head_dim
@@ -202,7 +202,7 @@ def decoder_layer(
 ) -> torch.Tensor:
     """One pre-norm Llama layer over hidden [T, hidden_size]: attention, then the gated MLP, each residual."""
     normed = rms_norm(hidden, layer.input_norm, eps)
-    q_and_k, v = heads.split_values(layer.qkv(normed))
+    q_and_k, v = heads.split_qk_and_v(layer.qkv(normed))
     q, k = apply_rotary(q_and_k, cos, sin).split((heads.num_heads, heads.num_kv_heads), dim=1)
     attended = attend(layer_index, q, k, v)
     hidden = hidden + layer.out(attended.reshape(hidden.shape[0], -1))

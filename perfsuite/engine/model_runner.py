@@ -208,18 +208,13 @@ class ModelRunner:
                 k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
                 k_cache[batch.token_slots, :, batch.positions] = k
                 v_cache[batch.token_slots, :, batch.positions] = v
-
-            def group_keys(group: _AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
-                if is_paged:
-                    return kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
-                # [rows, kv_heads, keys, head_dim]
-                return k_cache[group.slots, :, : group.max_key_len], v_cache[group.slots, :, : group.max_key_len]
-
             if batch.groups[0].token_index is None:  # one group of every token in order: nothing to scatter
-                return self._attend(batch.groups[0], masks[0], q, *group_keys(batch.groups[0]))
+                keys = _group_keys(batch.groups[0], layer_index, kv_cache, k_cache, v_cache)
+                return self._attend(batch.groups[0], masks[0], q, *keys)
             attended = torch.empty_like(q)  # [T, heads, head_dim]
             for group, mask in zip(batch.groups, masks):
-                attended[group.token_index] = self._attend(group, mask, q, *group_keys(group))
+                keys = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
+                attended[group.token_index] = self._attend(group, mask, q, *keys)
             return attended
 
         hidden = self.decoder.forward(batch.input_ids, batch.positions, attend)  # [T, hidden]
@@ -342,6 +337,15 @@ class ModelRunner:
             mask=mask,
             block_tables=block_tables,
         )
+
+
+def _group_keys(
+    group: _AttentionGroup, layer_index: int, kv_cache: KVCache | PagedKVCache, k_cache, v_cache
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``group``'s rows' keys and values [rows, kv_heads, keys, head_dim]: slots' views, or a paged pool's blocks."""
+    if isinstance(kv_cache, PagedKVCache):
+        return kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
+    return k_cache[group.slots, :, : group.max_key_len], v_cache[group.slots, :, : group.max_key_len]
 
 
 def _check_fits(chunk: ScheduledChunk, kv_cache: KVCache | PagedKVCache) -> None:

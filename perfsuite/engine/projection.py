@@ -6,9 +6,11 @@ decode step that copy costs more than the product: on the 2-core
 development VM, SmolLM2's fused QKV took 103 us at 4 rows against 25 us
 at 3. A weight reordered once into oneDNN's blocked layout
 (``mkldnn::_reorder_linear_weight``, what inductor's CPU freezing does) and
-multiplied by ``mkldnn::_linear_pointwise`` skips the copy: up to 1.9x
-faster than the plain call at 4 rows and 1.3-3.1x at 8-16 rows, with one
-thread or two (``bench/packed_linear.py``). Below 4 rows MKL's plain call is the faster
+multiplied by ``mkldnn::_linear_pointwise`` skips the copy: from 4 to 32
+rows it was faster than the plain call for every SmolLM2 shape, up to 2.7x
+(the lm head at 8 rows), except the down projection at 4 and 8 rows (0.83,
+0.99) (``bench/packed_linear.py``, bench/results/packed_linear_2026-11-26.log;
+one thread gave the same picture). Below 4 rows MKL's plain call is the faster
 one (0.3-0.8x), and from a few hundred rows on the two tie or the plain call
 wins by a few percent; so a product takes the packed path only for rows in
 ``PACKED_MIN_ROWS..PACKED_MAX_ROWS``: decode steps and the lm head over a
@@ -64,5 +66,5 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # any strides
         return F.linear(x, self.weight, self.bias)
