@@ -8,12 +8,17 @@
 # 2. bench/decode_graphs.py: a decode step packed, static and as a CUDA graph, slot cache and paged pool;
 # 3. the shipped suite (smoke profile, SmolLM2-135M's shapes with random weights) with --perf-decode-mode packed
 #    and cuda-graph, each once.
-# Each part has its own time limit, so one that hangs leaves the others their time. Needs perfsuite importable
-# and its pytest plugin registered (pip install -e . or PYTHONPATH and -p perfsuite.plugin.hooks).
+# Each part has its own time limit, so one that hangs leaves the others their time. Run it from the repository
+# root: without an installed perfsuite, the checkout is put on PYTHONPATH and its plugin registered with -p.
 set -u
 out=${1:-${OUT:-reports/gpu}}
 mkdir -p "$out"
 python=${PYTHON:-python3}
+plugin=()
+if ! $python -c "import importlib.metadata as m, sys; sys.exit(not any(e.value == 'perfsuite.plugin.hooks' for e in m.entry_points(group='pytest11')))" 2>/dev/null; then
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    plugin=(-p perfsuite.plugin.hooks)
+fi
 nvidia-smi -L | tee "$out/device.log"
 $python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$out/device.log"
 export PYTHONUNBUFFERED=1
@@ -23,7 +28,7 @@ timeout 200 $python -m pytest -q -p no:cacheprovider -m gpu -rs --durations=10 \
 timeout 120 $python bench/decode_graphs.py --model random-smollm2-135m --batch-sizes 1,8,32 --steps 20 --rounds 5 \
     2>&1 | tee "$out/decode_graphs.log"
 for mode in packed cuda-graph; do
-    timeout 75 $python -m pytest --pyargs perfsuite.suites --perf --perf-device cuda --perf-model random-smollm2-135m \
+    timeout 75 $python -m pytest "${plugin[@]}" --pyargs perfsuite.suites --perf --perf-device cuda --perf-model random-smollm2-135m \
         --perf-profile smoke --perf-decode-mode "$mode" --perf-history none -p no:cacheprovider -q \
         --perf-report-dir "/tmp/suite-$mode" 2>&1 | tail -40 | tee "$out/suite_$mode.log"
 done
