@@ -1,20 +1,23 @@
-"""Does packing the weights for MKL pay, and for how many rows?
+"""Do the projections' fast kernels pay, which is faster for which weight, and for how many rows?
 
     python bench/packed_linear.py [--model smollm2-135m] [--rows 1,2,3,4,8,16,32,64,128,256,512]
-                                  [--batch-sizes 1,8,32] [--rounds 5]
+                                  [--batch-sizes 1,8,32] [--rounds 5] [--parts gemm,steps,engines]
 
-Two parts, each measured side by side in this one run:
+Three parts, each measured side by side in this one run:
 
 1. Every projection shape of the model (fused QKV, attention out, fused
    gate-up, down, lm head) at each of --rows rows: ``F.linear`` against
-   ``mkldnn::_linear_pointwise`` over a weight laid out once for oneDNN,
-   interleaved round by round; the ratio is plain / packed (above 1: packing pays). This is
-   where ``perfsuite.engine.projection``'s PACKED_MIN_ROWS and
-   PACKED_MAX_ROWS come from.
+   each kernel of ``perfsuite.engine.projection``, ``mkldnn::_linear_pointwise``
+   over a weight laid out once for oneDNN and ``torch.mm`` over the weight
+   stored transposed, interleaved round by round; the ratios are plain /
+   kernel (above 1: the kernel pays). This is where ``PACKED_MIN_ROWS`` and
+   ``PACKED_MAX_ROWS`` come from, and what ``KernelChooser`` decides at load.
 2. The model runner's decode step (``ModelRunner.execute``, B rows at
    position --context, over a slot cache and over a paged pool) and one
-   prefill step of --prompt tokens, with the runner's weights packed and
-   not (``ModelRunner(pack_weights=...)``): the ratio unpacked / packed.
+   prefill step of --prompt tokens, three ways: plain weights
+   (``pack_weights=False``), every projection on oneDNN (as before the
+   chooser), and the kernels chosen at load ("packed"); the ratios plain /
+   packed and onednn / packed.
 3. Whole engine runs (``--engines``, default in-flight and paged) of the
    mixed workload (``--num-requests`` shipped prompts, 8..128 new tokens,
    as ``bench/peers.py``'s) at each of --engine-batch-sizes, packed and not,
@@ -44,7 +47,14 @@ from decode_graphs import BLOCK_SIZE, DecodeShape, decode_step, ms_per_step  # n
 from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
-from perfsuite.engine.projection import LAYOUT_HINT_ROWS, PACKED_MAX_ROWS, PACKED_MIN_ROWS, can_pack  # noqa: E402
+from perfsuite.engine.projection import (  # noqa: E402
+    LAYOUT_HINT_ROWS,
+    PACKED_MAX_ROWS,
+    PACKED_MIN_ROWS,
+    Kernel,
+    Projection,
+    can_pack,
+)
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput  # noqa: E402
 from perfsuite.measure.environment import cpu_model  # noqa: E402
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
@@ -70,22 +80,46 @@ def projection_shapes(runner: ModelRunner) -> dict[str, torch.Tensor]:
 
 
 def gemm_ratios(weights: dict[str, torch.Tensor], rows: list[int], num_rounds: int) -> list[list[object]]:
-    """plain / packed time per (shape, rows), the median over rounds that interleave the two."""
+    """Each kernel's time per (shape, rows), medians over rounds that interleave them, and plain / each."""
     table = []
     for name, weight in weights.items():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS)
+        transposed = weight.t().contiguous()
         for count in rows:
             x = torch.randn(count, weight.shape[1])
-            plain_us, packed_us = [], []
-            for _ in range(num_rounds):
-                plain_us.append(us_per_call(lambda: F.linear(x, weight)))
-                packed_us.append(
-                    us_per_call(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
-                )
-            ratios = [a / b for a, b in zip(plain_us, packed_us, strict=True)]
-            table.append([name, f"{weight.shape[0]}x{weight.shape[1]}", count, f"{statistics.median(plain_us):.0f}",
-                          f"{statistics.median(packed_us):.0f}", f"{statistics.median(ratios):.2f}"])  # fmt: skip
+            kernels = {
+                "plain": lambda: F.linear(x, weight),
+                Kernel.ONEDNN: lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+                Kernel.MKL_TRANSPOSED: lambda: torch.mm(x, transposed),
+            }
+            us: dict[str, list[float]] = {kernel: [] for kernel in kernels}
+            for round_index in range(num_rounds):
+                for kernel in kernels if round_index % 2 == 0 else reversed(kernels):
+                    us[kernel].append(us_per_call(kernels[kernel]))
+            ratios = {
+                kernel: statistics.median(a / b for a, b in zip(us["plain"], us[kernel], strict=True))
+                for kernel in (Kernel.ONEDNN, Kernel.MKL_TRANSPOSED)
+            }
+            table.append([name, f"{weight.shape[0]}x{weight.shape[1]}", count,
+                          *(f"{statistics.median(us[kernel]):.0f}" for kernel in kernels),
+                          *(f"{ratio:.2f}" for ratio in ratios.values())])  # fmt: skip
     return table
+
+
+def with_kernel(runner: ModelRunner, kernel: Kernel) -> ModelRunner:
+    """``runner`` with every projection on ``kernel``, whatever the chooser picked: what it is measured against."""
+
+    def rebuilt(projection: Projection) -> Projection:
+        return Projection.of(projection.weight, projection.bias, kernel=kernel)
+
+    decoder = runner.decoder
+    layers = tuple(
+        replace(layer, qkv=rebuilt(layer.qkv), out=rebuilt(layer.out), gate_up=rebuilt(layer.gate_up),
+                down=rebuilt(layer.down))
+        for layer in decoder.layers
+    )  # fmt: skip
+    runner.decoder = replace(decoder, layers=layers, lm_head=rebuilt(decoder.lm_head))
+    return runner
 
 
 def prefill_step(prompt_len: int, tables: tuple[int, ...] = ()) -> SchedulerOutput:
@@ -136,9 +170,9 @@ def step_ratios(runners: dict[str, ModelRunner], batch_sizes: list[int], args) -
             order.reverse()
         ratios = [p / q for p, q in zip(times["plain"], times["packed"], strict=True)]
         ratio = statistics.median(ratios)
-        rows.append([name, batch_size, f"{statistics.median(times['plain']):.2f}",
-                     f"{statistics.median(times['packed']):.2f}", f"{ratio:.2f}",
-                     " ".join(f"{r:.2f}" for r in ratios)])  # fmt: skip
+        onednn = statistics.median(p / q for p, q in zip(times["onednn"], times["packed"], strict=True))
+        rows.append([name, batch_size, *(f"{statistics.median(times[label]):.2f}" for label in runners),
+                     f"{ratio:.2f}", f"{onednn:.2f}", " ".join(f"{r:.2f}" for r in ratios)])  # fmt: skip
         if name == "decode paged":
             last.append(f"B={batch_size}: {ratio:.2f}")
     return rows, last
@@ -190,24 +224,33 @@ def main() -> None:
     threads = configure_threads(args.threads)
     loaded = load_model(args.model, device="cpu", dtype="float32")
     model = loaded.model
-    runners = {"plain": ModelRunner(model, pack_weights=False), "packed": ModelRunner(model, pack_weights=True)}
+    runners = {
+        "plain": ModelRunner(model, pack_weights=False),
+        "onednn": with_kernel(ModelRunner(model, pack_weights=False), Kernel.ONEDNN),
+        "packed": ModelRunner(model, pack_weights=True),
+    }
     weights = projection_shapes(runners["plain"])
     if not can_pack(weights["qkv"]):
         sys.exit("this torch has no oneDNN (or the weights are not float32 on the CPU): nothing to compare")
     print(f"{time.strftime('%Y-%m-%d')} {cpu_model()}, {threads} threads, torch {torch.__version__}, "
           f"model {args.model} float32; packed rows {PACKED_MIN_ROWS}..{PACKED_MAX_ROWS}", flush=True)  # fmt: skip
+    print(f"kernels chosen at load: {runners['packed'].decoder.projection_kernels}", flush=True)
     if "gemm" in args.parts:
-        print("\nGEMM: F.linear against the packed weight (median us a call; plain/packed above 1: packing pays)")
+        print("\nGEMM: F.linear against each kernel's copy of the weight (median us a call; plain/kernel above 1: it pays)")
         gemm = gemm_ratios(weights, list(args.rows), args.rounds)
-        print(format_table(["weight", "shape", "rows", "plain us", "packed us", "plain/packed"], gemm), flush=True)
+        headers = ["weight", "shape", "rows", "plain us", "onednn us", "mkl-transposed us", "plain/onednn",
+                   "plain/mkl-transposed"]  # fmt: skip
+        print(format_table(headers, gemm), flush=True)
     if "steps" in args.parts:
-        print("\nModel runner steps, unpacked against packed weights (ms a step, median over rounds)")
+        print("\nModel runner steps: plain weights, every projection on oneDNN, and the kernels chosen at load ('packed')"
+              " (ms a step, median over rounds)")  # fmt: skip
         rows, last = step_ratios(runners, list(args.batch_sizes), args)
-        print(format_table(["step", "B", "plain ms", "packed ms", "plain/packed", "per round"], rows))
+        print(format_table(["step", "B", "plain ms", "onednn ms", "packed ms", "plain/packed", "onednn/packed",
+                            "plain/packed per round"], rows))  # fmt: skip
         print(f"packed/plain decode (paged) {' '.join(last)}", flush=True)
     if "engines" in args.parts:
         print(f"\nEngine runs, mixed workload of {args.num_requests} requests (output tok/s, median over repeats)")
-        rows, last = engine_ratios(loaded, runners, args)
+        rows, last = engine_ratios(loaded, {label: runners[label] for label in ("plain", "packed")}, args)
         print(format_table(["engine", "B", "plain tok/s", "packed tok/s", "packed/plain", "per repeat"], rows))
         print(f"packed/plain engine {' '.join(last)}")
 

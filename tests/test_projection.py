@@ -1,9 +1,10 @@
-"""The projections' packed path (oneDNN's layout, laid out once) computes what ``F.linear`` does, at every row count.
+"""The projections' fast kernels (oneDNN's layout, MKL over the transposed weight) compute what ``F.linear`` does.
 
-Mutants it kills: the packed product without the bias; a packed weight
-handed the wrong matrix (another layer's, or not transposed); the packed
-path taken for bfloat16 or on a weight it cannot lay out; row bounds that
-send a row count to neither path.
+Mutants it kills: a fast product without the bias; a copy of the wrong
+matrix (another layer's, or not transposed); a fast path taken for bfloat16
+or on a weight it cannot lay out; row bounds that send a row count to
+neither path; a chooser that ignores its timings, keeps both copies, or
+times each shape more than once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.projection import PACKED_MAX_ROWS, PACKED_MIN_ROWS, Projection, can_pack
+from perfsuite.engine.projection import PACKED_MAX_ROWS, PACKED_MIN_ROWS, Kernel, KernelChooser, Projection, can_pack
 
 needs_onednn = pytest.mark.skipif(
     not can_pack(torch.zeros(2, 2)), reason="this torch has no oneDNN: every projection is F.linear"
@@ -20,13 +21,15 @@ needs_onednn = pytest.mark.skipif(
 
 
 @needs_onednn
+@pytest.mark.parametrize("kernel", list(Kernel))
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
-def test_packed_products_equal_f_linear_at_every_row_count(with_bias: bool) -> None:
+def test_fast_products_equal_f_linear_at_every_row_count(kernel: Kernel, with_bias: bool) -> None:
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(96, 40, generator=generator)
     bias = torch.randn(96, generator=generator) if with_bias else None
-    projection = Projection.of(weight, bias)
-    assert projection.packed is not None
+    projection = Projection.of(weight, bias, kernel=kernel)
+    assert projection.kernel is kernel
+    assert (projection.packed is None) != (projection.transposed is None), "one copy, the kernel's"
     for rows in range(1, PACKED_MAX_ROWS + 33):
         x = torch.randn(rows, 40, generator=generator)
         torch.testing.assert_close(projection(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5, msg=f"{rows} rows")
@@ -35,34 +38,69 @@ def test_packed_products_equal_f_linear_at_every_row_count(with_bias: bool) -> N
 
 
 @needs_onednn
-def test_the_packed_path_is_taken_between_the_bounds_only(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("kernel", "module", "name"), [(Kernel.ONEDNN, torch.ops.mkldnn, "_linear_pointwise"),
+                                                        (Kernel.MKL_TRANSPOSED, torch, "mm")])  # fmt: skip
+def test_the_fast_path_is_taken_between_the_bounds_only(kernel, module, name, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    packed_product = torch.ops.mkldnn._linear_pointwise
+    product = getattr(module, name)
 
-    class Spy:
-        def __call__(self, x, *args):
-            calls.append(x.shape[0])
-            return packed_product(x, *args)
+    def spy(x, *args):
+        calls.append(x.shape[0])
+        return product(x, *args)
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", Spy())
-    projection = Projection.of(torch.randn(8, 4))
+    projection = Projection.of(torch.randn(8, 4), kernel=kernel)
+    monkeypatch.setattr(module, name, spy)
     for rows in (1, PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1):
         projection(torch.randn(rows, 4))
     assert calls == [PACKED_MIN_ROWS, PACKED_MAX_ROWS]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_weights_it_cannot_lay_out_stay_plain(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("kernel", list(Kernel))
+def test_weights_it_cannot_lay_out_stay_plain(dtype: torch.dtype, kernel: Kernel) -> None:
     weight = torch.randn(16, 8, dtype=dtype)
-    projection = Projection.of(weight)
-    assert projection.packed is None
-    x = torch.randn(PACKED_MIN_ROWS + 1, 8, dtype=dtype)
-    assert torch.equal(projection(x), F.linear(x, weight))
+    for projection in (Projection.of(weight, kernel=kernel), KernelChooser().projection(weight)):
+        assert projection.kernel is None and projection.packed is None and projection.transposed is None
+        x = torch.randn(PACKED_MIN_ROWS + 1, 8, dtype=dtype)
+        assert torch.equal(projection(x), F.linear(x, weight))
 
 
-def test_pack_false_keeps_only_the_plain_weight() -> None:
-    projection = Projection.of(torch.randn(16, 8), pack=False)
-    assert projection.packed is None
+def test_no_kernel_keeps_only_the_plain_weight() -> None:
+    projection = Projection.of(torch.randn(16, 8), kernel=None)
+    assert projection.kernel is None and projection.packed is None and projection.transposed is None
+
+
+@needs_onednn
+@pytest.mark.parametrize("slower", list(Kernel))
+def test_the_chooser_keeps_the_faster_kernel_once_per_shape(slower: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The slower kernel is made slower by a sleep in its product, whichever it is: the chooser must read its timings.
+    import time
+
+    def slowed(module, name):
+        product = getattr(module, name)
+
+        def slow(*args):
+            time.sleep(0.002)
+            return product(*args)
+
+        monkeypatch.setattr(module, name, slow)
+
+    slowed(*{Kernel.ONEDNN: (torch.ops.mkldnn, "_linear_pointwise"), Kernel.MKL_TRANSPOSED: (torch, "mm")}[slower])
+    chooser = KernelChooser(rounds=3)
+    timed: list[Kernel] = []
+    fastest = chooser._fastest
+    monkeypatch.setattr(chooser, "_fastest", lambda *args: timed.append(fastest(*args)) or timed[-1])
+    generator = torch.Generator().manual_seed(1)
+    weights = [torch.randn(24, 16, generator=generator) for _ in range(3)]
+    projections = [chooser.projection(weight) for weight in weights]
+    (other,) = set(Kernel) - {slower}
+    assert timed == [other], "each shape timed once"
+    assert all(p.kernel is other and (p.packed is None) != (p.transposed is None) for p in projections)
+    assert chooser.chosen == {((24, 16), False): other}
+    monkeypatch.undo()
+    x = torch.randn(PACKED_MIN_ROWS + 2, 16, generator=generator)
+    for weight, projection in zip(weights, projections):
+        torch.testing.assert_close(projection(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
@@ -72,6 +110,10 @@ def test_the_runner_packs_its_float32_projections_unless_told_not_to() -> None:
 
     model = load_model("tiny-random", dtype="float32").model
     packed, plain = ModelRunner(model), ModelRunner(model, pack_weights=False)
-    layer = packed.decoder.layers[0]
-    assert all(p.packed is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down, packed.decoder.lm_head))
-    assert all(p.packed is None for p in (plain.decoder.layers[0].qkv, plain.decoder.lm_head))
+    assert set(packed.decoder.projection_kernels) == {"qkv", "out", "gate_up", "down", "lm_head"}
+    assert set(packed.decoder.projection_kernels.values()) <= {str(kernel) for kernel in Kernel}
+    assert set(plain.decoder.projection_kernels.values()) == {"plain"}
+    for layer in packed.decoder.layers:  # one shape, one choice
+        assert [p.kernel for p in (layer.qkv, layer.out, layer.gate_up, layer.down)] == [
+            Kernel(packed.decoder.projection_kernels[name]) for name in ("qkv", "out", "gate_up", "down")
+        ]

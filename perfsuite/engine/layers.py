@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.projection import Projection
+from perfsuite.engine.projection import KernelChooser, Projection
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -240,8 +240,10 @@ class Decoder:
     def from_hf(cls, model, device: torch.device, dtype: torch.dtype, *, pack_weights: bool = True) -> Decoder:
         """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``.
 
-        With ``pack_weights`` the projections are also packed for MKL where
-        they can be (``perfsuite.engine.projection``: float32 on the CPU).
+        With ``pack_weights`` each projection also gets a copy of its weight
+        for the faster of two kernels at decode-sized products, timed per
+        shape as it loads, where it can (``perfsuite.engine.projection``:
+        float32 on the CPU).
         """
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -260,12 +262,13 @@ class Decoder:
             return t.detach().to(device=device, dtype=dtype)
 
         decoder = model.model
+        kernels = KernelChooser() if pack_weights else None
         cos_table, signed_sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
         return cls(
             embed=moved(decoder.embed_tokens.weight),
-            layers=tuple(_layer_weights(layer, moved, pack_weights) for layer in decoder.layers),
+            layers=tuple(_layer_weights(layer, moved, kernels) for layer in decoder.layers),
             final_norm=moved(decoder.norm.weight),
-            lm_head=Projection.of(moved(model.lm_head.weight), pack=pack_weights),
+            lm_head=_projection(moved(model.lm_head.weight), None, kernels),
             cos_table=cos_table,
             signed_sin_table=signed_sin_table,
             heads=heads,
@@ -304,27 +307,38 @@ class Decoder:
             hidden = decoder_layer(layer, layer_index, hidden, cos, sin, self.heads, self.rms_norm_eps, attend)
         return hidden
 
+    @property
+    def projection_kernels(self) -> dict[str, str]:
+        """Each projection's kernel for decode-sized products ("plain": ``F.linear`` only), as chosen at load."""
+        layer = self.layers[0]
+        projections = {"qkv": layer.qkv, "out": layer.out, "gate_up": layer.gate_up, "down": layer.down}
+        return {name: str(p.kernel or "plain") for name, p in (projections | {"lm_head": self.lm_head}).items()}
+
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The most likely next token [N] after each of hidden [N, hidden]."""
         logits = self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))  # [N, vocab]
         return logits.argmax(dim=-1)
 
 
-def _layer_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor], pack: bool) -> LayerWeights:
+def _projection(weight: torch.Tensor, bias: torch.Tensor | None, kernels: KernelChooser | None) -> Projection:
+    return Projection.of(weight, bias, kernel=None) if kernels is None else kernels.projection(weight, bias)
+
+
+def _layer_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor], kernels: KernelChooser | None) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     biases = [p.bias for p in projections]
     return LayerWeights(
         input_norm=moved(layer.input_layernorm.weight),
-        qkv=Projection.of(
+        qkv=_projection(
             moved(torch.cat([p.weight for p in projections])),
             None if biases[0] is None else moved(torch.cat(biases)),
-            pack=pack,
+            kernels,
         ),
-        out=Projection.of(moved(attn.o_proj.weight), pack=pack),
+        out=_projection(moved(attn.o_proj.weight), None, kernels),
         post_norm=moved(layer.post_attention_layernorm.weight),
-        gate_up=Projection.of(moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), pack=pack),
-        down=Projection.of(moved(mlp.down_proj.weight), pack=pack),
+        gate_up=_projection(moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), None, kernels),
+        down=_projection(moved(mlp.down_proj.weight), None, kernels),
     )
 
 

@@ -116,9 +116,10 @@ class ModelRunner:
 
     ``decode_mode`` picks how steps whose chunks are all one token run (see
     ``DecodeMode``); other steps always take the packed path.
-    ``pack_weights`` also lays the projections' weights out once for
-    oneDNN where it can (float32 on the CPU; ``perfsuite.engine.projection``),
-    for decode-sized products; False keeps only plain ``F.linear``.
+    ``pack_weights`` also gives each projection a copy of its weight for
+    the faster of two kernels at decode-sized products, timed per shape at
+    load, where it can (float32 on the CPU; ``perfsuite.engine.projection``);
+    False keeps only plain ``F.linear``.
     """
 
     def __init__(

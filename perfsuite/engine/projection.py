@@ -1,31 +1,44 @@
-"""A linear layer's weight, and on CPU the same weight laid out once for oneDNN's GEMM.
+"""A linear layer's weight, and on CPU a copy of it laid out once for a faster decode-sized product.
 
-``F.linear`` on CPU calls MKL's ``sgemm``. From 4 rows on, MKL copies the
-weight into its own blocked layout on every call, and at the few rows of a
-decode step that copy costs more than the product: on the 2-core
-development VM, SmolLM2's fused QKV took 103 us at 4 rows against 25 us
-at 3. A weight reordered once into oneDNN's blocked layout
-(``mkldnn::_reorder_linear_weight``, what inductor's CPU freezing does) and
-multiplied by ``mkldnn::_linear_pointwise`` skips the copy: from 4 to 32
-rows it was faster than the plain call for every SmolLM2 shape, up to 2.7x
-(the lm head at 8 rows), except the down projection at 4 and 8 rows (0.83,
-0.99) (``bench/packed_linear.py``, bench/results/packed_linear_2026-11-26.log;
-one thread gave the same picture). Below 4 rows MKL's plain call is the faster
-one (0.3-0.8x), and from a few hundred rows on the two tie or the plain call
-wins by a few percent; so a product takes the packed path only for rows in
+``F.linear`` on CPU calls MKL's ``sgemm`` with the weight transposed. From 4
+rows on, MKL then copies the weight into its own blocked layout on every call,
+and at the few rows of a decode step that copy costs more than the product:
+on the 2-core development VM, SmolLM2's fused QKV took 103 us at 4 rows
+against 25 us at 3. Two kernels skip it, each over a copy of the weight made
+once at load (``Kernel``):
+
+- ``onednn``: the weight reordered into oneDNN's blocked layout
+  (``mkldnn::_reorder_linear_weight``, what inductor's CPU freezing does) and
+  multiplied by ``mkldnn::_linear_pointwise``. It streams a large weight
+  fastest (SmolLM2's gate-up and lm head), but a call costs about 25 us more
+  than a plain one (bench/packed_linear.py).
+- ``mkl-transposed``: the weight stored transposed, [in, out] contiguous, and
+  ``torch.mm``: MKL's ``sgemm`` with no copy and no oneDNN call overhead. It
+  was the faster one for SmolLM2's smaller weights (QKV, attention out,
+  down) at 8 and 32 rows.
+
+Which is faster depends on the weight's shape and the machine, so
+``KernelChooser`` times both on each distinct shape at load, at decode-sized
+row counts (``TUNING_ROWS``), and keeps only the winner's copy: the cost is
+one copy of the projections' weights in memory, as before, and well under a
+second of timing for SmolLM2. Below 4 rows MKL's plain matrix-vector call is
+the faster one, and from a few hundred rows on they tie or the plain call wins
+by a few percent; so a product takes the chosen kernel only for rows in
 ``PACKED_MIN_ROWS..PACKED_MAX_ROWS``: decode steps and the lm head over a
 step's sampled rows, while a long prefill keeps the plain call.
 
-Packing needs float32 on a CPU and a torch built with oneDNN (mkldnn);
-elsewhere (CUDA, bfloat16, no oneDNN) ``packed`` is None and every product
-is ``F.linear``. The packed copy is held beside the weight, which the plain
-path and the other engines' code keep reading: it costs one more copy of the
-projections' weights in memory.
+The fast kernels need float32 on a CPU (oneDNN also a torch built with it);
+elsewhere (CUDA, bfloat16) every product is ``F.linear``. Every kernel
+computes the same product up to float rounding, which the equivalence
+properties hold to unbatched greedy decoding like any other path.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 import torch.nn.functional as F
@@ -35,10 +48,20 @@ PACKED_MIN_ROWS = 4
 PACKED_MAX_ROWS = 128
 # The batch size oneDNN is told to expect when it picks the weight's layout: a decode step's.
 LAYOUT_HINT_ROWS = 8
+# The row counts a weight's kernels are timed at when one is chosen: a small and a large decode batch.
+TUNING_ROWS = (8, 32)
+TUNING_ROUNDS = 5
+
+
+class Kernel(StrEnum):
+    """How a projection of ``PACKED_MIN_ROWS..PACKED_MAX_ROWS`` rows runs, over its copy of the weight."""
+
+    ONEDNN = "onednn"  # mkldnn::_linear_pointwise over the weight in oneDNN's layout
+    MKL_TRANSPOSED = "mkl-transposed"  # torch.mm over the weight stored transposed, [in, out]
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` can be laid out for oneDNN: a float32 matrix on the CPU, with a oneDNN build of torch."""
+    """Whether ``weight`` can have a fast kernel: a float32 matrix on the CPU, with a oneDNN build of torch."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
@@ -50,21 +73,81 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    """``y = x @ weight.T + bias`` over x [rows, in]; ``packed`` is the weight in oneDNN's layout, or None."""
+    """``y = x @ weight.T + bias`` over x [rows, in]; ``packed`` is the weight in oneDNN's layout, ``transposed``
+    the weight as [in, out]: at most one is set, the copy its decode-sized products run on."""
 
     weight: torch.Tensor  # [out, in]
     bias: torch.Tensor | None = None  # [out]
     packed: torch.Tensor | None = None
+    transposed: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pack: bool = True) -> Projection:
-        """A projection over ``weight``, packed where ``pack`` and ``can_pack`` allow."""
+    def of(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel: Kernel | None = Kernel.ONEDNN
+    ) -> Projection:
+        """A projection over ``weight`` with ``kernel``'s copy of it where ``can_pack`` allows; None: plain only."""
         weight = weight.contiguous()
-        if not (pack and can_pack(weight)):
+        if kernel is None or not can_pack(weight):
             return cls(weight, bias)
+        if kernel is Kernel.MKL_TRANSPOSED:
+            return cls(weight, bias, transposed=weight.t().contiguous())
         return cls(weight, bias, torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS))
 
+    @property
+    def kernel(self) -> Kernel | None:
+        """The kernel of its decode-sized products, None where every product is ``F.linear``."""
+        if self.packed is not None:
+            return Kernel.ONEDNN
+        return Kernel.MKL_TRANSPOSED if self.transposed is not None else None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # any strides
+        if x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
+            if self.packed is not None:
+                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # any strides
+            if self.transposed is not None:
+                if self.bias is None:
+                    return torch.mm(x, self.transposed)
+                return torch.addmm(self.bias, x, self.transposed)
         return F.linear(x, self.weight, self.bias)
+
+
+class KernelChooser:
+    """Picks each weight's faster kernel by timing both at ``TUNING_ROWS`` rows, once per distinct shape.
+
+    Weights of one shape share a choice (SmolLM2's 30 layers make 4 shapes and
+    the lm head 1). The two kernels are timed in turn, each first in alternate
+    rounds, and the one with the smaller sum over the row counts of its median
+    times wins; ``chosen`` keeps what was picked, for logs and benchmarks.
+    """
+
+    def __init__(self, rows: tuple[int, ...] = TUNING_ROWS, rounds: int = TUNING_ROUNDS) -> None:
+        self.rows = rows
+        self.rounds = rounds
+        self.chosen: dict[tuple[tuple[int, ...], bool], Kernel] = {}
+
+    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
+        """A projection over ``weight`` with the kernel chosen for its shape (timed now if it is new)."""
+        if not can_pack(weight):
+            return Projection.of(weight, bias, kernel=None)
+        key = (tuple(weight.shape), bias is not None)
+        if key not in self.chosen:
+            candidates = {kernel: Projection.of(weight, bias, kernel=kernel) for kernel in Kernel}
+            self.chosen[key] = self._fastest(candidates, weight.shape[1])
+        return Projection.of(weight, bias, kernel=self.chosen[key])
+
+    def _fastest(self, candidates: dict[Kernel, Projection], in_features: int) -> Kernel:
+        generator = torch.Generator().manual_seed(0)
+        inputs = [torch.randn(rows, in_features, generator=generator) for rows in self.rows]
+        seconds: dict[tuple[Kernel, int], list[float]] = {(kernel, rows): [] for kernel in candidates for rows in self.rows}
+        order = list(candidates)
+        with torch.inference_mode():
+            for projection in candidates.values():  # warm-up: oneDNN makes its primitive on the first call
+                for x in inputs:
+                    projection(x)
+            for round_index in range(self.rounds):
+                for kernel in order if round_index % 2 == 0 else reversed(order):
+                    for x in inputs:
+                        started = time.perf_counter()
+                        candidates[kernel](x)
+                        seconds[kernel, x.shape[0]].append(time.perf_counter() - started)
+        return min(order, key=lambda kernel: sum(statistics.median(seconds[kernel, rows]) for rows in self.rows))
