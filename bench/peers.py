@@ -84,6 +84,14 @@ class CellResult:
     batch_size: int
     throughput: dict[str, list[float]]
     overheads: list[float]
+    # Per engine and repeat, the median ms between a step and the one before it, over steps that gave batch_size
+    # outputs: a full decode batch's step time, free of how the engines schedule (None: no such step).
+    full_step_ms: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+
+    def step_ms(self, engine: str) -> float | None:
+        """The median over repeats of ``engine``'s full-batch step time, None where no repeat had one."""
+        values = [ms for ms in self.full_step_ms.get(engine, ()) if ms is not None]
+        return statistics.median(values) if values else None
 
     def ratio(self, other: str, ours: str = BASELINE) -> float | None:
         """Median over repeats of ``ours``'s tok/s (in-flight's by default) over ``other``'s in the same repeat."""
@@ -114,18 +122,37 @@ def _measure_engines(engines, requests, runner, workload: str, batch_size: int, 
     for engine in engines.values():
         warm_up(engine, requests)
     throughput: dict[str, list[float]] = {name: [] for name in engines}
+    step_ms: dict[str, list[float | None]] = {name: [] for name in engines}
     overheads: list[float] = []
     for repeat in range(args.repeats):
         order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
         for name in order:
             runner.reset()
-            result = timed_run(engines[name], requests, device)
+            steps: list[tuple[float, int]] = []
+            result = timed_run(
+                engines[name], requests, device, on_step=lambda out: steps.append((time.perf_counter(), len(out)))
+            )
             throughput[name].append(run_metrics(result).output_throughput)
+            step_ms[name].append(full_step_ms(steps, batch_size))
             if name == BASELINE:
                 overheads.append(1 - runner.compute_seconds / result.duration)
             tokens_per_second = throughput[name][-1]
-            print(f"  {workload} B={batch_size} repeat {repeat}: {name:9s} {tokens_per_second:8.1f} tok/s", flush=True)
-    return CellResult(workload, batch_size, throughput, overheads)
+            full_step = _format(step_ms[name][-1], " ms", digits=1)
+            print(f"  {workload} B={batch_size} repeat {repeat}: {name:9s} {tokens_per_second:8.1f} tok/s, "
+                  f"{len(steps)} steps, {full_step} a full step", flush=True)  # fmt: skip
+    return CellResult(workload, batch_size, throughput, overheads, step_ms)
+
+
+def full_step_ms(steps: list[tuple[float, int]], batch_size: int) -> float | None:
+    """The median ms from one step to the next over the next steps that gave ``batch_size`` outputs.
+
+    ``steps`` are (time, outputs) as each step ended. A step of a full batch
+    is a decode of every running request (a prefill chunk mixed in, if any,
+    is in it for every engine alike), so this compares the engines' forward
+    passes where the workload gives them the same work.
+    """
+    gaps = [later - earlier for (earlier, _), (later, outputs) in zip(steps, steps[1:]) if outputs == batch_size]
+    return 1e3 * statistics.median(gaps) if gaps else None
 
 
 def _format(value: float | None, suffix: str = "", scale: float = 1.0, digits: int = 2) -> str:
@@ -144,16 +171,22 @@ def vllm_line(cell: CellResult) -> str | None:
         return None
     ours = [name for name in ("paged", BASELINE) if name in cell.throughput]
     ratios = " ".join(f"{name}/vllm={_format(cell.ratio('vllm', ours=name))}" for name in ours)
-    return f"{cell.workload} B={cell.batch_size}: {ratios}"
+    steps = [(name, cell.step_ms(name)) for name in ours]
+    vllm_ms = cell.step_ms("vllm")
+    if vllm_ms is None or any(ms is None for _, ms in steps):
+        return f"{cell.workload} B={cell.batch_size}: {ratios}"
+    step_ratios = " ".join(f"{name}={vllm_ms / ms:.2f}" for name, ms in steps)
+    return f"{cell.workload} B={cell.batch_size}: {ratios} (a full step's speed over vllm's: {step_ratios})"
 
 
 def report(cell: CellResult) -> None:
     rows = [
-        [name, statistics.median(values), min(values), max(values), _format(cell.ratio(name))]
+        [name, statistics.median(values), min(values), max(values), _format(cell.ratio(name)),
+         _format(cell.step_ms(name), digits=1)]
         for name, values in cell.throughput.items()
-    ]
+    ]  # fmt: skip
     print(f"{cell.workload} B={cell.batch_size}:")
-    print(format_table(["engine", "tok/s median", "min", "max", f"{BASELINE}/engine"], rows))
+    print(format_table(["engine", "tok/s median", "min", "max", f"{BASELINE}/engine", "ms a full step"], rows))
     print(ratio_line(cell), flush=True)
 
 

@@ -24,6 +24,25 @@ def test_the_vllm_line_gives_paged_and_inflight_over_vllm_as_medians_of_per_repe
     assert peers.vllm_line(cell(inflight=[50.0], vllm=[100.0])) == "mixed B=8: inflight/vllm=0.50"
 
 
+def test_a_full_step_is_timed_from_the_step_before_it_and_only_when_it_gave_the_whole_batch():
+    # (time, outputs): gaps into full steps of 4 are 0.5 s, 2 s and 1 s -> median 1 s; the 3-output steps do not count.
+    steps = [(0.0, 4), (0.5, 4), (10.0, 3), (12.0, 4), (13.0, 4), (20.0, 2)]
+    assert peers.full_step_ms(steps, batch_size=4) == pytest.approx(1000.0)
+    assert peers.full_step_ms(steps, batch_size=8) is None, "no full step, no figure"
+    assert peers.full_step_ms([(0.0, 4)], batch_size=4) is None, "one step has nothing before it"
+
+
+def test_the_vllm_line_adds_the_full_step_speed_where_every_engine_has_one():
+    measured = peers.CellResult(
+        "mixed", 8, {"paged": [80.0, 90.0], "vllm": [100.0, 100.0]}, [],
+        full_step_ms={"paged": [50.0, 70.0], "vllm": [40.0, None]},
+    )  # fmt: skip
+    # paged's median 60 ms against vllm's 40 (its repeat without a full step left out): 40 / 60 = 0.67
+    assert peers.vllm_line(measured) == "mixed B=8: paged/vllm=0.85 (a full step's speed over vllm's: paged=0.67)"
+    measured.full_step_ms["vllm"] = [None, None]
+    assert peers.vllm_line(measured) == "mixed B=8: paged/vllm=0.85"
+
+
 def test_the_machine_line_names_the_cpu_its_count_and_the_date():
     line = peers.machine_line()
     assert "CPUs" in line and line.count(",") >= 2 and line[-10:-6].isdigit()
