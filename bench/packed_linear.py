@@ -236,14 +236,14 @@ def main() -> None:
           f"model {args.model} float32; packed rows {PACKED_MIN_ROWS}..{PACKED_MAX_ROWS}", flush=True)  # fmt: skip
     print(f"kernels chosen at load: {runners['packed'].decoder.projection_kernels}", flush=True)
     if "gemm" in args.parts:
-        print("\nGEMM: F.linear against each kernel's copy of the weight (median us a call; plain/kernel above 1: it pays)")
+        print("\nGEMM: F.linear against each kernel's copy of the weight (median us a call; plain/kernel > 1: it pays)")
         gemm = gemm_ratios(weights, list(args.rows), args.rounds)
         headers = ["weight", "shape", "rows", "plain us", "onednn us", "mkl-transposed us", "plain/onednn",
                    "plain/mkl-transposed"]  # fmt: skip
         print(format_table(headers, gemm), flush=True)
     if "steps" in args.parts:
-        print("\nModel runner steps: plain weights, every projection on oneDNN, and the kernels chosen at load ('packed')"
-              " (ms a step, median over rounds)")  # fmt: skip
+        print("\nModel runner steps: plain weights, every projection on oneDNN, and the kernels chosen at load"
+              " ('packed'; ms a step, median over rounds)")  # fmt: skip
         rows, last = step_ratios(runners, list(args.batch_sizes), args)
         print(format_table(["step", "B", "plain ms", "onednn ms", "packed ms", "plain/packed", "onednn/packed",
                             "plain/packed per round"], rows))  # fmt: skip

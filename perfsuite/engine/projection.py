@@ -138,7 +138,7 @@ class KernelChooser:
     def _fastest(self, candidates: dict[Kernel, Projection], in_features: int) -> Kernel:
         generator = torch.Generator().manual_seed(0)
         inputs = [torch.randn(rows, in_features, generator=generator) for rows in self.rows]
-        seconds: dict[tuple[Kernel, int], list[float]] = {(kernel, rows): [] for kernel in candidates for rows in self.rows}
+        seconds: dict[tuple[Kernel, int], list[float]] = {(k, rows): [] for k in candidates for rows in self.rows}
         order = list(candidates)
         with torch.inference_mode():
             for projection in candidates.values():  # warm-up: oneDNN makes its primitive on the first call
