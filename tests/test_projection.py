@@ -59,7 +59,7 @@ def test_the_fast_path_is_taken_between_the_bounds_only(kernel, module, name, mo
 @pytest.mark.parametrize("kernel", list(Kernel))
 def test_weights_it_cannot_lay_out_stay_plain(dtype: torch.dtype, kernel: Kernel) -> None:
     weight = torch.randn(16, 8, dtype=dtype)
-    for projection in (Projection.of(weight, kernel=kernel), KernelChooser().projection(weight)):
+    for projection in (Projection.of(weight, kernel=kernel), *KernelChooser().projections([(weight, None)])):
         assert projection.kernel is None and projection.packed is None and projection.transposed is None
         x = torch.randn(PACKED_MIN_ROWS + 1, 8, dtype=dtype)
         assert torch.equal(projection(x), F.linear(x, weight))
@@ -76,31 +76,37 @@ def test_the_chooser_keeps_the_faster_kernel_once_per_shape(slower: Kernel, monk
     # The slower kernel is made slower by a sleep in its product, whichever it is: the chooser must read its timings.
     import time
 
-    def slowed(module, name):
-        product = getattr(module, name)
+    product_of = {Kernel.ONEDNN: (torch.ops.mkldnn, "_linear_pointwise"), Kernel.MKL_TRANSPOSED: (torch, "mm")}
+    module, name = product_of[slower]
+    product = getattr(module, name)
 
-        def slow(*args):
-            time.sleep(0.002)
-            return product(*args)
+    def slow(*args):
+        time.sleep(0.002)
+        return product(*args)
 
-        monkeypatch.setattr(module, name, slow)
-
-    slowed(*{Kernel.ONEDNN: (torch.ops.mkldnn, "_linear_pointwise"), Kernel.MKL_TRANSPOSED: (torch, "mm")}[slower])
+    monkeypatch.setattr(module, name, slow)
     chooser = KernelChooser(rounds=3)
     timed: list[Kernel] = []
     fastest = chooser._fastest
     monkeypatch.setattr(chooser, "_fastest", lambda *args: timed.append(fastest(*args)) or timed[-1])
     generator = torch.Generator().manual_seed(1)
-    weights = [torch.randn(24, 16, generator=generator) for _ in range(3)]
-    projections = [chooser.projection(weight) for weight in weights]
+    weights = [(torch.randn(24, 16, generator=generator), None) for _ in range(5)]
+    projections = chooser.projections(weights[:3]) + chooser.projections(weights[3:])  # two groups, one shape
     (other,) = set(Kernel) - {slower}
     assert timed == [other], "each shape timed once"
     assert all(p.kernel is other and (p.packed is None) != (p.transposed is None) for p in projections)
     assert chooser.chosen == {((24, 16), False): other}
     monkeypatch.undo()
     x = torch.randn(PACKED_MIN_ROWS + 2, 16, generator=generator)
-    for weight, projection in zip(weights, projections):
+    for (weight, _), projection in zip(weights, projections, strict=True):
         torch.testing.assert_close(projection(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_the_chooser_refuses_a_group_of_mixed_shapes() -> None:
+    with pytest.raises(ValueError, match="must share one shape"):
+        KernelChooser().projections([(torch.randn(4, 3), None), (torch.randn(4, 5), None)])
+    assert KernelChooser().projections([]) == []
 
 
 @needs_onednn

@@ -241,9 +241,9 @@ class Decoder:
         """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``.
 
         With ``pack_weights`` each projection also gets a copy of its weight
-        for the faster of two kernels at decode-sized products, timed per
-        shape as it loads, where it can (``perfsuite.engine.projection``:
-        float32 on the CPU).
+        for the faster of two kernels at decode-sized products, timed over
+        all the layers' weights of a shape as it loads, where it can
+        (``perfsuite.engine.projection``: float32 on the CPU).
         """
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -263,12 +263,22 @@ class Decoder:
 
         decoder = model.model
         kernels = KernelChooser() if pack_weights else None
+        raw = [_projection_weights(layer, moved) for layer in decoder.layers]
+        built = {name: _projections([weights[name] for weights in raw], kernels) for name in PROJECTIONS}
+        layers = tuple(
+            LayerWeights(
+                input_norm=moved(layer.input_layernorm.weight),
+                post_norm=moved(layer.post_attention_layernorm.weight),
+                **{name: built[name][index] for name in PROJECTIONS},
+            )
+            for index, layer in enumerate(decoder.layers)
+        )
         cos_table, signed_sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
         return cls(
             embed=moved(decoder.embed_tokens.weight),
-            layers=tuple(_layer_weights(layer, moved, kernels) for layer in decoder.layers),
+            layers=layers,
             final_norm=moved(decoder.norm.weight),
-            lm_head=_projection(moved(model.lm_head.weight), None, kernels),
+            lm_head=_projections([(moved(model.lm_head.weight), None)], kernels)[0],
             cos_table=cos_table,
             signed_sin_table=signed_sin_table,
             heads=heads,
@@ -320,26 +330,28 @@ class Decoder:
         return logits.argmax(dim=-1)
 
 
-def _projection(weight: torch.Tensor, bias: torch.Tensor | None, kernels: KernelChooser | None) -> Projection:
-    return Projection.of(weight, bias, kernel=None) if kernels is None else kernels.projection(weight, bias)
+PROJECTIONS = ("qkv", "out", "gate_up", "down")
 
 
-def _layer_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor], kernels: KernelChooser | None) -> LayerWeights:
+def _projection_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, tuple]:
+    """A Hugging Face layer's projections as (weight, bias), query-key-value and gate-up each fused into one."""
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     biases = [p.bias for p in projections]
-    return LayerWeights(
-        input_norm=moved(layer.input_layernorm.weight),
-        qkv=_projection(
-            moved(torch.cat([p.weight for p in projections])),
-            None if biases[0] is None else moved(torch.cat(biases)),
-            kernels,
-        ),
-        out=_projection(moved(attn.o_proj.weight), None, kernels),
-        post_norm=moved(layer.post_attention_layernorm.weight),
-        gate_up=_projection(moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), None, kernels),
-        down=_projection(moved(mlp.down_proj.weight), None, kernels),
-    )
+    qkv_bias = None if biases[0] is None else moved(torch.cat(biases))
+    return {
+        "qkv": (moved(torch.cat([p.weight for p in projections])), qkv_bias),
+        "out": (moved(attn.o_proj.weight), None),
+        "gate_up": (moved(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), None),
+        "down": (moved(mlp.down_proj.weight), None),
+    }
+
+
+def _projections(weights: list[tuple], kernels: KernelChooser | None) -> list[Projection]:
+    """One shape's projections, every layer's: on the kernel chosen for them, or plain."""
+    if kernels is None:
+        return [Projection.of(weight, bias, kernel=None) for weight, bias in weights]
+    return kernels.projections(weights)
 
 
 def _rotary_tables(

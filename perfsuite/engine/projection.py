@@ -13,15 +13,17 @@ once at load (``Kernel``):
   fastest (SmolLM2's gate-up and lm head), but a call costs about 25 us more
   than a plain one (bench/packed_linear.py).
 - ``mkl-transposed``: the weight stored transposed, [in, out] contiguous, and
-  ``torch.mm``: MKL's ``sgemm`` with no copy and no oneDNN call overhead. It
-  was the faster one for SmolLM2's smaller weights (QKV, attention out,
-  down) at 8 and 32 rows.
+  ``torch.mm``: MKL's ``sgemm`` with no copy and no oneDNN call overhead.
+  Called on one weight again and again it was the faster one for SmolLM2's
+  smaller weights (QKV, attention out, down); over a step's 30 cold weights
+  only for some (bench/vllm_gemm.py).
 
 Which is faster depends on the weight's shape and the machine, so
-``KernelChooser`` times both on each distinct shape at load, at decode-sized
-row counts (``TUNING_ROWS``), and keeps only the winner's copy: the cost is
-one copy of the projections' weights in memory, as before, and well under a
-second of timing for SmolLM2. Below 4 rows MKL's plain matrix-vector call is
+``KernelChooser`` times both at load, over a pass through all the model's
+weights of a shape (as cold as a step finds them) at decode-sized row counts
+(``TUNING_ROWS``), and keeps only the winner's copies: the cost is one copy
+of the projections' weights in memory, as before (two of one shape's while
+it is timed), and about a second of timing for SmolLM2. Below 4 rows MKL's plain matrix-vector call is
 the faster one, and from a few hundred rows on they tie or the plain call wins
 by a few percent; so a product takes the chosen kernel only for rows in
 ``PACKED_MIN_ROWS..PACKED_MAX_ROWS``: decode steps and the lm head over a
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -112,12 +115,17 @@ class Projection:
 
 
 class KernelChooser:
-    """Picks each weight's faster kernel by timing both at ``TUNING_ROWS`` rows, once per distinct shape.
+    """Picks the faster kernel for a group of weights of one shape, by timing a pass over all of them.
 
-    Weights of one shape share a choice (SmolLM2's 30 layers make 4 shapes and
-    the lm head 1). The two kernels are timed in turn, each first in alternate
-    rounds, and the one with the smaller sum over the row counts of its median
-    times wins; ``chosen`` keeps what was picked, for logs and benchmarks.
+    A decode step multiplies by each layer's weight of a shape in turn, so a
+    weight is cold when its product runs: SmolLM2's 30 QKV weights are 66 MB,
+    more than this machine's caches hold for one process. So each kernel is
+    timed over a pass through every weight of the group at each of ``TUNING_ROWS``
+    rows, not over one weight called again and again (which stays in cache and
+    favoured MKL: bench/vllm_gemm.py). The kernels take turns, each first in
+    alternate rounds; the smaller sum over the row counts of the median pass
+    times wins. Groups of a shape already chosen take that choice untimed;
+    ``chosen`` keeps what was picked.
     """
 
     def __init__(self, rows: tuple[int, ...] = TUNING_ROWS, rounds: int = TUNING_ROUNDS) -> None:
@@ -125,29 +133,38 @@ class KernelChooser:
         self.rounds = rounds
         self.chosen: dict[tuple[tuple[int, ...], bool], Kernel] = {}
 
-    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
-        """A projection over ``weight`` with the kernel chosen for its shape (timed now if it is new)."""
-        if not can_pack(weight):
-            return Projection.of(weight, bias, kernel=None)
-        key = (tuple(weight.shape), bias is not None)
-        if key not in self.chosen:
-            candidates = {kernel: Projection.of(weight, bias, kernel=kernel) for kernel in Kernel}
-            self.chosen[key] = self._fastest(candidates, weight.shape[1])
-        return Projection.of(weight, bias, kernel=self.chosen[key])
+    def projections(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> list[Projection]:
+        """Projections over ``weights`` (weight, bias) of one shape, all on the kernel chosen for it."""
+        if not weights or not can_pack(weights[0][0]):
+            return [Projection.of(weight, bias, kernel=None) for weight, bias in weights]
+        first, first_bias = weights[0]
+        key = (tuple(first.shape), first_bias is not None)
+        if any((tuple(weight.shape), bias is not None) != key for weight, bias in weights):
+            raise ValueError(f"a group's weights must share one shape and all have a bias or none; the first: {key}")
+        if key in self.chosen:
+            return [Projection.of(weight, bias, kernel=self.chosen[key]) for weight, bias in weights]
+        candidates = {kernel: [Projection.of(w, b, kernel=kernel) for w, b in weights] for kernel in Kernel}
+        self.chosen[key] = self._fastest(candidates, first.shape[1])
+        return candidates[self.chosen[key]]  # the other kernel's copies go
 
-    def _fastest(self, candidates: dict[Kernel, Projection], in_features: int) -> Kernel:
+    def _fastest(self, candidates: dict[Kernel, list[Projection]], in_features: int) -> Kernel:
         generator = torch.Generator().manual_seed(0)
         inputs = [torch.randn(rows, in_features, generator=generator) for rows in self.rows]
         seconds: dict[tuple[Kernel, int], list[float]] = {(k, rows): [] for k in candidates for rows in self.rows}
         order = list(candidates)
+
+        def one_pass(kernel: Kernel, x: torch.Tensor) -> None:
+            for projection in candidates[kernel]:
+                projection(x)
+
         with torch.inference_mode():
-            for projection in candidates.values():  # warm-up: oneDNN makes its primitive on the first call
+            for kernel in order:  # warm-up: oneDNN makes its primitive on the first call
                 for x in inputs:
-                    projection(x)
+                    candidates[kernel][0](x)
             for round_index in range(self.rounds):
                 for kernel in order if round_index % 2 == 0 else reversed(order):
                     for x in inputs:
                         started = time.perf_counter()
-                        candidates[kernel](x)
+                        one_pass(kernel, x)
                         seconds[kernel, x.shape[0]].append(time.perf_counter() - started)
         return min(order, key=lambda kernel: sum(statistics.median(seconds[kernel, rows]) for rows in self.rows))
