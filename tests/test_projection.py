@@ -29,7 +29,7 @@ def test_fast_products_equal_f_linear_at_every_row_count(kernel: Kernel, with_bi
     bias = torch.randn(96, generator=generator) if with_bias else None
     projection = Projection.of(weight, bias, kernel=kernel)
     assert projection.kernel is kernel
-    assert (projection.packed is None) != (projection.transposed is None), "one copy, the kernel's"
+    assert projection.fast_weight is not None and projection.fast_weight is not weight, "a copy for the kernel"
     for rows in range(1, PACKED_MAX_ROWS + 33):
         x = torch.randn(rows, 40, generator=generator)
         torch.testing.assert_close(projection(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5, msg=f"{rows} rows")
@@ -60,14 +60,14 @@ def test_the_fast_path_is_taken_between_the_bounds_only(kernel, module, name, mo
 def test_weights_it_cannot_lay_out_stay_plain(dtype: torch.dtype, kernel: Kernel) -> None:
     weight = torch.randn(16, 8, dtype=dtype)
     for projection in (Projection.of(weight, kernel=kernel), *KernelChooser().projections([(weight, None)])):
-        assert projection.kernel is None and projection.packed is None and projection.transposed is None
+        assert projection.kernel is None and projection.fast_weight is None
         x = torch.randn(PACKED_MIN_ROWS + 1, 8, dtype=dtype)
         assert torch.equal(projection(x), F.linear(x, weight))
 
 
 def test_no_kernel_keeps_only_the_plain_weight() -> None:
     projection = Projection.of(torch.randn(16, 8), kernel=None)
-    assert projection.kernel is None and projection.packed is None and projection.transposed is None
+    assert projection.kernel is None and projection.fast_weight is None
 
 
 @needs_onednn
@@ -94,7 +94,7 @@ def test_the_chooser_keeps_the_faster_kernel_once_per_shape(slower: Kernel, monk
     projections = chooser.projections(weights[:3]) + chooser.projections(weights[3:])  # two groups, one shape
     (other,) = set(Kernel) - {slower}
     assert timed == [other], "each shape timed once"
-    assert all(p.kernel is other and (p.packed is None) != (p.transposed is None) for p in projections)
+    assert all(p.kernel is other and p.fast_weight is not None for p in projections)
     assert chooser.chosen == {((24, 16), False): other}
     monkeypatch.undo()
     x = torch.randn(PACKED_MIN_ROWS + 2, 16, generator=generator)

@@ -94,6 +94,9 @@ class PagedKVCache:
         return key_cells, value_cells
 
 
+PROJECTIONS = ("qkv", "out", "gate_up", "down")  # LayerWeights' projections, each one shape across the layers
+
+
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
@@ -320,17 +323,13 @@ class Decoder:
     @property
     def projection_kernels(self) -> dict[str, str]:
         """Each projection's kernel for decode-sized products ("plain": ``F.linear`` only), as chosen at load."""
-        layer = self.layers[0]
-        projections = {"qkv": layer.qkv, "out": layer.out, "gate_up": layer.gate_up, "down": layer.down}
-        return {name: str(p.kernel or "plain") for name, p in (projections | {"lm_head": self.lm_head}).items()}
+        projections = {name: getattr(self.layers[0], name) for name in PROJECTIONS} | {"lm_head": self.lm_head}
+        return {name: str(p.kernel or "plain") for name, p in projections.items()}
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The most likely next token [N] after each of hidden [N, hidden]."""
         logits = self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))  # [N, vocab]
         return logits.argmax(dim=-1)
-
-
-PROJECTIONS = ("qkv", "out", "gate_up", "down")
 
 
 def _projection_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, tuple]:

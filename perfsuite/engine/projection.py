@@ -76,13 +76,13 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    """``y = x @ weight.T + bias`` over x [rows, in]; ``packed`` is the weight in oneDNN's layout, ``transposed``
-    the weight as [in, out]: at most one is set, the copy its decode-sized products run on."""
+    """``y = x @ weight.T + bias`` over x [rows, in]; ``kernel`` runs its decode-sized products over ``fast_weight``,
+    the weight's copy made for it (oneDNN's layout, or [in, out]); with no kernel every product is ``F.linear``."""
 
     weight: torch.Tensor  # [out, in]
     bias: torch.Tensor | None = None  # [out]
-    packed: torch.Tensor | None = None
-    transposed: torch.Tensor | None = None
+    kernel: Kernel | None = None
+    fast_weight: torch.Tensor | None = None
 
     @classmethod
     def of(
@@ -93,24 +93,16 @@ class Projection:
         if kernel is None or not can_pack(weight):
             return cls(weight, bias)
         if kernel is Kernel.MKL_TRANSPOSED:
-            return cls(weight, bias, transposed=weight.t().contiguous())
-        return cls(weight, bias, torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS))
-
-    @property
-    def kernel(self) -> Kernel | None:
-        """The kernel of its decode-sized products, None where every product is ``F.linear``."""
-        if self.packed is not None:
-            return Kernel.ONEDNN
-        return Kernel.MKL_TRANSPOSED if self.transposed is not None else None
+            return cls(weight, bias, kernel, weight.t().contiguous())
+        return cls(weight, bias, kernel, torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
-            if self.packed is not None:
-                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # any strides
-            if self.transposed is not None:
-                if self.bias is None:
-                    return torch.mm(x, self.transposed)
-                return torch.addmm(self.bias, x, self.transposed)
+        if self.kernel is not None and x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
+            if self.kernel is Kernel.ONEDNN:
+                return torch.ops.mkldnn._linear_pointwise(x, self.fast_weight, self.bias, "none", [], "")  # any strides
+            if self.bias is None:
+                return torch.mm(x, self.fast_weight)
+            return torch.addmm(self.bias, x, self.fast_weight)
         return F.linear(x, self.weight, self.bias)
 
 
