@@ -233,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         flush=True,
     )
     print(f"machine: {machine_line()}; command: {' '.join(sys.argv)}", flush=True)
+    runner = backend.runner
+    print(f"projections: {runner.decoder.projection_kernels}; paged decode attention: {runner.paged_attention}",
+          flush=True)  # fmt: skip
     cells = []
     for workload in args.workloads:
         for batch_size in args.batch_sizes:

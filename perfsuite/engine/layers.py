@@ -85,6 +85,11 @@ class PagedKVCache:
             for pool in self._layer_views[layer_index][:2]
         )
 
+    def layer_pools(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values [num_blocks, block_size, kv_heads, head_dim], contiguous views."""
+        keys, values, _, _ = self._layer_views[layer_index]
+        return keys, values
+
     def token_rows(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's keys and values with one row per token cell, [num_blocks * block_size, kv_heads, head_dim].
 

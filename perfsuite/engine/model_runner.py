@@ -22,6 +22,7 @@ host-to-device copy, not one blocking copy per index.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 
 from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
+from perfsuite.engine.paged_attention import PagedAttention, Unavailable, load_paged_attention
 from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
@@ -52,6 +54,7 @@ class _AttentionGroup:
     query_cols: torch.Tensor | None  # [num_group_tokens] column of each token
     mask: torch.Tensor  # [rows, 1, max_query_len, max_key_len] bool, True = may attend
     block_tables: torch.Tensor | None = None  # [rows, max_blocks] paged: each row's blocks, padded with block 0
+    key_lengths: torch.Tensor | None = None  # [rows] paged decode: each row's keys, for the in-place kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class _GroupPlan:
     query_rows: int
     query_cols: int
     block_tables: int | None  # [rows * max_blocks], paged only
+    key_lengths: int | None  # [rows], paged only
     num_table_columns: int
     tokens_in_order: bool  # the group's tokens are 0, 1, ... of the step: with no other group, no index is needed
 
@@ -119,7 +123,10 @@ class ModelRunner:
     ``pack_weights`` also gives each projection a copy of its weight for
     the faster of two kernels at decode-sized products, timed per shape at
     load, where it can (float32 on the CPU; ``perfsuite.engine.projection``);
-    False keeps only plain ``F.linear``.
+    False keeps only plain ``F.linear``. ``paged_attention`` lets a paged
+    decode step attend over the pool's blocks in place, with perfsuite's C
+    kernel, where it can be built (``perfsuite.engine.paged_attention``);
+    False, or no C compiler, gathers each row's blocks first.
     """
 
     def __init__(
@@ -130,11 +137,13 @@ class ModelRunner:
         dtype: torch.dtype | None = None,
         decode_mode: DecodeMode | str = DecodeMode.PACKED,
         pack_weights: bool = True,
+        paged_attention: bool = True,
     ) -> None:
         decode_mode = DecodeMode.parse(decode_mode)
         device = torch.device(device) if device is not None else model.device
         self.decoder = Decoder.from_hf(model, device, dtype or model.dtype, pack_weights=pack_weights)
         self.num_forward_passes = 0
+        self._wants_paged_attention = paged_attention
         self.static_decode = (
             None
             if decode_mode is DecodeMode.PACKED
@@ -144,6 +153,22 @@ class ModelRunner:
     @property
     def device(self) -> torch.device:
         return self.decoder.device
+
+    @functools.cached_property
+    def _paged_attention(self) -> PagedAttention | Unavailable:
+        """Built on the first paged decode step, not at load: slot engines never need it."""
+        if not self._wants_paged_attention:
+            return Unavailable("turned off (paged_attention=False)")
+        if not PagedAttention.supports(self.decoder.embed):
+            return Unavailable(f"the kernel is for float32 and float64 on the CPU, not {self.decoder.dtype} on "
+                               f"{self.device.type}")  # fmt: skip
+        return load_paged_attention()
+
+    @property
+    def paged_attention(self) -> str:
+        """How a paged decode step attends: "in place" (perfsuite's kernel), or "gather: <why not in place>"."""
+        kernel = self._paged_attention
+        return "in place" if isinstance(kernel, PagedAttention) else f"gather: {kernel.reason}"
 
     @property
     def kv_layout(self) -> KVLayout:
@@ -199,6 +224,9 @@ class ModelRunner:
         is_paged = isinstance(kv_cache, PagedKVCache)
         heads = self.decoder.heads
         masks = [tile_mask(group.mask, heads.num_heads // heads.num_kv_heads) for group in batch.groups]  # all layers
+        in_place = self._paged_attention if any(group.key_lengths is not None for group in batch.groups) else None
+        if not isinstance(in_place, PagedAttention):
+            in_place = None
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if is_paged:
@@ -210,12 +238,12 @@ class ModelRunner:
                 k_cache[batch.token_slots, :, batch.positions] = k
                 v_cache[batch.token_slots, :, batch.positions] = v
             if batch.groups[0].token_index is None:  # one group of every token in order: nothing to scatter
-                keys = _group_keys(batch.groups[0], layer_index, kv_cache, k_cache, v_cache)
-                return self._attend(batch.groups[0], masks[0], q, *keys)
+                return self._attend(batch.groups[0], masks[0], layer_index, kv_cache, q, k_cache, v_cache, in_place)
             attended = torch.empty_like(q)  # [T, heads, head_dim]
             for group, mask in zip(batch.groups, masks):
-                keys = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
-                attended[group.token_index] = self._attend(group, mask, q, *keys)
+                attended[group.token_index] = self._attend(
+                    group, mask, layer_index, kv_cache, q, k_cache, v_cache, in_place
+                )
             return attended
 
         hidden = self.decoder.forward(batch.input_ids, batch.positions, attend)  # [T, hidden]
@@ -223,10 +251,17 @@ class ModelRunner:
             return []
         return self.decoder.greedy_tokens(hidden[batch.sample_index]).tolist()
 
-    def _attend(self, group: _AttentionGroup, mask: torch.Tensor, q, keys, values) -> torch.Tensor:
-        """``group``'s queries over its rows' ``keys`` and ``values`` [rows, kv_heads, keys, head_dim] (a paged
-        pool's gathered block by block; on GPU a paged kernel would read them in place)."""
+    def _attend(
+        self, group: _AttentionGroup, mask: torch.Tensor, layer_index: int, kv_cache, q, k_cache, v_cache,
+        in_place: PagedAttention | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``group``'s queries over its rows' keys and values: a slot cache's views; a paged pool's blocks, read
+        in place by ``in_place`` for a decode group where it is given, else gathered (``keys_of_rows``)."""
         group_q = q if group.token_index is None else q[group.token_index]  # [group_tokens, heads, head_dim]
+        if in_place is not None and group.key_lengths is not None:
+            pools = kv_cache.layer_pools(layer_index)
+            return in_place(group_q, *pools, group.block_tables, group.key_lengths)
+        keys, values = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
         else:
@@ -295,11 +330,12 @@ class ModelRunner:
             query_cols.extend(range(chunk.num_tokens))
             last = chunk.start_position + chunk.num_tokens - 1
             query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
-        block_tables, num_table_columns = None, 0
+        block_tables, key_lengths, num_table_columns = None, None, 0
         if block_size is not None:
             num_table_columns = max(len(chunk.block_table) for chunk in chunks)
             padded = [(*chunk.block_table, *[0] * (num_table_columns - len(chunk.block_table))) for chunk in chunks]
             block_tables = indices.add([block for table in padded for block in table])
+            key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
@@ -311,6 +347,7 @@ class ModelRunner:
             query_rows=indices.add(query_rows),
             query_cols=indices.add(query_cols),
             block_tables=block_tables,
+            key_lengths=key_lengths,
             num_table_columns=num_table_columns,
             tokens_in_order=token_index == list(range(len(token_index))),
         )
@@ -322,11 +359,12 @@ class ModelRunner:
         key_pos = torch.arange(plan.max_key_len, device=self.device)
         mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
         is_decode = plan.max_query_len == 1
-        block_tables = None
+        block_tables = key_lengths = None
         slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
         if block_size is not None:
             slots = None
             block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
+            key_lengths = tensors[plan.key_lengths] if is_decode else None
         return _AttentionGroup(
             token_index=None if alone and plan.tokens_in_order else tensors[plan.token_index],
             slots=slots,
@@ -337,6 +375,7 @@ class ModelRunner:
             query_cols=None if is_decode else tensors[plan.query_cols],
             mask=mask,
             block_tables=block_tables,
+            key_lengths=key_lengths,
         )
 
 

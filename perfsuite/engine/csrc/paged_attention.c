@@ -1,0 +1,108 @@
+/* Decode attention over a paged KV pool, reading each row's blocks in place.
+ *
+ * perfsuite.engine.paged_attention compiles this file once per process with
+ * the system's C compiler and calls it through ctypes. One query token per
+ * row (a decode step); the pool is one layer's, [num_blocks, block_size,
+ * kv_heads, head_dim] contiguous; row r's key l is in block
+ * block_tables[r][l / block_size] at offset l % block_size. The torch path it
+ * replaces gathers every row's blocks into a new tensor first, then attends
+ * (PagedKVCache.keys_of_rows); here nothing is copied.
+ *
+ * Each row is one task of an OpenMP loop. The library links libgomp.so.1 by
+ * its soname, so in a process where torch has loaded its own libgomp it runs
+ * on torch's threads, not a second pool.
+ *
+ * Scores are kept per row ([heads, keys]), softmax'd with the row maximum
+ * subtracted, and the values summed with them: the same arithmetic as
+ * attention's math kernel, in another order of summation.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PERFSUITE_LIBMVEC
+/* glibc's vector exp (libmvec), so the softmax's exponentials vectorise. */
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#endif
+
+enum { OK = 0, BAD_LENGTH = 1, BAD_BLOCK = 2, NO_MEMORY = 3 };
+
+#define DEFINE_PAGED_DECODE_ATTENTION(T, SUFFIX, EXP)                                                              \
+    int paged_decode_attention_##SUFFIX(                                                                        \
+        const T *q, int64_t q_row_stride, const T *k_pool, const T *v_pool, const int64_t *block_tables,         \
+        const int64_t *lengths, T *out, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, \
+        int64_t block_size, int64_t table_width, int64_t num_blocks, T scale, int num_threads) {                 \
+        const int64_t group = num_heads / num_kv_heads;                                                         \
+        const int64_t token_stride = num_kv_heads * head_dim;                                                   \
+        const int64_t block_stride = block_size * token_stride;                                                 \
+        int status = OK;                                                                                        \
+        _Pragma("omp parallel for schedule(static, 1) num_threads(num_threads) reduction(max : status)")        \
+        for (int64_t r = 0; r < rows; r++) {                                                                    \
+            const int64_t len = lengths[r];                                                                     \
+            const int64_t *table = block_tables + r * table_width;                                              \
+            if (len < 1 || len > table_width * block_size) {                                                    \
+                status = BAD_LENGTH > status ? BAD_LENGTH : status;                                             \
+                continue;                                                                                       \
+            }                                                                                                   \
+            int row_ok = 1;                                                                                     \
+            for (int64_t b = 0; b * block_size < len; b++)                                                      \
+                if (table[b] < 0 || table[b] >= num_blocks) row_ok = 0;                                         \
+            if (!row_ok) {                                                                                      \
+                status = BAD_BLOCK > status ? BAD_BLOCK : status;                                               \
+                continue;                                                                                       \
+            }                                                                                                   \
+            T *scores = malloc(sizeof(T) * num_heads * len); /* [heads, keys] */                                \
+            if (scores == NULL) {                                                                               \
+                status = NO_MEMORY;                                                                             \
+                continue;                                                                                       \
+            }                                                                                                   \
+            const T *q_row = q + r * q_row_stride;                                                              \
+            T *out_row = out + r * num_heads * head_dim;                                                        \
+            for (int64_t b = 0, first = 0; first < len; b++, first += block_size) { /* no division per key */   \
+                const T *key = k_pool + table[b] * block_stride;                                                \
+                const int64_t last = first + block_size < len ? first + block_size : len;                       \
+                for (int64_t l = first; l < last; l++, key += token_stride) {                                   \
+                    for (int64_t h = 0; h < num_heads; h++) {                                                   \
+                        const T *qh = q_row + h * head_dim, *kh = key + (h / group) * head_dim;                 \
+                        T dot = 0;                                                                              \
+                        _Pragma("omp simd reduction(+ : dot)")                                                  \
+                        for (int64_t i = 0; i < head_dim; i++) dot += qh[i] * kh[i];                            \
+                        scores[h * len + l] = dot * scale;                                                      \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+            for (int64_t h = 0; h < num_heads; h++) {                                                           \
+                T *row = scores + h * len, top = row[0], sum = 0;                                               \
+                for (int64_t l = 1; l < len; l++) top = row[l] > top ? row[l] : top;                            \
+                _Pragma("omp simd reduction(+ : sum)")                                                          \
+                for (int64_t l = 0; l < len; l++) {                                                             \
+                    row[l] = EXP(row[l] - top);                                                                 \
+                    sum += row[l];                                                                              \
+                }                                                                                               \
+                const T inverse = 1 / sum;                                                                      \
+                for (int64_t l = 0; l < len; l++) row[l] *= inverse;                                            \
+            }                                                                                                   \
+            memset(out_row, 0, sizeof(T) * num_heads * head_dim);                                               \
+            for (int64_t b = 0, first = 0; first < len; b++, first += block_size) {                             \
+                const T *value = v_pool + table[b] * block_stride;                                              \
+                const int64_t last = first + block_size < len ? first + block_size : len;                       \
+                for (int64_t l = first; l < last; l++, value += token_stride) {                                 \
+                    for (int64_t h = 0; h < num_heads; h++) {                                                   \
+                        const T p = scores[h * len + l], *vh = value + (h / group) * head_dim;                  \
+                        T *oh = out_row + h * head_dim;                                                         \
+                        _Pragma("omp simd")                                                                     \
+                        for (int64_t i = 0; i < head_dim; i++) oh[i] += p * vh[i];                              \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+            free(scores);                                                                                       \
+        }                                                                                                       \
+        return status;                                                                                          \
+    }
+
+DEFINE_PAGED_DECODE_ATTENTION(float, float32, expf)
+DEFINE_PAGED_DECODE_ATTENTION(double, float64, exp)

@@ -1,0 +1,155 @@
+"""Decode attention that reads a paged pool's blocks in place, on the CPU.
+
+The torch path for a paged decode step gathers every row's blocks into a new
+tensor, then attends over the copy (``PagedKVCache.keys_of_rows``): on the
+2-vCPU development VM that gather moved as many bytes again as attention
+read, and was most of a paged step's lead over a slot step. torch has no CPU
+kernel that takes a block table, so perfsuite brings one
+(``csrc/paged_attention.c``, what vLLM's CPU backend does in C++): each
+row's keys and values are read where they lie.
+
+The source is compiled once per process with the system's C compiler (``$CC``,
+else ``cc``), about a third of a second, into a temporary directory, and
+loaded with ctypes; nothing is cached on disk, so a kernel built with
+``-march=native`` never runs on another machine. Where no compiler works,
+``load_paged_attention`` says why and the runner keeps the gather
+(``ModelRunner.paged_attention`` reports which).
+
+Both paths compute the same attention up to the order of summation; the
+equivalence properties hold the engines on either to unbatched greedy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+# Tried in order: with glibc's vector exp (libmvec), then without it, then for a compiler without -march=native.
+FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-DPERFSUITE_LIBMVEC", "-lmvec"),
+    ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"),
+    ("-O3", "-fopenmp"),
+)
+_STATUS = {1: "a row's key count is below 1 or past its block table", 2: "a block id is outside the pool",
+           3: "out of memory for a row's scores"}  # fmt: skip
+_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """Why the in-place kernel could not be built: the runner gathers blocks instead."""
+
+    reason: str
+
+
+class PagedAttention:
+    """The compiled kernel: ``self(q, keys, values, block_tables, lengths)`` -> attended [rows, heads, head_dim]."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions = {}
+        for dtype, suffix in _DTYPES.items():
+            function = getattr(library, f"paged_decode_attention_{suffix}")
+            function.restype = ctypes.c_int
+            scalar = ctypes.c_float if dtype == torch.float32 else ctypes.c_double
+            pointer, size = ctypes.c_void_p, ctypes.c_int64
+            function.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer,
+                                 size, size, size, size, size, size, size, scalar, ctypes.c_int]  # fmt: skip
+            self._functions[dtype] = function
+
+    @staticmethod
+    def supports(pool: torch.Tensor) -> bool:
+        return pool.device.type == "cpu" and pool.dtype in _DTYPES
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        block_tables: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """Row r's query q[r] [heads, head_dim] over its first ``lengths[r]`` keys through ``block_tables[r]``.
+
+        ``keys`` and ``values`` are one layer's pool [num_blocks, block_size, kv_heads, head_dim], contiguous;
+        ``block_tables`` [rows, width] and ``lengths`` [rows] contiguous int64 on the CPU. q's rows may be strided
+        (a split of the fused query-key projection); within a row its heads must be contiguous.
+        """
+        rows, num_heads, head_dim = q.shape
+        num_blocks, block_size, num_kv_heads, pool_head_dim = keys.shape
+        if (
+            q.dtype != keys.dtype
+            or q.stride(2) != 1
+            or q.stride(1) != head_dim
+            or pool_head_dim != head_dim
+            or num_heads % num_kv_heads
+            or not (keys.is_contiguous() and values.is_contiguous() and values.shape == keys.shape)
+            or block_tables.dtype != torch.int64
+            or lengths.dtype != torch.int64
+            or not (block_tables.is_contiguous() and lengths.is_contiguous())
+            or block_tables.shape[0] != rows
+            or lengths.shape != (rows,)
+        ):
+            raise ValueError(
+                "paged decode attention needs q [rows, heads, head_dim] with contiguous heads, a contiguous pool "
+                "[blocks, block_size, kv_heads, head_dim] of q's dtype and kv_heads dividing heads, and contiguous "
+                f"int64 block tables [rows, width] and lengths [rows]; got q {tuple(q.shape)} {q.dtype} strides "
+                f"{q.stride()}, pool {tuple(keys.shape)} {keys.dtype}, tables {tuple(block_tables.shape)} "
+                f"{block_tables.dtype}, lengths {tuple(lengths.shape)} {lengths.dtype}"
+            )
+        out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
+        status = self._functions[q.dtype](
+            q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(),
+            lengths.data_ptr(), out.data_ptr(), rows, num_heads, num_kv_heads, head_dim, block_size,
+            block_tables.shape[1], num_blocks, head_dim**-0.5, torch.get_num_threads(),
+        )  # fmt: skip
+        if status:
+            raise ValueError(
+                f"paged decode attention refused its input: {_STATUS.get(status, f'status {status}')} "
+                f"(lengths {lengths.tolist()}, tables of width {block_tables.shape[1]} over {num_blocks} blocks); "
+                "the scheduler must give each row the blocks its keys fill"
+            )
+        return out
+
+
+@functools.cache
+def load_paged_attention() -> PagedAttention | Unavailable:
+    """The kernel, compiled for this process on first use; or why it could not be."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return Unavailable("no C compiler (set CC, or install gcc)")
+    return build(compiler)
+
+
+def build(compiler: str) -> PagedAttention | Unavailable:
+    """Compile ``SOURCE`` with ``compiler``, trying each of ``FLAG_SETS``, and load it."""
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="perfsuite-paged-attention-") as directory:
+        library = Path(directory) / "paged_attention.so"
+        for flags in FLAG_SETS:
+            compile_flags = [flag for flag in flags if not flag.startswith("-l")]
+            libraries = [flag for flag in flags if flag.startswith("-l")]
+            command = [compiler, *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library), *libraries, "-lm"]
+            try:
+                result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+            except OSError as error:
+                return Unavailable(f"{compiler} could not run: {error}")
+            except subprocess.TimeoutExpired:
+                errors.append(f"{' '.join(flags)}: timed out")
+                continue
+            if result.returncode == 0:
+                try:
+                    return PagedAttention(ctypes.CDLL(str(library)))  # the mapping outlives the file
+                except OSError as error:
+                    errors.append(f"{' '.join(flags)}: {error}")
+                    continue
+            errors.append(f"{' '.join(flags)}: {result.stderr.strip().splitlines()[-1:] or result.returncode}")
+    return Unavailable(f"{compiler} could not build {SOURCE.name}: " + "; ".join(errors))

@@ -1,0 +1,191 @@
+"""The in-place paged decode attention kernel computes what gathering the blocks and attending does.
+
+Mutants it kills: a kernel that reads a row's keys from the wrong block or
+offset, past its length, or with another KV head's keys (grouped-query
+attention); a missing scale or max subtraction; a kernel that ignores q's
+row stride; a bounds check that lets a bad block id or length through (or
+refuses a good one); a runner that builds the kernel but never calls it, or
+calls it for prefill; a build failure that is not reported.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from perfsuite.engine import Request, SamplingParams
+from perfsuite.engine.layers import PagedKVCache, grouped_query_attention
+from perfsuite.engine.model_runner import ModelRunner
+from perfsuite.engine.paged_attention import PagedAttention, Unavailable, build, load_paged_attention
+from perfsuite.engine.reference import ReferenceDecoder
+from perfsuite.models import load_model
+from perfsuite.testing.drive import drive
+from perfsuite.testing.scenarios import Scenario
+
+
+def _kernel_or_skip() -> PagedAttention:
+    kernel = load_paged_attention()
+    if isinstance(kernel, Unavailable):
+        pytest.skip(f"no in-place kernel here: {kernel.reason}")
+    return kernel
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_the_kernel_builds_where_there_is_a_c_compiler():
+    kernel = load_paged_attention()
+    assert isinstance(kernel, PagedAttention), kernel
+
+
+@st.composite
+def paged_cases(draw):
+    num_kv_heads = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 4))
+    head_dim = draw(st.sampled_from([1, 3, 8, 17, 64]))
+    block_size = draw(st.integers(1, 8))
+    lengths = draw(st.lists(st.integers(1, 40), min_size=1, max_size=5))
+    width = max(-(-length // block_size) for length in lengths) + draw(st.integers(0, 2))  # padded tables
+    num_blocks = len(lengths) * width + draw(st.integers(0, 5))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    seed = draw(st.integers(0, 2**16))
+    return num_kv_heads, group, head_dim, block_size, lengths, width, num_blocks, dtype, seed
+
+
+def _tensors(num_kv_heads, group, head_dim, block_size, lengths, width, num_blocks, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (1, num_blocks, block_size, num_kv_heads, head_dim)
+    pool = PagedKVCache(torch.randn(shape, generator=generator, dtype=dtype),
+                        torch.randn(shape, generator=generator, dtype=dtype))  # fmt: skip
+    rows, num_heads = len(lengths), num_kv_heads * group
+    # Each row's blocks scattered through the pool, never shared; the padding points at any block.
+    tables = torch.randperm(num_blocks, generator=generator)[: rows * width].view(rows, width).contiguous()
+    # q as the model gives it: a split of a wider tensor, so its rows are strided.
+    wide = torch.randn(rows, num_heads + num_kv_heads, head_dim, generator=generator, dtype=dtype)
+    q = wide[:, :num_heads]
+    return pool, tables, torch.tensor(lengths), q
+
+
+def _gathered_attention(pool: PagedKVCache, tables, lengths, q) -> torch.Tensor:
+    num_keys = int(lengths.max())
+    keys, values = pool.keys_of_rows(0, tables, num_keys)
+    mask = (torch.arange(num_keys)[None, :] < lengths[:, None])[:, None, None, :]
+    return grouped_query_attention(q.unsqueeze(1), keys, values, mask).squeeze(1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=paged_cases())
+@example(case=(3, 3, 64, 16, [257, 1, 40], 17, 60, torch.float32, 0))  # SmolLM2's heads, a long and a 1-key row
+@example(case=(1, 1, 1, 1, [1], 1, 1, torch.float64, 0))
+def test_in_place_attention_equals_gathering_the_blocks(case):
+    kernel = _kernel_or_skip()
+    pool, tables, lengths, q = _tensors(*case)
+    keys, values = pool.layer_pools(0)
+    before = keys.clone(), values.clone()
+    got = kernel(q, keys, values, tables, lengths)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if q.dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    torch.testing.assert_close(got, _gathered_attention(pool, tables, lengths, q), **tolerance)
+    assert torch.equal(keys, before[0]) and torch.equal(values, before[1]), "the pool is only read"
+
+
+@pytest.mark.parametrize(
+    ("lengths", "table_fix", "message"),
+    [
+        ([0, 5], None, "key count is below 1"),
+        ([5, 13], None, "past its block table"),  # 13 keys in 3 blocks of 4
+        ([5, 9], (1, 2, 99), "block id is outside the pool"),
+        ([5, 9], (1, 2, -1), "block id is outside the pool"),
+    ],
+)
+def test_a_row_past_its_blocks_is_refused_not_read(lengths, table_fix, message):
+    kernel = _kernel_or_skip()
+    pool, tables, _, q = _tensors(2, 2, 8, 4, [9, 9], 3, 8, torch.float32, 1)
+    if table_fix is not None:
+        row, column, block = table_fix
+        tables[row, column] = block
+    with pytest.raises(ValueError, match=message) as refused:
+        kernel(q, *pool.layer_pools(0), tables, torch.tensor(lengths))
+    assert "the scheduler must give each row the blocks its keys fill" in str(refused.value)
+
+
+def test_a_block_past_a_rows_length_is_never_read():
+    """Padding columns of a table may hold any id (the runner pads with 0); only the blocks a row's keys fill count."""
+    kernel = _kernel_or_skip()
+    pool, tables, lengths, q = _tensors(2, 2, 8, 4, [5, 9], 4, 12, torch.float32, 2)
+    expected = kernel(q, *pool.layer_pools(0), tables, lengths)
+    tables[0, 2:] = 10**9  # row 0's 5 keys fill blocks 0 and 1
+    torch.testing.assert_close(kernel(q, *pool.layer_pools(0), tables, lengths), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    ["int32 tables", "float16 pool", "heads not a multiple", "strided heads"],
+)
+def test_inputs_the_kernel_cannot_read_are_refused_with_what_it_needs(spoil):
+    kernel = _kernel_or_skip()
+    pool, tables, lengths, q = _tensors(2, 2, 8, 4, [5, 9], 3, 8, torch.float32, 3)
+    keys, values = pool.layer_pools(0)
+    if spoil == "int32 tables":
+        tables = tables.int()
+    elif spoil == "float16 pool":
+        keys, values = keys.half(), values.half()
+    elif spoil == "heads not a multiple":
+        q = q[:, :3]
+    else:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match="paged decode attention needs"):
+        kernel(q, keys, values, tables, lengths)
+
+
+def test_a_compiler_that_fails_is_reported_not_raised(tmp_path):
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'cc: error: no such flag' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    result = build(str(failing))
+    assert isinstance(result, Unavailable)
+    assert "could not build paged_attention.c" in result.reason and "no such flag" in result.reason
+    missing = build(str(tmp_path / "no-such-compiler"))
+    assert isinstance(missing, Unavailable) and "could not run" in missing.reason
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    loaded = load_model("tiny-random", dtype="float64")
+    return loaded, ModelRunner(loaded.model)
+
+
+def test_the_paged_engine_decodes_through_the_kernel_and_equals_unbatched_greedy(tiny, monkeypatch):
+    loaded, runner = tiny
+    _kernel_or_skip()
+    assert runner.paged_attention == "in place"
+    rows_per_call = []
+    real_call = PagedAttention.__call__
+
+    def counting_call(self, q, *args):
+        rows_per_call.append(q.shape[0])
+        return real_call(self, q, *args)
+
+    monkeypatch.setattr(PagedAttention, "__call__", counting_call)
+    requests = [Request(f"r{i}", tuple(range(3 + i, 14 + 3 * i)), SamplingParams(6 + i, ignore_eos=True))
+                for i in range(4)]  # fmt: skip
+    # 10 blocks of 4 for four requests of up to 33 tokens, the last arriving late: blocks are freed and reused,
+    # so tables scatter.
+    scenario = Scenario(tuple(requests), arrival_steps=(0, 0, 1, 6), batch_size=3, prefill_batch_size=2,
+                        max_num_batched_tokens=16, num_kv_blocks=10, kv_block_size=4)  # fmt: skip
+    outputs = drive(scenario.paged_engine(runner, None, 64), scenario)
+    reference = ReferenceDecoder(loaded.model, eos_token_id=None)
+    for request in requests:
+        assert outputs[request.request_id] == reference.generate(request).token_ids, request.request_id
+    layers = len(runner.decoder.layers)
+    assert rows_per_call and len(rows_per_call) % layers == 0, "every layer of a decode step"
+    assert max(rows_per_call) > 1, "decode rows batched into one call"
+
+
+def test_a_runner_told_not_to_gathers_and_says_so(tiny):
+    loaded, _ = tiny
+    runner = ModelRunner(loaded.model, paged_attention=False)
+    assert runner.paged_attention == "gather: turned off (paged_attention=False)"
+    float16 = ModelRunner(load_model("tiny-random", dtype="float16").model)
+    assert float16.paged_attention.startswith("gather: the kernel is for float32 and float64 on the CPU")
