@@ -95,7 +95,7 @@ def test_the_chooser_keeps_the_faster_kernel_once_per_shape(slower: Kernel, monk
     (other,) = set(Kernel) - {slower}
     assert timed == [other], "each shape timed once"
     assert all(p.kernel is other and p.fast_weight is not None for p in projections)
-    assert chooser.chosen == {((24, 16), False): other}
+    assert chooser.chosen == {((24, 16), False, torch.get_num_threads()): other}
     monkeypatch.undo()
     x = torch.randn(PACKED_MIN_ROWS + 2, 16, generator=generator)
     for (weight, _), projection in zip(weights, projections, strict=True):
@@ -123,3 +123,43 @@ def test_the_runner_packs_its_float32_projections_unless_told_not_to() -> None:
         assert [p.kernel for p in (layer.qkv, layer.out, layer.gate_up, layer.down)] == [
             Kernel(packed.decoder.projection_kernels[name]) for name in ("qkv", "out", "gate_up", "down")
         ]
+
+
+@needs_onednn
+def test_choosers_sharing_a_dict_time_each_shape_once_per_thread_count(monkeypatch) -> None:
+    timed: list[int] = []
+    monkeypatch.setattr(KernelChooser, "_fastest", lambda self, candidates, in_features: timed.append(in_features)
+                        or Kernel.MKL_TRANSPOSED)  # fmt: skip
+    shared: dict = {}
+    weights = [(torch.randn(12, 8), None) for _ in range(2)]
+    KernelChooser(chosen=shared).projections(weights)
+    again = KernelChooser(chosen=shared).projections(weights)
+    assert timed == [8] and all(p.kernel is Kernel.MKL_TRANSPOSED for p in again), "the second chooser reads it"
+    KernelChooser().projections(weights)
+    assert timed == [8, 8], "a chooser of its own times afresh"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        KernelChooser(chosen=shared).projections(weights)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(timed) == 3 and len(shared) == 2, "another thread count is another choice"
+
+
+@needs_onednn
+def test_a_process_times_a_models_shapes_once_however_many_runners_it_builds(monkeypatch) -> None:
+    from perfsuite.engine import projection
+    from perfsuite.engine.layers import Decoder
+    from perfsuite.models import load_model
+
+    monkeypatch.setattr(projection, "PROCESS_CHOICES", {})
+    monkeypatch.setattr("perfsuite.engine.layers.PROCESS_CHOICES", projection.PROCESS_CHOICES)
+    timed: list[int] = []
+    real = KernelChooser._fastest
+    monkeypatch.setattr(KernelChooser, "_fastest", lambda self, *args: timed.append(1) or real(self, *args))
+    model = load_model("tiny-random", dtype="float32").model
+    first = Decoder.from_hf(model, torch.device("cpu"), torch.float32)
+    assert len(timed) == len(first.projection_kernels), "one timing per projection shape"
+    second = Decoder.from_hf(model, torch.device("cpu"), torch.float32)
+    assert len(timed) == len(first.projection_kernels), "the second build reuses the process's choices"
+    assert second.projection_kernels == first.projection_kernels

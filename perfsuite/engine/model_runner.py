@@ -224,9 +224,8 @@ class ModelRunner:
         is_paged = isinstance(kv_cache, PagedKVCache)
         heads = self.decoder.heads
         masks = [tile_mask(group.mask, heads.num_heads // heads.num_kv_heads) for group in batch.groups]  # all layers
-        in_place = self._paged_attention if any(group.key_lengths is not None for group in batch.groups) else None
-        if not isinstance(in_place, PagedAttention):
-            in_place = None
+        kernel = self._paged_attention if is_paged else None
+        in_place = kernel if isinstance(kernel, PagedAttention) else None  # for the decode group, if any
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if is_paged:

@@ -106,6 +106,9 @@ class Projection:
         return F.linear(x, self.weight, self.bias)
 
 
+PROCESS_CHOICES: dict[tuple[tuple[int, ...], bool, int], Kernel] = {}  # what Decoder.from_hf's choosers share
+
+
 class KernelChooser:
     """Picks the faster kernel for a group of weights of one shape, by timing a pass over all of them.
 
@@ -117,22 +120,31 @@ class KernelChooser:
     favoured MKL: bench/vllm_gemm.py). The kernels take turns, each first in
     alternate rounds; the smaller sum over the row counts of the median pass
     times wins. Groups of a shape already chosen take that choice untimed;
-    ``chosen`` keeps what was picked.
+    ``chosen`` keeps what was picked, by (weight shape, has a bias, torch's
+    thread count). Pass a shared dict to keep choices across choosers:
+    ``Decoder.from_hf`` passes ``PROCESS_CHOICES``, so a process that builds
+    many runners of one model (a test session, a sweep) times each shape once.
     """
 
-    def __init__(self, rows: tuple[int, ...] = TUNING_ROWS, rounds: int = TUNING_ROUNDS) -> None:
+    def __init__(
+        self,
+        rows: tuple[int, ...] = TUNING_ROWS,
+        rounds: int = TUNING_ROUNDS,
+        chosen: dict[tuple[tuple[int, ...], bool, int], Kernel] | None = None,
+    ) -> None:
         self.rows = rows
         self.rounds = rounds
-        self.chosen: dict[tuple[tuple[int, ...], bool], Kernel] = {}
+        self.chosen = {} if chosen is None else chosen
 
     def projections(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> list[Projection]:
         """Projections over ``weights`` (weight, bias) of one shape, all on the kernel chosen for it."""
         if not weights or not can_pack(weights[0][0]):
             return [Projection.of(weight, bias, kernel=None) for weight, bias in weights]
         first, first_bias = weights[0]
-        key = (tuple(first.shape), first_bias is not None)
-        if any((tuple(weight.shape), bias is not None) != key for weight, bias in weights):
-            raise ValueError(f"a group's weights must share one shape and all have a bias or none; the first: {key}")
+        shape = (tuple(first.shape), first_bias is not None)
+        if any((tuple(weight.shape), bias is not None) != shape for weight, bias in weights):
+            raise ValueError(f"a group's weights must share one shape and all have a bias or none; the first: {shape}")
+        key = (*shape, torch.get_num_threads())
         if key in self.chosen:
             return [Projection.of(weight, bias, kernel=self.chosen[key]) for weight, bias in weights]
         candidates = {kernel: [Projection.of(w, b, kernel=kernel) for w, b in weights] for kernel in Kernel}
