@@ -7,9 +7,11 @@ For each thread setting, each path and each row count, runs ``--steps``
 steps under ``torch.profiler`` (CPU) and splits their wall time into:
 
 - projections: the QKV, output and MLP matrix products (``F.linear``);
-- attention (SDPA): the attention kernel itself;
+- attention (kernel): the attention kernel itself, torch's SDPA or, for a
+  paged decode step, perfsuite's in-place kernel (``perfsuite.engine.paged_attention``);
 - attention (K/V write, gather): storing the step's keys and values and,
-  for the paged pool, gathering each row's keys through its block table;
+  for the paged pool without the in-place kernel, gathering each row's keys
+  through its block table;
 - norms, rotary: the RMS norms and the rotary embedding;
 - lm head + argmax: the last norm, the vocabulary projection and greedy choice;
 - other ops: embedding, activations, residual adds, the step's index tensors;
@@ -55,6 +57,7 @@ from bench_common import comma_choices  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine import layers, model_runner, paged_decode  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
+from perfsuite.engine.paged_attention import PagedAttention  # noqa: E402
 from perfsuite.engine.paged_decode import PagedDecodeStep  # noqa: E402
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput  # noqa: E402
 from perfsuite.models import DEFAULT_MODEL, load_model  # noqa: E402
@@ -64,7 +67,7 @@ PATHS = ("slot", "paged", "paged-static")
 BLOCK_SIZE = 16
 PARTS = (
     "projections",
-    "attention (SDPA)",
+    "attention (kernel)",
     "attention (K/V write, gather)",
     "norms",
     "rotary",
@@ -73,8 +76,10 @@ PARTS = (
     "Python and dispatch",
 )
 # The labels wrapped around perfsuite's layer functions while profiling, innermost first when nested.
-LABELS = {"norms": "norms", "rotary": "rotary", "sdpa": "attention (SDPA)", "attend": "attention (K/V write, gather)",
+LABELS = {"norms": "norms", "rotary": "rotary", "sdpa": "attention (kernel)", "attend": "attention (K/V write, gather)",
           "lm_head": "lm head + argmax"}  # fmt: skip
+# Labels around code that runs no operator the profiler sees (a ctypes call): the label's own time is the part's.
+TIMED_LABELS = {"paged_kernel": "attention (kernel)"}
 PROJECTION_OPS = {"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::t", "aten::bmm",
                   "mkldnn::_linear_pointwise"}  # fmt: skip
 OPERATOR_NAMESPACES = ("aten::", "mkldnn::")  # the packed projections are oneDNN's (perfsuite.engine.projection)
@@ -98,6 +103,7 @@ def labelled_layers():
         (paged_decode, "grouped_query_attention"): paged_decode.grouped_query_attention,
         (layers, "decoder_layer"): layers.decoder_layer,
         (layers.Decoder, "greedy_tokens"): layers.Decoder.greedy_tokens,
+        (PagedAttention, "__call__"): PagedAttention.__call__,
     }
     layer = layers.decoder_layer
 
@@ -110,6 +116,7 @@ def labelled_layers():
     paged_decode.grouped_query_attention = labelled("sdpa", saved[(paged_decode, "grouped_query_attention")])
     layers.decoder_layer = decoder_layer
     layers.Decoder.greedy_tokens = labelled("lm_head", saved[(layers.Decoder, "greedy_tokens")])
+    PagedAttention.__call__ = labelled("paged_kernel", saved[(PagedAttention, "__call__")])
     try:
         yield
     finally:
@@ -122,6 +129,9 @@ def split_by_part(events, wall_us: float) -> dict[str, float]:
     its innermost label or its name; what no operator accounts for is Python and dispatch."""
     totals: dict[str, float] = defaultdict(float)
     for event in events:
+        if event.name in TIMED_LABELS:
+            totals[TIMED_LABELS[event.name]] += event.self_cpu_time_total
+            continue
         if event.name in LABELS or not event.name.startswith(OPERATOR_NAMESPACES):
             continue
         label = None

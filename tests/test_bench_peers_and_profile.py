@@ -62,14 +62,15 @@ def test_each_operator_counts_under_its_innermost_label_and_python_is_the_rest()
         event("aten::index", 50.0, attend), event("aten::index_put_", 30.0, attend),  # the gather and the write
         event("aten::mul", 20.0, event("norms", 0.0, layer)),
         event("aten::silu", 10.0, layer),  # other ops
+        event("paged_kernel", 40.0, attend),  # the in-place kernel: no operator inside, its label's own time
         attend, sdpa,  # labels are not operators
     ]  # fmt: skip
     shares = step_profile.split_by_part(events, wall_us=1000.0)
     assert shares["projections"] == pytest.approx(0.3)
-    assert shares["attention (SDPA)"] == pytest.approx(0.1)
+    assert shares["attention (kernel)"] == pytest.approx(0.14)
     assert shares["attention (K/V write, gather)"] == pytest.approx(0.08)
     assert shares["norms"] == pytest.approx(0.02) and shares["other ops"] == pytest.approx(0.01)
-    assert shares["Python and dispatch"] == pytest.approx(0.49)
+    assert shares["Python and dispatch"] == pytest.approx(0.45)
     assert sum(shares.values()) == pytest.approx(1.0)
 
 
