@@ -150,6 +150,14 @@ def test_a_compiler_that_fails_is_reported_not_raised(tmp_path):
     assert isinstance(missing, Unavailable) and "could not run" in missing.reason
 
 
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+def test_a_compiler_given_as_a_command_line_builds(tmp_path):
+    wrapper = tmp_path / "wrap"
+    wrapper.write_text('#!/bin/sh\nexec "$@"\n')  # as ccache or distcc would: the real compiler is its argument
+    wrapper.chmod(0o755)
+    assert isinstance(build(f"{wrapper} gcc"), PagedAttention)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     loaded = load_model("tiny-random", dtype="float64")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -130,14 +131,16 @@ def load_paged_attention() -> PagedAttention | Unavailable:
 
 
 def build(compiler: str) -> PagedAttention | Unavailable:
-    """Compile ``SOURCE`` with ``compiler``, trying each of ``FLAG_SETS``, and load it."""
+    """Compile ``SOURCE`` with ``compiler`` (a command line: ``CC="ccache gcc"`` works), trying each of
+    ``FLAG_SETS``, and load it."""
     errors = []
     with tempfile.TemporaryDirectory(prefix="perfsuite-paged-attention-") as directory:
         library = Path(directory) / "paged_attention.so"
         for flags in FLAG_SETS:
             compile_flags = [flag for flag in flags if not flag.startswith("-l")]
             libraries = [flag for flag in flags if flag.startswith("-l")]
-            command = [compiler, *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library), *libraries, "-lm"]
+            command = [*shlex.split(compiler), *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library),
+                       *libraries, "-lm"]  # fmt: skip
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
             except OSError as error:
