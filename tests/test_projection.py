@@ -9,11 +9,21 @@ times each shape more than once.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.projection import PACKED_MAX_ROWS, PACKED_MIN_ROWS, Kernel, KernelChooser, Projection, can_pack
+from perfsuite.engine.projection import (
+    PACKED_MAX_ROWS,
+    PACKED_MIN_ROWS,
+    Kernel,
+    KernelChoiceFile,
+    KernelChooser,
+    Projection,
+    can_pack,
+)
 
 needs_onednn = pytest.mark.skipif(
     not can_pack(torch.zeros(2, 2)), reason="this torch has no oneDNN: every projection is F.linear"
@@ -147,19 +157,41 @@ def test_choosers_sharing_a_dict_time_each_shape_once_per_thread_count(monkeypat
 
 
 @needs_onednn
-def test_a_process_times_a_models_shapes_once_however_many_runners_it_builds(monkeypatch) -> None:
-    from perfsuite.engine import projection
-    from perfsuite.engine.layers import Decoder
+def test_a_machine_times_a_models_shapes_once_and_keeps_the_choice_on_disk(monkeypatch, tmp_path) -> None:
+    from perfsuite.engine.layers import PROJECTIONS, Decoder
     from perfsuite.models import load_model
 
-    monkeypatch.setattr(projection, "PROCESS_CHOICES", {})
-    monkeypatch.setattr("perfsuite.engine.layers.PROCESS_CHOICES", projection.PROCESS_CHOICES)
+    monkeypatch.setenv("PERFSUITE_CACHE_DIR", str(tmp_path))  # SHARED_CHOICES reads its path from it
     timed: list[int] = []
     real = KernelChooser._fastest
     monkeypatch.setattr(KernelChooser, "_fastest", lambda self, *args: timed.append(1) or real(self, *args))
     model = load_model("tiny-random", dtype="float32").model
     first = Decoder.from_hf(model, torch.device("cpu"), torch.float32)
-    assert len(timed) == len(first.projection_kernels), "one timing per projection shape"
+    projections = [getattr(first.layers[0], name) for name in PROJECTIONS] + [first.lm_head]
+    shapes = {(tuple(p.weight.shape), p.bias is not None) for p in projections}
+    assert len(timed) == len(shapes), "each shape timed once"
+    shapes_timed = len(timed)
+    saved = json.loads((tmp_path / KernelChoiceFile.FILE_NAME).read_text())
+    assert len(saved) == shapes_timed and all(str(torch.__version__) in name for name in saved)
     second = Decoder.from_hf(model, torch.device("cpu"), torch.float32)
-    assert len(timed) == len(first.projection_kernels), "the second build reuses the process's choices"
+    assert len(timed) == shapes_timed, "a second load, as another process would, reads the file"
     assert second.projection_kernels == first.projection_kernels
+
+
+@needs_onednn
+def test_a_choice_file_that_is_corrupt_or_unwritable_costs_a_timing_not_an_error(tmp_path) -> None:
+    key = ((12, 8), False, 2)
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{ not json")
+    store = KernelChoiceFile(corrupt)
+    assert key not in store and store.get(key) is None
+    store[key] = Kernel.ONEDNN
+    assert KernelChoiceFile(corrupt)[key] is Kernel.ONEDNN, "rewritten whole, readable by the next process"
+    blocked = tmp_path / "a-file-not-a-directory"
+    blocked.write_text("")
+    unwritable = KernelChoiceFile(blocked / "kernel-choices.json")
+    unwritable[key] = Kernel.MKL_TRANSPOSED  # cannot be kept: no error
+    assert unwritable.get(key) is None
+    (tmp_path / "unknown.json").write_text(json.dumps({KernelChoiceFile(tmp_path / "x")._name(key): "no-such-kernel"}))
+    assert KernelChoiceFile(tmp_path / "unknown.json").get(key) is None, "a kernel this version lacks is re-timed"
+    assert not list(tmp_path.glob(".kernel-choices-*")), "no temporary file left behind"

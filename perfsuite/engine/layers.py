@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.projection import PROCESS_CHOICES, KernelChooser, Projection
+from perfsuite.engine.projection import SHARED_CHOICES, KernelChooser, Projection
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -250,9 +250,9 @@ class Decoder:
 
         With ``pack_weights`` each projection also gets a copy of its weight
         for the faster of two kernels at decode-sized products, timed over
-        all the layers' weights of a shape as the first model of that shape
-        loads in this process, where it can (``perfsuite.engine.projection``:
-        float32 on the CPU).
+        all the layers' weights of a shape the first time a model of that
+        shape loads on this machine, where it can (``perfsuite.engine.projection``:
+        float32 on the CPU; the choice is kept in ``KernelChoiceFile``).
         """
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -271,7 +271,7 @@ class Decoder:
             return t.detach().to(device=device, dtype=dtype)
 
         decoder = model.model
-        kernels = KernelChooser(chosen=PROCESS_CHOICES) if pack_weights else None
+        kernels = KernelChooser(chosen=SHARED_CHOICES) if pack_weights else None
         raw = [_projection_weights(layer, moved) for layer in decoder.layers]
         built = {name: _projections([weights[name] for weights in raw], kernels) for name in PROJECTIONS}
         layers = tuple(

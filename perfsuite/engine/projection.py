@@ -37,14 +37,22 @@ properties hold to unbatched greedy decoding like any other path.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from perfsuite.cache_dir import cache_root
 
 # bench/packed_linear.py on the development VM: the packed product wins from 4 rows, ties the plain one at 256.
 PACKED_MIN_ROWS = 4
@@ -106,7 +114,86 @@ class Projection:
         return F.linear(x, self.weight, self.bias)
 
 
-PROCESS_CHOICES: dict[tuple[tuple[int, ...], bool, int], Kernel] = {}  # what Decoder.from_hf's choosers share
+ChoiceKey = tuple[tuple[int, ...], bool, int]  # (weight shape, has a bias, torch's thread count)
+
+
+class KernelChoiceFile:
+    """Kernel choices kept on disk, so that every process on a machine uses the kernels chosen once.
+
+    Timing the kernels costs about 2 s a SmolLM2 load, and a choice made
+    afresh by each process may differ from the last under load: a baseline
+    and a later run could then measure different kernels. So
+    ``Decoder.from_hf``'s choosers share this file,
+    ``<cache root>/kernel-choices.json`` (``perfsuite.cache_dir``), whose keys
+    name the CPU model and torch's version beside the shape, bias and thread
+    count. Delete it to time the kernels again. A file that cannot be read
+    counts as empty, and one that cannot be written leaves the choice to this
+    process; a write replaces the file whole (a rename), so a reader never
+    sees half of one.
+    """
+
+    FILE_NAME = "kernel-choices.json"
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._path = path
+        self._machine = f"{_cpu_model()} | torch {torch.__version__}"
+
+    @property
+    def path(self) -> Path:
+        return self._path if self._path is not None else cache_root() / self.FILE_NAME
+
+    def _name(self, key: ChoiceKey) -> str:
+        shape, has_bias, threads = key
+        return f"{self._machine} | {'x'.join(map(str, shape))} | bias={has_bias} | threads={threads}"
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def __contains__(self, key: ChoiceKey) -> bool:
+        return self.get(key) is not None
+
+    def __getitem__(self, key: ChoiceKey) -> Kernel:
+        kernel = self.get(key)
+        if kernel is None:
+            raise KeyError(key)
+        return kernel
+
+    def get(self, key: ChoiceKey) -> Kernel | None:
+        try:
+            return Kernel(self._read()[self._name(key)])
+        except (KeyError, ValueError):  # not chosen yet, or a kernel this version does not know
+            return None
+
+    def __setitem__(self, key: ChoiceKey, kernel: Kernel) -> None:
+        path = self.path
+        choices = {**self._read(), self._name(key): str(kernel)}
+        temporary = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kernel-choices-")
+            with os.fdopen(descriptor, "w") as f:
+                json.dump(choices, f, indent=1, sort_keys=True)
+            os.replace(temporary, path)
+        except OSError:
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+SHARED_CHOICES = KernelChoiceFile()  # what Decoder.from_hf's choosers share
 
 
 class KernelChooser:
@@ -121,16 +208,16 @@ class KernelChooser:
     alternate rounds; the smaller sum over the row counts of the median pass
     times wins. Groups of a shape already chosen take that choice untimed;
     ``chosen`` keeps what was picked, by (weight shape, has a bias, torch's
-    thread count). Pass a shared dict to keep choices across choosers:
-    ``Decoder.from_hf`` passes ``PROCESS_CHOICES``, so a process that builds
-    many runners of one model (a test session, a sweep) times each shape once.
+    thread count): a dict of the chooser's own, or a store shared with other
+    choosers: ``Decoder.from_hf`` passes ``SHARED_CHOICES``, so a machine times
+    each shape once (``KernelChoiceFile``).
     """
 
     def __init__(
         self,
         rows: tuple[int, ...] = TUNING_ROWS,
         rounds: int = TUNING_ROUNDS,
-        chosen: dict[tuple[tuple[int, ...], bool, int], Kernel] | None = None,
+        chosen: dict[ChoiceKey, Kernel] | KernelChoiceFile | None = None,
     ) -> None:
         self.rows = rows
         self.rounds = rounds
@@ -145,11 +232,13 @@ class KernelChooser:
         if any((tuple(weight.shape), bias is not None) != shape for weight, bias in weights):
             raise ValueError(f"a group's weights must share one shape and all have a bias or none; the first: {shape}")
         key = (*shape, torch.get_num_threads())
-        if key in self.chosen:
-            return [Projection.of(weight, bias, kernel=self.chosen[key]) for weight, bias in weights]
+        known = self.chosen.get(key)
+        if known is not None:
+            return [Projection.of(weight, bias, kernel=known) for weight, bias in weights]
         candidates = {kernel: [Projection.of(w, b, kernel=kernel) for w, b in weights] for kernel in Kernel}
-        self.chosen[key] = self._fastest(candidates, first.shape[1])
-        return candidates[self.chosen[key]]  # the other kernel's copies go
+        fastest = self._fastest(candidates, first.shape[1])
+        self.chosen[key] = fastest
+        return candidates[fastest]  # the other kernel's copies go
 
     def _fastest(self, candidates: dict[Kernel, list[Projection]], in_features: int) -> Kernel:
         generator = torch.Generator().manual_seed(0)

@@ -20,22 +20,16 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfsuite.cache_dir import CACHE_DIR_ENV, cache_root  # noqa: F401  (re-exported: models.cache.cache_root)
 from perfsuite.models.gguf import smollm2_gguf_path
 from perfsuite.models.spec import ModelLoadError
 
 if TYPE_CHECKING:
     import transformers
 
-CACHE_DIR_ENV = "PERFSUITE_CACHE_DIR"
 CACHE_FORMAT = 1
 CACHE_MARKER = "perfsuite-cache.json"
 _STALE_TMP_SECONDS = 3600.0
-
-
-def cache_root() -> Path:
-    """``$PERFSUITE_CACHE_DIR`` if set and not empty, else ``~/.cache/perfsuite``."""
-    env = os.environ.get(CACHE_DIR_ENV, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "perfsuite"
 
 
 @functools.lru_cache(maxsize=8)
