@@ -195,3 +195,27 @@ def test_a_choice_file_that_is_corrupt_or_unwritable_costs_a_timing_not_an_error
     (tmp_path / "unknown.json").write_text(json.dumps({KernelChoiceFile(tmp_path / "x")._name(key): "no-such-kernel"}))
     assert KernelChoiceFile(tmp_path / "unknown.json").get(key) is None, "a kernel this version lacks is re-timed"
     assert not list(tmp_path.glob(".kernel-choices-*")), "no temporary file left behind"
+
+
+@needs_onednn
+def test_processes_that_choose_at_once_keep_every_choice(tmp_path) -> None:
+    """pytest-xdist workers load at once: each one's read-add-replace must not drop another's choice."""
+    import multiprocessing
+
+    path = tmp_path / "kernel-choices.json"
+    keys = [((8 * (i + 1), 8), False, 1) for i in range(24)]
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_store_choices, args=(path, keys[i::4])) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    store = KernelChoiceFile(path)
+    assert [store.get(key) for key in keys] == [Kernel.ONEDNN] * len(keys), "no choice lost"
+
+
+def _store_choices(path, keys) -> None:
+    store = KernelChoiceFile(path)
+    for key in keys:
+        store[key] = Kernel.ONEDNN

@@ -54,6 +54,11 @@ import torch.nn.functional as F
 
 from perfsuite.cache_dir import cache_root
 
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): choices are written unlocked, and a race may cost a re-timing
+    fcntl = None
+
 # bench/packed_linear.py on the development VM: the packed product wins from 4 rows, ties the plain one at 256.
 PACKED_MIN_ROWS = 4
 PACKED_MAX_ROWS = 128
@@ -170,14 +175,19 @@ class KernelChoiceFile:
 
     def __setitem__(self, key: ChoiceKey, kernel: Kernel) -> None:
         path = self.path
-        choices = {**self._read(), self._name(key): str(kernel)}
         temporary = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kernel-choices-")
-            with os.fdopen(descriptor, "w") as f:
-                json.dump(choices, f, indent=1, sort_keys=True)
-            os.replace(temporary, path)
+            # Read, add and replace under a lock: processes that load at once (pytest-xdist workers) would
+            # otherwise each write what they read before the others' choices, and drop them.
+            with open(path.parent / f".{path.name}.lock", "w") as lock:
+                if fcntl is not None:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                choices = {**self._read(), self._name(key): str(kernel)}
+                descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kernel-choices-")
+                with os.fdopen(descriptor, "w") as f:
+                    json.dump(choices, f, indent=1, sort_keys=True)
+                os.replace(temporary, path)
         except OSError:
             if temporary is not None:
                 with contextlib.suppress(OSError):
