@@ -133,8 +133,9 @@ class KernelChoiceFile:
     name the CPU model and torch's version beside the shape, bias and thread
     count. Delete it to time the kernels again. A file that cannot be read
     counts as empty, and one that cannot be written leaves the choice to this
-    process; a write replaces the file whole (a rename), so a reader never
-    sees half of one.
+    process; a write re-reads, adds and replaces the file whole (a rename)
+    under a lock, so a reader never sees half of one and processes that
+    choose at once keep each other's choices.
     """
 
     FILE_NAME = "kernel-choices.json"
