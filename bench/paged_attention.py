@@ -53,7 +53,7 @@ def step_cases(runner: ModelRunner, rows: int, context: int) -> dict[str, object
     paged = decode_output(rows, context, tables)
     slots = decode_output(rows, context, [()] * rows)
     slot_cache = runner.new_kv_cache(rows, context + 1)
-    in_place = runner.__dict__["_paged_attention"] = runner._paged_attention  # resolved once, then swapped
+    in_place = runner._paged_attention  # a cached property: swapped for the gathered case, then put back
 
     def gathered() -> None:
         runner.__dict__["_paged_attention"] = Unavailable("benchmark: the gather path")

@@ -107,7 +107,7 @@ class _GroupPlan:
     query_rows: int
     query_cols: int
     block_tables: int | None  # [rows * max_blocks], paged only
-    key_lengths: int | None  # [rows], paged only
+    key_lengths: int | None  # [rows], paged decode groups only
     num_table_columns: int
     tokens_in_order: bool  # the group's tokens are 0, 1, ... of the step: with no other group, no index is needed
 
@@ -334,7 +334,8 @@ class ModelRunner:
             num_table_columns = max(len(chunk.block_table) for chunk in chunks)
             padded = [(*chunk.block_table, *[0] * (num_table_columns - len(chunk.block_table))) for chunk in chunks]
             block_tables = indices.add([block for table in padded for block in table])
-            key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
+            if max_query_len == 1:  # a decode group: the in-place kernel reads each row's length
+                key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
@@ -363,7 +364,7 @@ class ModelRunner:
         if block_size is not None:
             slots = None
             block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
-            key_lengths = tensors[plan.key_lengths] if is_decode else None
+            key_lengths = None if plan.key_lengths is None else tensors[plan.key_lengths]
         return _AttentionGroup(
             token_index=None if alone and plan.tokens_in_order else tensors[plan.token_index],
             slots=slots,

@@ -35,10 +35,11 @@ import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 # Tried in order: with glibc's vector exp (libmvec), then without it, then for a compiler without -march=native.
-FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-DPERFSUITE_LIBMVEC", "-lmvec"),
-    ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"),
-    ("-O3", "-fopenmp"),
+FAST = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
+FLAG_SETS = (  # (compile flags, libraries)
+    ((*FAST, "-DPERFSUITE_LIBMVEC"), ("-lmvec", "-lm")),
+    (FAST, ("-lm",)),
+    (("-O3", "-fopenmp"), ("-lm",)),
 )
 _STATUS = {1: "a row's key count is below 1 or past its block table", 2: "a block id is outside the pool",
            3: "out of memory for a row's scores"}  # fmt: skip
@@ -136,23 +137,22 @@ def build(compiler: str) -> PagedAttention | Unavailable:
     errors = []
     with tempfile.TemporaryDirectory(prefix="perfsuite-paged-attention-") as directory:
         library = Path(directory) / "paged_attention.so"
-        for flags in FLAG_SETS:
-            compile_flags = [flag for flag in flags if not flag.startswith("-l")]
-            libraries = [flag for flag in flags if flag.startswith("-l")]
+        for compile_flags, libraries in FLAG_SETS:
+            flags = " ".join(compile_flags)
             command = [*shlex.split(compiler), *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library),
-                       *libraries, "-lm"]  # fmt: skip
+                       *libraries]  # fmt: skip
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
             except OSError as error:
                 return Unavailable(f"{compiler} could not run: {error}")
             except subprocess.TimeoutExpired:
-                errors.append(f"{' '.join(flags)}: timed out")
+                errors.append(f"{flags}: timed out")
                 continue
             if result.returncode == 0:
                 try:
                     return PagedAttention(ctypes.CDLL(str(library)))  # the mapping outlives the file
                 except OSError as error:
-                    errors.append(f"{' '.join(flags)}: {error}")
+                    errors.append(f"{flags}: {error}")
                     continue
-            errors.append(f"{' '.join(flags)}: {result.stderr.strip().splitlines()[-1:] or result.returncode}")
+            errors.append(f"{flags}: {(result.stderr.strip().splitlines() or [f'exit {result.returncode}'])[-1]}")
     return Unavailable(f"{compiler} could not build {SOURCE.name}: " + "; ".join(errors))

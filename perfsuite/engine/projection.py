@@ -159,15 +159,6 @@ class KernelChoiceFile:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def __contains__(self, key: ChoiceKey) -> bool:
-        return self.get(key) is not None
-
-    def __getitem__(self, key: ChoiceKey) -> Kernel:
-        kernel = self.get(key)
-        if kernel is None:
-            raise KeyError(key)
-        return kernel
-
     def get(self, key: ChoiceKey) -> Kernel | None:
         try:
             return Kernel(self._read()[self._name(key)])
