@@ -46,6 +46,8 @@ def perf_backend():
     delay = float(os.environ.get("FAKE_STEP_SECONDS", "0.004"))
     probe_seconds = float(os.environ.get("FAKE_PROBE_SECONDS", "0"))
     runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(delay))
+    if os.environ.get("FAKE_ATTENTION"):  # as ModelRunner.paged_attention reads
+        runner.paged_attention = os.environ["FAKE_ATTENTION"]
     tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
 
     readings = iter(range(1, 10_000))
@@ -129,6 +131,19 @@ def test_another_workload_under_the_same_test_id_is_not_compared(project):
     project.makepyfile(test_speed=PERF_TESTS.replace("perf_workload)", "perf_workload[:3])"))
     result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
     result.stdout.fnmatch_lines(["*another configuration (workload_digest: * -> *; num_requests: 4 -> 3)*"])
+
+
+def test_a_paged_run_that_gathers_is_not_judged_against_one_that_attended_in_place(project, monkeypatch):
+    """A runner with no C compiler gathers the paged blocks: the same outputs, another speed."""
+    project.makepyfile(test_speed=PERF_TESTS.replace('"inflight"', '"paged"'))
+    monkeypatch.setenv("FAKE_ATTENTION", "in place")
+    project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
+    monkeypatch.setenv("FAKE_ATTENTION", "gather: no C compiler (cc) on PATH")
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.008")  # would regress if it were compared
+    result = project.runpytest_subprocess(*ARGS, *ONE_TEST)
+    result.assert_outcomes(skipped=1, deselected=3)
+    result.stdout.fnmatch_lines(["*another configuration (engine_knobs: {*attention=in place*} -> "
+                                 "{*attention=gather*}*); not compared*"])  # fmt: skip
 
 
 # -- power is planned ----------------------------------------------------------

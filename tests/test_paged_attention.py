@@ -18,6 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from perfsuite.engine import Request, SamplingParams
+from perfsuite.engine.engine import build_engine
 from perfsuite.engine.layers import PagedKVCache, grouped_query_attention
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.paged_attention import PagedAttention, Unavailable, build, load_paged_attention
@@ -197,3 +198,11 @@ def test_a_runner_told_not_to_gathers_and_says_so(tiny):
     assert runner.paged_attention == "gather: turned off (paged_attention=False)"
     float16 = ModelRunner(load_model("tiny-random", dtype="float16").model)
     assert float16.paged_attention.startswith("gather: the kernel is for float32 and float64 on the CPU")
+
+
+def test_a_paged_engine_says_which_attention_it_measured_and_a_slot_engine_none(tiny):
+    loaded, _ = tiny
+    in_place, gathering = ModelRunner(loaded.model), ModelRunner(loaded.model, paged_attention=False)
+    assert build_engine("paged", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "in place"
+    assert build_engine("paged", gathering, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "gather"
+    assert build_engine("inflight", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention is None

@@ -101,6 +101,19 @@ class Engine:
         return self.scheduler.max_seq_len
 
     @property
+    def attention(self) -> str | None:
+        """How a paged engine's decode attends: "in place" or "gather", as its runner says; None otherwise.
+
+        The two paths are the same outputs at different speeds, so a stored run
+        records which one it measured (``PerfRecorder``): a runner that cannot
+        build the kernel (no C compiler) is never judged against one that could.
+        """
+        if not isinstance(self.scheduler.kv_cache, BlockManager):
+            return None
+        path = getattr(self.runner, "paged_attention", None)
+        return None if path is None else path.partition(":")[0]
+
+    @property
     def counters(self) -> EngineCounters:
         """Counted since the last ``run`` started, or since ``forget_finished`` last found nothing in flight."""
         return self._counters

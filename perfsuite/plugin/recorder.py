@@ -390,6 +390,9 @@ class PerfRecorder:
         else:  # built by the test itself: all we know is what the protocol shows
             name, engine_knobs = engine.name, {"batch_size": engine.batch_size}
         max_seq_len = engine_knobs.pop("max_seq_len", None)
+        attention = getattr(engine, "attention", None)  # a paged engine's: in place or gathered, not the same speed
+        if attention is not None:
+            engine_knobs["attention"] = attention
         return RunConfiguration(
             profile=options.profile.name,
             workload_digest=workload_digest(requests, max_concurrency, arrival_rate),
