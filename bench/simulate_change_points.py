@@ -16,8 +16,12 @@ as a session does (``perfsuite.history.head``). Counted under the old rules
 least ``min_after_runs`` runs holding it: ``HeadStep.is_new``). ``step``: 50
 series of 30 flat runs and then a ``--step`` change; how many runs after the
 step the head search first finds it (within one run of where it is), under
-each rule. docs/change-points.md quotes its output; the calibration on real
-sessions (issue 24, item 5) is what tunes ``ChangePointPolicy``.
+each rule. ``creep``: 50 series of 40 runs, run i 1.02 ** (i // 3) times
+slower, as bench/calibrate_history.py injects it; counting the run where the
+slowdown first exceeds 10% as 1, the runs until the first new head
+regression, with the head ``head_runs`` 5 (the old default) and the default.
+docs/change-points.md quotes its output; the calibration on real sessions
+(issue 24, item 5) is what tunes ``ChangePointPolicy``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from perfsuite.judge.stats import Direction
 
 NEW_RULES = ChangePointPolicy()
 OLD_RULES = replace(NEW_RULES, min_after_runs=1)
+OLD_HEAD = replace(NEW_RULES, head_runs=5)
 OUTLIER_SHARE = 0.05
+CREEP_STEP, CREEP_EVERY, CREEP_TARGET, CREEP_RUNS = 0.02, 3, 0.10, 40
 
 
 def series_of(values: list[float]) -> Series:
@@ -89,6 +95,25 @@ def runs_to_find_a_step(draw, noise: float, step: float, before: int = 30) -> tu
     return found[0], found[1]
 
 
+def runs_to_find_a_creep(draw, noise: float, policies: tuple[ChangePointPolicy, ...]) -> tuple[int | None, ...]:
+    """Per policy: counting the run where the creep first exceeds 10% as 1, runs until a new head regression."""
+
+    def slowdown(run: int) -> float:
+        return (1 + CREEP_STEP) ** (run // CREEP_EVERY)
+
+    values = [100 / slowdown(run) * draw(noise) for run in range(CREEP_RUNS)]
+    past = next(run for run in range(CREEP_RUNS) if slowdown(run) - 1 > CREEP_TARGET)
+    found: list[int | None] = []
+    for policy in policies:
+        found.append(None)
+        for end in range(past + 1, CREEP_RUNS + 1):
+            step = head_step(detect(series_of(values[max(0, end - policy.window_len) : end]), policy))
+            if step is not None and step.is_new and step.change_point.is_regression:
+                found[-1] = end - past
+                break
+    return tuple(found)
+
+
 def _shown(found: Counter) -> str:
     return ", ".join(f"{'never' if k is None else f'after {k}'}: {n}" for k, n in sorted(found.items(), key=str))
 
@@ -110,6 +135,13 @@ def main() -> None:
     finds = [runs_to_find_a_step(draw, args.noise, args.step) for _ in range(50)]
     print(f"a {args.step:+.0%} step, {args.shape} noise {args.noise:.0%}, 50 series: old rules found "
           f"{_shown(Counter(f[0] for f in finds))}; new rules {_shown(Counter(f[1] for f in finds))}")
+    creeps = [runs_to_find_a_creep(draw, args.noise, (OLD_HEAD, NEW_RULES)) for _ in range(50)]
+    for label, finds_of in (("head_runs=5", [c[0] for c in creeps]), (f"head_runs={NEW_RULES.head_runs}",
+                                                                     [c[1] for c in creeps])):  # fmt: skip
+        within = sum(found is not None and found <= 5 for found in finds_of)
+        print(f"a creep of {CREEP_STEP:+.0%} every {CREEP_EVERY} runs, {args.shape} noise {args.noise:.0%}, 50 series, "
+              f"{label}: runs to find after it passes {CREEP_TARGET:.0%}: {_shown(Counter(finds_of))}; "
+              f"within 5: {within} of 50")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -223,3 +223,16 @@ def test_data_saved_in_the_version_4_layout_still_loads():
     data = json.loads(SAVED.read_text())
     (first, *_) = calibrate.documents_of(data, "aa")
     assert data["stores"]["aa"][0]["schema_version"] == 4 and first.tests[0].measurement.samples["output_throughput"]
+
+
+@pytest.mark.parametrize("name", ["calibrate_history_smollm2.json", "calibrate_history_smollm2_fresh.json"])
+def test_the_default_policy_meets_both_targets_on_the_recorded_smollm2_calibrations(name):
+    """Real sessions (docs/change-points.md, Calibration). A creep is a slope: while it goes on, the best split falls
+    mid-slope, behind the newest runs; in the first of these the creep's split lay 7 runs back when it was found,
+    so a head of 5 runs reported it 18 runs after it passed 10%."""
+    data = json.loads((BENCH / "results" / name).read_text())
+    (headline, *_) = calibrate.analyse(data, POLICY, resamples=0)["rows"]
+    assert headline["key"][1] == "output_throughput"
+    creep = calibrate.creep_figures(headline["creep"], data["every"])
+    assert creep.runs_to_find_new is not None and creep.runs_to_find_new <= 5
+    assert headline["aa"].new_reports == ()

@@ -129,7 +129,7 @@ def test_a_step_is_at_the_head_once_two_runs_hold_it():
 
 def test_min_after_runs_must_fit_within_the_head():
     with pytest.raises(ValueError, match="give 1 <= min_after_runs <= head_runs"):
-        ChangePointPolicy(min_after_runs=6)
+        ChangePointPolicy(head_runs=5, min_after_runs=6)
     with pytest.raises(ValueError, match="min_after_runs=0"):
         ChangePointPolicy(min_after_runs=0)
 

@@ -63,8 +63,13 @@ class ChangePointPolicy:
     ``min_points``: with fewer runs nothing is searched (the result says so):
     a head step then has at least five runs before it to stand against.
     ``head_runs``: a change point is at the head while at most this many of
-    the newest runs make its "after" segment; a 10% step in 3% noise is found
-    within three to five runs.
+    the newest runs make its "after" segment. A 10% step in 3% noise is found
+    within three to five runs, but a creep is no step: while it goes on, the
+    best split falls in the middle of the slope, so its "after" segment is
+    longer than the runs since the creep became significant. On SmolLM2
+    sessions of this machine a creep of 2% every three sessions was first
+    split 7 runs back, 5 runs after it passed 10% (docs/change-points.md,
+    Calibration); with 5 the head verdict found it 18 runs late.
     ``min_after_runs``: a change point is at the head only once at least this
     many runs after it hold it (each nearer the level after it than the level
     before). One slow session is an outlier, not a level shift, and the
@@ -77,7 +82,7 @@ class ChangePointPolicy:
     min_magnitude: float = 0.01
     window_len: int = 50
     min_points: int = 6
-    head_runs: int = 5
+    head_runs: int = 8
     min_after_runs: int = 2
 
     def __post_init__(self) -> None:
