@@ -43,7 +43,10 @@ class BatchingEngine(Protocol):
     True`` says ``run`` serves multi-turn follow-ups (``Request.follows``: a
     turn's prompt is made from its parent's output when the parent finishes,
     as ``Engine.run`` does); an engine without it is refused such a workload
-    (``check_serves_follow_ups``).
+    (``check_serves_follow_ups``). ``attention``, where not None, names a
+    path that changes the speed but not the outputs (a paged engine's "in
+    place" or "gather"): a stored run records it among its knobs, so runs of
+    different paths are never compared.
     """
 
     name: str
