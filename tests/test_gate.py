@@ -48,6 +48,8 @@ def perf_backend():
     runner = FakeRunner(vocab_size=97, on_execute=lambda output: time.sleep(delay))
     if os.environ.get("FAKE_ATTENTION"):  # as ModelRunner.paged_attention reads
         runner.paged_attention = os.environ["FAKE_ATTENTION"]
+    if os.environ.get("FAKE_ATTENTION_FALLBACK"):  # as ModelRunner.paged_attention_fallback reads
+        runner.paged_attention_fallback = os.environ["FAKE_ATTENTION_FALLBACK"]
     tokenize = lambda text: [3 + b % 90 for b in text.encode()][:12]
 
     readings = iter(range(1, 10_000))
@@ -144,6 +146,19 @@ def test_a_paged_run_that_gathers_is_not_judged_against_one_that_attended_in_pla
     result.assert_outcomes(skipped=1, deselected=3)
     result.stdout.fnmatch_lines(["*another configuration (engine_knobs: {*attention=in place*} -> "
                                  "{*attention=gather*}*); not compared*"])  # fmt: skip
+
+
+def test_a_paged_run_whose_kernel_could_not_be_built_says_why_and_the_fix_on_the_terminal(project, monkeypatch):
+    """CC=/bin/false: results.json recorded attention=gather, and the terminal said nothing."""
+    project.makepyfile(test_speed=PERF_TESTS.replace('"inflight"', '"paged"'))
+    reason = "/bin/false could not build paged_attention.c: exit 1; install a C compiler (gcc or clang) or set CC"
+    monkeypatch.setenv("FAKE_ATTENTION", f"gather: {reason}")
+    monkeypatch.setenv("FAKE_ATTENTION_FALLBACK", reason)
+    result = project.runpytest_subprocess(*ARGS, "-k", "speed and (2 or 3)")
+    result.assert_outcomes(skipped=2, deselected=2)  # no baselines
+    line = f"warning: paged decode gathered the KV blocks instead of attending in place (slower; * {reason}"
+    result.stdout.fnmatch_lines([f"*{line}*"])
+    assert sum("gathered the KV blocks" in text for text in result.outlines) == 1, "one line, not one a test"
 
 
 # -- power is planned ----------------------------------------------------------

@@ -21,7 +21,7 @@ from perfsuite.engine import Request, SamplingParams
 from perfsuite.engine.engine import build_engine
 from perfsuite.engine.layers import PagedKVCache, grouped_query_attention
 from perfsuite.engine.model_runner import ModelRunner
-from perfsuite.engine.paged_attention import PagedAttention, Unavailable, build, load_paged_attention
+from perfsuite.engine.paged_attention import BUILD_FIX, PagedAttention, Unavailable, build, load_paged_attention
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
 from perfsuite.testing.drive import drive
@@ -149,6 +149,31 @@ def test_a_compiler_that_fails_is_reported_not_raised(tmp_path):
     assert "could not build paged_attention.c" in result.reason and "no such flag" in result.reason
     missing = build(str(tmp_path / "no-such-compiler"))
     assert isinstance(missing, Unavailable) and "could not run" in missing.reason
+
+
+def test_a_cc_with_an_unclosed_quote_is_reported_not_raised():
+    result = build("gcc -DFOO'")
+    assert isinstance(result, Unavailable)
+    assert result.reason.startswith("CC=\"gcc -DFOO'\" is not a command line: No closing quotation")
+    assert result.fix == BUILD_FIX
+
+
+def test_a_runner_whose_compiler_fails_gathers_and_says_why_and_the_fix(tiny, monkeypatch):
+    loaded, _ = tiny
+    monkeypatch.setenv("CC", "/bin/false")
+    load_paged_attention.cache_clear()
+    try:
+        runner = ModelRunner(loaded.model)
+        assert runner.paged_attention.startswith("gather: /bin/false could not build paged_attention.c")
+        assert runner.paged_attention_fallback.startswith("/bin/false could not build paged_attention.c")
+        assert runner.paged_attention_fallback.endswith(f"; {BUILD_FIX}")
+        engine = build_engine("paged", runner, batch_size=2, max_seq_len=64, eos_token_id=None)
+        assert engine.attention == "gather" and engine.attention_fallback == runner.paged_attention_fallback
+    finally:
+        load_paged_attention.cache_clear()  # the next test builds with the real compiler again
+    chose_to_gather = ModelRunner(loaded.model, paged_attention=False)
+    assert chose_to_gather.paged_attention_fallback is None, "nothing to fix"
+    assert build_engine("inflight", runner, batch_size=2, max_seq_len=64, eos_token_id=None).attention_fallback is None
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")

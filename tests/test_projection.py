@@ -197,6 +197,16 @@ def test_a_choice_file_that_is_corrupt_or_unwritable_costs_a_timing_not_an_error
     assert not list(tmp_path.glob(".kernel-choices-*")), "no temporary file left behind"
 
 
+def test_a_choice_file_nested_past_the_json_parsers_depth_counts_as_empty(tmp_path, monkeypatch) -> None:
+    """json.loads raises RecursionError, not ValueError, on "[" * 100000: it failed the perf session's setup."""
+    monkeypatch.setenv("PERFSUITE_CACHE_DIR", str(tmp_path))
+    (tmp_path / KernelChoiceFile.FILE_NAME).write_text("[" * 100_000 + "]" * 100_000)
+    store, key = KernelChoiceFile(), ((12, 8), False, 2)
+    assert store.get(key) is None
+    store[key] = Kernel.MKL_TRANSPOSED
+    assert KernelChoiceFile().get(key) is Kernel.MKL_TRANSPOSED, "replaced by a readable file"
+
+
 @needs_onednn
 def test_processes_that_choose_at_once_keep_every_choice(tmp_path) -> None:
     """pytest-xdist workers load at once: each one's read-add-replace must not drop another's choice."""

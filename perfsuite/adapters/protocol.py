@@ -46,7 +46,9 @@ class BatchingEngine(Protocol):
     (``check_serves_follow_ups``). ``attention``, where not None, names a
     path that changes the speed but not the outputs (a paged engine's "in
     place" or "gather"): a stored run records it among its knobs, so runs of
-    different paths are never compared.
+    different paths are never compared; ``attention_fallback``, where not
+    None, says why a path slower than the one wanted was taken and the fix
+    (a paged engine whose kernel could not be built): the session prints it.
     """
 
     name: str

@@ -114,6 +114,13 @@ class Engine:
         return None if path is None else path.partition(":")[0]
 
     @property
+    def attention_fallback(self) -> str | None:
+        """Why a paged engine gathers though its runner wanted the kernel, and the fix (``ModelRunner``); else None."""
+        if not isinstance(self.scheduler.kv_cache, BlockManager):
+            return None
+        return getattr(self.runner, "paged_attention_fallback", None)
+
+    @property
     def counters(self) -> EngineCounters:
         """Counted since the last ``run`` started, or since ``forget_finished`` last found nothing in flight."""
         return self._counters

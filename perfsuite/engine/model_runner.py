@@ -171,6 +171,15 @@ class ModelRunner:
         return "in place" if isinstance(kernel, PagedAttention) else f"gather: {kernel.reason}"
 
     @property
+    def paged_attention_fallback(self) -> str | None:
+        """Why a paged decode gathers though the kernel was wanted, and the fix; None where it attends in place, was
+        told not to, or the kernel does not apply (the dtype or device)."""
+        kernel = self._paged_attention
+        if isinstance(kernel, PagedAttention) or kernel.fix is None:
+            return None
+        return f"{kernel.reason}; {kernel.fix}"
+
+    @property
     def kv_layout(self) -> KVLayout:
         """One token's keys and values in the caches it makes: engines check a cache fits the device first."""
         heads = self.decoder.heads

@@ -44,13 +44,20 @@ FLAG_SETS = (  # (compile flags, libraries)
 _STATUS = {1: "a row's key count is below 1 or past its block table", 2: "a block id is outside the pool",
            3: "out of memory for a row's scores"}  # fmt: skip
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+BUILD_FIX = "install a C compiler (gcc or clang) or set CC to one that works"
 
 
 @dataclass(frozen=True, slots=True)
 class Unavailable:
-    """Why the in-place kernel could not be built: the runner gathers blocks instead."""
+    """Why the in-place kernel is not used: the runner gathers blocks instead.
+
+    ``fix`` is what would give it the kernel, where the kernel was wanted and
+    could not be built (no working C compiler); None where gathering was chosen
+    or the kernel does not apply.
+    """
 
     reason: str
+    fix: str | None = None
 
 
 class PagedAttention:
@@ -127,24 +134,30 @@ def load_paged_attention() -> PagedAttention | Unavailable:
     """The kernel, compiled for this process on first use; or why it could not be."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        return Unavailable("no C compiler (set CC, or install gcc)")
+        return Unavailable("no C compiler: CC is unset and neither cc nor gcc is on PATH", BUILD_FIX)
     return build(compiler)
 
 
 def build(compiler: str) -> PagedAttention | Unavailable:
     """Compile ``SOURCE`` with ``compiler`` (a command line: ``CC="ccache gcc"`` works), trying each of
     ``FLAG_SETS``, and load it."""
+    try:
+        command_line = shlex.split(compiler)
+    except ValueError as error:  # CC="gcc -DFOO'": an unclosed quote
+        return Unavailable(f"CC={compiler!r} is not a command line: {error}", BUILD_FIX)
+    if not command_line:
+        return Unavailable("CC is blank", BUILD_FIX)
     errors = []
     with tempfile.TemporaryDirectory(prefix="perfsuite-paged-attention-") as directory:
         library = Path(directory) / "paged_attention.so"
         for compile_flags, libraries in FLAG_SETS:
             flags = " ".join(compile_flags)
-            command = [*shlex.split(compiler), *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library),
+            command = [*command_line, *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library),
                        *libraries]  # fmt: skip
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
             except OSError as error:
-                return Unavailable(f"{compiler} could not run: {error}")
+                return Unavailable(f"{compiler} could not run: {error}", BUILD_FIX)
             except subprocess.TimeoutExpired:
                 errors.append(f"{flags}: timed out")
                 continue
@@ -155,4 +168,4 @@ def build(compiler: str) -> PagedAttention | Unavailable:
                     errors.append(f"{flags}: {error}")
                     continue
             errors.append(f"{flags}: {(result.stderr.strip().splitlines() or [f'exit {result.returncode}'])[-1]}")
-    return Unavailable(f"{compiler} could not build {SOURCE.name}: " + "; ".join(errors))
+    return Unavailable(f"{compiler} could not build {SOURCE.name}: " + "; ".join(errors), BUILD_FIX)

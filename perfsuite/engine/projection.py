@@ -155,7 +155,7 @@ class KernelChoiceFile:
     def _read(self) -> dict[str, str]:
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the parser's depth
             return {}
         return data if isinstance(data, dict) else {}
 

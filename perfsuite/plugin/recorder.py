@@ -393,6 +393,12 @@ class PerfRecorder:
         attention = getattr(engine, "attention", None)  # a paged engine's: in place or gathered, not the same speed
         if attention is not None:
             engine_knobs["attention"] = attention
+        fallback = getattr(engine, "attention_fallback", None)
+        if fallback is not None:
+            warning = (f"paged decode gathered the KV blocks instead of attending in place (slower; recorded as "
+                       f"attention=gather, compared only with runs that gathered too): {fallback}")  # fmt: skip
+            if warning not in self.session.warnings:  # one line a session, not one a test
+                self.session.warnings.append(warning)
         return RunConfiguration(
             profile=options.profile.name,
             workload_digest=workload_digest(requests, max_concurrency, arrival_rate),
