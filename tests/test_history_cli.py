@@ -48,14 +48,17 @@ def test_show_without_a_filter_lists_every_series_and_says_which_were_too_short(
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
-        ("missing", "no such directory; pass --results-dir"),
+        ("missing", "history: no such directory; pass --results-dir"),
+        ("file", "history: is a file, not a directory; pass --results-dir"),
         ("empty", "no results files (*.json) in it"),
         ("corrupt", "broken.json is not a readable JSON file"),
     ],
 )
 def test_a_missing_empty_or_unreadable_history_is_one_line_and_exit_2(tmp_path, capsys, setup, message):
     folder = tmp_path / "history"
-    if setup != "missing":
+    if setup == "file":
+        write_results(folder, session(0, 100.0))  # a results file where its folder was meant
+    elif setup != "missing":
         folder.mkdir()
     if setup == "corrupt":
         write_results(folder / "a.json", session(0, 100.0))

@@ -84,6 +84,17 @@ def test_a_store_that_cannot_be_written_fails_the_session_in_one_line_and_result
     assert read_results(perf_session.results_path) == perf_session.finished, "results.json is kept whole"
 
 
+def test_a_store_that_cannot_be_read_says_so_on_the_change_point_line_not_none(tmp_path):
+    store = tmp_path / "history.sqlite"
+    store.write_text("not a database")
+    perf_session = finished_session(tmp_path, store)
+    summary = perf_session.head_check.summary()
+    assert summary.startswith(f"change points: not checked: the run history could not be read: {store} is not a "
+                              "SQLite database, so not a perfsuite history store; move it away")  # fmt: skip
+    assert "none at the head" not in summary and "earlier sessions" not in summary
+    assert f"change points not checked: the run history could not be read: {store}" in perf_session.finished.warnings[-1]
+
+
 def test_a_session_that_keeps_no_history_opens_no_store(tmp_path):
     perf_session = finished_session(tmp_path, None)
     pytest_session = SimpleNamespace(config=SimpleNamespace(stash=pytest.Stash()), exitstatus=pytest.ExitCode.OK)
@@ -133,3 +144,14 @@ def test_history_import_into_a_store_that_cannot_be_opened_is_one_line_and_exit_
     err = capsys.readouterr().err
     assert err.startswith(f"perfsuite: error: {garbage} is not a SQLite database") and err.count("\n") == 1
     assert json.loads(results.read_text())["commit"] == "abc123"
+
+
+def test_history_import_into_an_in_memory_database_is_refused_not_reported_as_imported(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    write_results(results, make_results(make_result("t.py::a")))
+    assert main(["history", "import", str(results), "--store", "sqlite://"]) == 2
+    out, err = capsys.readouterr()
+    assert "imported" not in out
+    assert err == ("perfsuite: error: sqlite:// is an in-memory SQLite database, gone when perfsuite exits, so it "
+                   "would keep no history; give a file path (reports/history.sqlite) or a URL naming a file "
+                   "(sqlite:///reports/history.sqlite)\n")  # fmt: skip

@@ -226,13 +226,38 @@ def test_a_database_that_cannot_be_reached_is_named_with_what_to_check(tmp_path)
     assert message.endswith("check the URL, that the database server is up and reachable, and the credentials")
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared&uri=true",
+     "sqlite:///file:history?mode=memory&uri=true"],
+)  # fmt: skip
+def test_an_in_memory_sqlite_url_is_refused_saying_to_give_a_file(url):
+    with pytest.raises(HistoryError) as error:
+        HistoryStore.open(url)
+    message = str(error.value)
+    assert message.startswith(f"{url} is an in-memory SQLite database, gone when perfsuite exits")
+    assert message.endswith("give a file path (reports/history.sqlite) or a URL naming a file "
+                            "(sqlite:///reports/history.sqlite)")  # fmt: skip
+
+
 @pytest.mark.skipif(importlib.util.find_spec("psycopg") is not None, reason="psycopg is installed here")
 def test_a_missing_database_driver_is_named_with_how_to_install_it():
     with pytest.raises(HistoryError) as error:
         HistoryStore.open("postgresql+psycopg://ci:secret@db.example/perf")
     message = str(error.value)
-    assert "driver is not installed" in message and "pip install 'psycopg[binary]'" in message
+    assert "the driver for postgresql+psycopg, psycopg, is not installed (pip install 'psycopg[binary]')" in message
     assert "secret" not in message and "ci:***@db.example" in message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MySQLdb") is not None, reason="mysqlclient is installed here")
+def test_a_missing_driver_of_another_scheme_names_its_own_package_and_the_supported_schemes():
+    with pytest.raises(HistoryError) as error:
+        HistoryStore.open("mysql://ci@db.example/perf")
+    message = str(error.value)
+    assert message.startswith("mysql://ci@db.example/perf: the driver for mysql, MySQLdb, is not installed "
+                              "(pip install mysqlclient); perfsuite's history store supports sqlite:///PATH")  # fmt: skip
+    assert message.endswith("postgresql+psycopg://USER@HOST/DB (pip install 'psycopg[binary]')")
+    assert message.count("psycopg") == 2, "psycopg only as the postgresql scheme's driver, not as mysql's fix"
 
 
 # -- schema versions -----------------------------------------------------------------------------------------------
@@ -324,7 +349,8 @@ def test_a_store_of_a_newer_schema_is_refused_naming_both_versions(location):
         HistoryStore.open(location)
     message = str(error.value)
     assert f"schema version {SCHEMA_VERSION + 1}, newer than the version {SCHEMA_VERSION}" in message
-    assert "upgrade perfsuite" in message
+    assert "a newer perfsuite wrote it; upgrade this perfsuite from its source" in message
+    assert "pip install -U perfsuite" not in message, "perfsuite comes from its source, not a package index"
     assert rows_of(location, "SELECT version FROM perfsuite_schema") == [(SCHEMA_VERSION + 1,)]
 
 
@@ -500,6 +526,24 @@ def test_import_reads_older_versions_skips_what_is_stored_and_names_a_corrupt_fi
         assert store.sessions() == [read_results(history / "2026-03-01T10-00-00+00-00.json"), current]
         again = store.import_files([history])
         assert (again.num_imported, again.num_duplicates, len(again.problems)) == (0, 2, 1)
+
+
+def test_a_session_whose_created_at_is_not_a_time_is_refused_naming_the_file_and_the_field(tmp_path, location):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    write_results(good, session("2026-03-01T10:00:00+00:00", "c1"))
+    write_results(bad, session("not a date", "c2"))
+    (tmp_path / "naive.json").write_text(json.dumps({**json.loads(good.read_text()), "created_at": "2026-03-01"}))
+    with HistoryStore.open(location) as store:
+        report = store.import_files([good, bad, tmp_path / "naive.json"])
+        assert report.num_imported == 1 and [results.commit for results in store.sessions()] == ["c1"]
+        with pytest.raises(HistoryError, match="cannot append the session of commit c2 to .*: its created_at 'not a"):
+            store.append(session("not a date", "c2"))
+    assert report.problems == (
+        f"{bad}: its created_at 'not a date' is not an ISO 8601 date and time with a UTC offset, as perfsuite writes "
+        "it (2026-03-01T10:00:00+00:00); correct the field (not imported)",
+        f"{tmp_path / 'naive.json'}: its created_at '2026-03-01' is not an ISO 8601 date and time with a UTC offset, "
+        "as perfsuite writes it (2026-03-01T10:00:00+00:00); correct the field (not imported)",
+    )
 
 
 def test_import_names_a_missing_file_and_an_empty_directory(tmp_path, location):

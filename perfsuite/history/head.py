@@ -62,7 +62,7 @@ class HeadCheck:
     num_too_short: int = 0  # of them, with too few runs to search
     num_earlier_sessions: int = 0
     not_checked: str | None = None  # why nothing was searched: an A/B session (the terminal says so)
-    unavailable: str | None = None  # Otava is missing: a warning, with the command that installs it
+    unavailable: str | None = None  # Otava is missing, or the history unreadable: a warning, with the fix
 
     @property
     def regressions(self) -> tuple[HeadChange, ...]:

@@ -41,8 +41,23 @@ def _from_url(text: str) -> Location:
         raise HistoryError(f"{text!r} is not a database URL ({error}); {URL_FORM}, or give a file path") from None
     shown = url.render_as_string(hide_password=True)
     database = url.database
-    in_file = url.get_backend_name() == "sqlite" and database not in (None, "", ":memory:")
-    return Location(url, shown, Path(database) if in_file and not database.startswith("file:") else None)
+    is_sqlite = url.get_backend_name() == "sqlite"
+    if is_sqlite and _in_memory(url):
+        raise HistoryError(
+            f"{text} is an in-memory SQLite database, gone when perfsuite exits, so it would keep no history; give "
+            "a file path (reports/history.sqlite) or a URL naming a file (sqlite:///reports/history.sqlite)"
+        )
+    in_file = is_sqlite and not database.startswith("file:")
+    return Location(url, shown, Path(database) if in_file else None)
+
+
+def _in_memory(url: sa.URL) -> bool:
+    """``sqlite://``, ``sqlite:///:memory:``, or a ``file:`` URI of ``mode=memory`` or ``:memory:``."""
+    database = url.database or ""
+    if database in ("", ":memory:"):
+        return True
+    mode = url.query.get("mode")
+    return database.startswith("file:") and (":memory:" in database or mode == "memory")
 
 
 def prepare_sqlite_file(path: Path) -> None:

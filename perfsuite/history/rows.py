@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,21 @@ def session_key(results: Results) -> str:
         sorted([test.test_id, _lists(test.measurement.samples)] for test in results.tests),
     ]
     return hashlib.sha256(_canonical(identity).encode()).hexdigest()
+
+
+def created_at_problem(created_at: object) -> str | None:
+    """Why a session's ``created_at`` cannot place it in the store's order (a text column sorted as written); None
+    when it can: an ISO 8601 date and time with its UTC offset, as perfsuite writes it."""
+    try:
+        stamp = dt.datetime.fromisoformat(created_at) if isinstance(created_at, str) else None
+    except ValueError:
+        stamp = None
+    if stamp is not None and stamp.tzinfo is not None:
+        return None
+    return (
+        f"its created_at {created_at!r} is not an ISO 8601 date and time with a UTC offset, as perfsuite writes it "
+        "(2026-03-01T10:00:00+00:00); correct the field"
+    )
 
 
 def session_row(results: Results) -> dict[str, Any]:

@@ -137,6 +137,10 @@ class HistoryStore:
             except ResultsFileError as error:
                 problems.append(f"{error} (not imported)")
                 continue
+            problem = rows.created_at_problem(results.created_at)
+            if problem is not None:
+                problems.append(f"{path}: {problem} (not imported)")
+                continue
             _, added = self._append(results)
             num_imported += added
             num_duplicates += not added
@@ -157,6 +161,9 @@ class HistoryStore:
 
     def _append(self, results: Results) -> tuple[int, bool]:
         """The session's id, and whether this call added it."""
+        problem = rows.created_at_problem(results.created_at)
+        if problem is not None:
+            raise HistoryError(f"cannot append the session of commit {results.commit} to {self.location}: {problem}")
         try:
             session = rows.session_row(results)
         except ValueError as error:  # a NaN or infinity, which JSON (and so the store) cannot hold
@@ -229,7 +236,8 @@ def _prepare(connection: sa.Connection, shown: str) -> None:
     if version > schema.SCHEMA_VERSION:
         raise HistoryError(
             f"{shown} is a history store of schema version {version}, newer than the version "
-            f"{schema.SCHEMA_VERSION} this perfsuite knows; upgrade perfsuite (pip install -U perfsuite) to use it"
+            f"{schema.SCHEMA_VERSION} this perfsuite knows: a newer perfsuite wrote it; upgrade this perfsuite from "
+            "its source (a git pull in its checkout, or pip install -U the git URL or path you installed it from)"
         )
     for migrate in schema.MIGRATIONS[version - 1 :]:
         migrate(connection)
@@ -281,14 +289,32 @@ def _engine(location: Location) -> sa.Engine:
             f"{location.shown}: SQLAlchemy knows no database {location.url.drivername!r}; {URL_FORM}"
         ) from None
     except ImportError as error:
-        raise HistoryError(
-            f"{location.shown}: the database driver is not installed ({error}); install it in this environment "
-            f"(for postgresql+psycopg: pip install 'psycopg[binary]')"
-        ) from None
+        raise HistoryError(_missing_driver_message(location, error)) from None
     if is_sqlite:
         sa.event.listen(engine, "connect", _sqlite_connected)
         sa.event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+# The store is tested on these; SQLAlchemy may open others, each with its own driver.
+SUPPORTED = "sqlite:///PATH (no driver to install) and postgresql+psycopg://USER@HOST/DB (pip install 'psycopg[binary]')"
+# The pip package of each driver module SQLAlchemy's dialects import.
+_DRIVER_PACKAGES = {
+    "psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "asyncpg": "asyncpg", "pg8000": "pg8000",
+    "MySQLdb": "mysqlclient", "pymysql": "PyMySQL", "mysql": "mysql-connector-python", "pyodbc": "pyodbc",
+    "oracledb": "oracledb",
+}  # fmt: skip
+
+
+def _missing_driver_message(location: Location, error: ImportError) -> str:
+    """Which driver the URL's scheme needs and how to install it, and the schemes perfsuite supports."""
+    scheme, module = location.url.drivername, error.name or str(error)
+    package = _DRIVER_PACKAGES.get(module.partition(".")[0])
+    install = f"pip install {package}" if package else f"install the Python module {module}"
+    return (
+        f"{location.shown}: the driver for {scheme}, {module}, is not installed ({install}); perfsuite's history store "
+        f"supports {SUPPORTED}"
+    )
 
 
 def _sqlite_connected(dbapi_connection, connection_record) -> None:

@@ -10,6 +10,7 @@ the one place that reads either.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from perfsuite.history.changes import ChangePointPolicy
@@ -20,28 +21,39 @@ from perfsuite.plugin.options import PerfOptions
 POLICY = ChangePointPolicy()
 
 
-def history_sessions(options: PerfOptions, fingerprint: str | None) -> list[Results]:
+@dataclass(frozen=True, slots=True)
+class History:
+    """The sessions before this one, oldest first; or why the store holding them could not be read."""
+
+    sessions: list[Results]
+    unreadable: str | None = None  # the store's error: no change point can be searched
+
+
+def history_sessions(options: PerfOptions, fingerprint: str | None) -> History:
     """Earlier sessions of this machine, oldest first: as many as one search window holds (older ones cannot move
     the head).
 
-    A store that cannot be read gives no history here: appending this
-    session to it fails the same way, and that error is the one reported.
+    A store that cannot be read gives no sessions and its error, which the
+    change-point line shows (appending this session to it fails too, and
+    says so on its own line).
     """
     if options.history_store is None:
         sessions, _ = read_history(Path(options.report_dir) / "history", newest=POLICY.window_len)
-        return sessions  # an unreadable file is named among the report's warnings (write_report)
+        return History(sessions)  # an unreadable file is named among the report's warnings (write_report)
     location = options.history_store
     if isinstance(location, Path) and not location.exists():
-        return []  # the first session: appending creates the store
+        return History([])  # the first session: appending creates the store
     from perfsuite.history.store import HistoryError, HistoryStore
 
     try:
         with HistoryStore.open(location) as store:
-            return store.sessions(fingerprint=fingerprint, newest=POLICY.window_len)
-    except HistoryError:
-        return []
+            return History(store.sessions(fingerprint=fingerprint, newest=POLICY.window_len))
+    except HistoryError as error:
+        return History([], str(error))
 
 
-def check_session(document: Results, earlier: list[Results]) -> HeadCheck:
+def check_session(document: Results, history: History) -> HeadCheck:
     """The head change points of the session that ``document`` (its results.json) describes."""
-    return check_head(earlier, document, POLICY)
+    if history.unreadable is not None:
+        return HeadCheck(unavailable=f"the run history could not be read: {history.unreadable}")
+    return check_head(history.sessions, document, POLICY)

@@ -354,8 +354,9 @@ class PerfSession:
         from perfsuite.plugin.change_points import check_session, history_sessions  # only a --perf session's end pays
 
         document = self.document()
-        self.earlier_sessions = history_sessions(self.options, document.fingerprint)
-        self.head_check = check_session(document, self.earlier_sessions)
+        history = history_sessions(self.options, document.fingerprint)
+        self.earlier_sessions = history.sessions
+        self.head_check = check_session(document, history)
         self.finished = dataclasses.replace(document, warnings=(*document.warnings, *self.head_check.warnings))
         write_results(self.results_path, self.finished)
         return self.results_path
