@@ -390,8 +390,9 @@ def _sessions_in_directory(directory: Path) -> list[Results]:
     from perfsuite.judge.results import ResultsFileError, read_history
 
     if not directory.is_dir():
+        what = "is a file, not a directory" if directory.exists() else "no such directory"
         raise ResultsFileError(
-            f"{directory}: no such directory; pass --results-dir the folder where `pytest --perf` keeps each "
+            f"{directory}: {what}; pass --results-dir the folder where `pytest --perf` keeps each "
             "session's results (reports/history under its --perf-report-dir)"
         )
     sessions, problems = read_history(directory)
