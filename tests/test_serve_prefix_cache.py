@@ -255,6 +255,34 @@ def test_add_special_tokens_reaches_the_tokenizer_with_vllms_defaults():
     assert error.value.body()["error"]["param"] == "add_special_tokens"
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("add_special_tokens", "a boolean (true or false)"), ("ignore_eos", "a boolean (true or false)"),
+     ("skip_special_tokens", "a boolean (true or false)"), ("min_tokens", "an integer >= 0")],
+)  # fmt: skip
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_null_where_vllm_takes_no_null_is_a_400_naming_the_field(name, kind, endpoint):
+    """A null was read as the field's default: add_special_tokens: null tokenized with BOS."""
+    if endpoint == "completions":
+        parse = lambda body: parse_completion_request({"prompt": "hi", **body}, LIMITS, lambda text, add: [1, 2])
+    else:
+        messages = [{"role": "user", "content": "hi"}]
+        parse = lambda body: parse_chat_request({"messages": messages, **body}, LIMITS, lambda m, add: [1, 2])
+    with pytest.raises(ApiError) as error:
+        parse({name: None})
+    assert error.value.status == 400
+    assert error.value.body()["error"] == {**error.value.body()["error"], "param": name, "message": (
+        f"{name} must be {kind}, got null; send a value or leave {name} out")}  # fmt: skip
+    parse({})  # left out: its default
+
+
+def test_a_null_where_openai_allows_one_reads_as_left_out():
+    body = {"prompt": "hi", "stream": None, "stream_options": None, "return_token_ids": None, "seed": None,
+            "user": None, "max_tokens": None, "stop_token_ids": None, "model": None, "logprobs": None}  # fmt: skip
+    request = parse_completion_request(body, LIMITS, lambda text, add: [1, 2])
+    assert (request.stream, request.ignore_eos, request.stop_token_ids) == (False, False, ())
+
+
 def test_add_special_tokens_adds_bos_over_http_where_asked(served):
     def prompt_tokens(path: str, body: dict) -> int:
         return post(served.url + path, {**body, "max_tokens": 1})["usage"]["prompt_tokens"]

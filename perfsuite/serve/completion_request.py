@@ -126,6 +126,15 @@ _SUPPORTED_FIELDS = frozenset(
 COMPLETION_FIELDS = frozenset({*_SUPPORTED_FIELDS, "prompt", *_NEUTRAL_VALUES, *_COMPLETION_NEUTRAL_VALUES})
 CHAT_FIELDS = frozenset({*_SUPPORTED_FIELDS, "messages", *_NEUTRAL_VALUES, *_CHAT_NEUTRAL_VALUES})
 _STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
+# Fields vLLM types without null (pydantic refuses it there): a null is refused here too, not read as the default
+# (a client sending add_special_tokens: null may mean false). The others, null in OpenAI's and vLLM's schemas, read
+# null as left out.
+_NOT_NULL: dict[str, str] = {
+    "add_special_tokens": "a boolean (true or false)",
+    "ignore_eos": "a boolean (true or false)",
+    "skip_special_tokens": "a boolean (true or false)",
+    "min_tokens": "an integer >= 0",
+}
 _OTHER_ENDPOINT = {"messages": "/v1/chat/completions", "prompt": "/v1/completions"}
 
 # (text, add_special_tokens) -> token ids
@@ -172,6 +181,7 @@ def _checked_body(
     if not isinstance(body, dict):
         raise invalid_request(f"the request body must be a JSON object, got {type(body).__name__}")
     _check_known_fields(body, allowed)
+    _check_not_null(body)
     _check_model(body.get("model"), limits.served_model_name)
     _check_greedy(body, _NEUTRAL_VALUES | endpoint_neutral)
     _check_optional(body, "seed", _is_int, "an integer")
@@ -190,6 +200,12 @@ def _check_known_fields(body: dict, allowed: frozenset[str]) -> None:
             f"{', '.join(sorted(allowed))}",
             name,
         )
+
+
+def _check_not_null(body: dict) -> None:
+    for name, kind in _NOT_NULL.items():
+        if name in body and body[name] is None:
+            raise invalid_request(f"{name} must be {kind}, got null; send a value or leave {name} out", name)
 
 
 def _check_model(model: object, served_model_name: str | None) -> None:
