@@ -7,9 +7,13 @@ the standard library is imported here, so ``perfsuite run`` starts without pytes
 from __future__ import annotations
 
 import argparse
+import math
+import os
 
 
-def integer_at_least(minimum: int, what: str = "an integer"):
+def integer_at_least(minimum: int, what: str = "an integer", maximum: int | None = None, why: str = ""):
+    """An integer of at least ``minimum`` (and at most ``maximum``; ``why`` says where that limit comes from)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -17,6 +21,8 @@ def integer_at_least(minimum: int, what: str = "an integer"):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected {what} (at least {minimum}), got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"expected {what} (at most {maximum}{why}), got {value}")
         return value
 
     return parse
@@ -25,11 +31,28 @@ def integer_at_least(minimum: int, what: str = "an integer"):
 positive_int = integer_at_least(1, "a positive integer")
 
 
-def number(text: str) -> float:
+def num_cpus() -> int:
+    """The CPUs this process may run on: more threads than that only wait for one."""
     try:
-        return float(text)
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def thread_count(text: str) -> int:
+    """A number of threads, 1 up to this machine's CPUs (a million threads would exhaust it, not speed it up)."""
+    return integer_at_least(1, "a number of threads", num_cpus(), ", the CPUs this machine gives this process")(text)
+
+
+def number(text: str) -> float:
+    """A finite number: nan compares false with every bound, so it would slip past each check after this one."""
+    try:
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def probability(text: str) -> float:

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, positive_int, probability
+from perfsuite.argtypes import (
+    argument_type,
+    engine_names,
+    fraction,
+    integer_at_least,
+    positive_int,
+    probability,
+    thread_count,
+)
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.adapters.http_options import (
     APIS,
@@ -34,6 +42,10 @@ if TYPE_CHECKING:
     from perfsuite.judge.results import Results
 
 
+MAX_NUM_REQUESTS = 100_000
+MAX_PORT = 65_535
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -54,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
     run.add_argument("--token-budget", type=positive_int, help="in-flight: max tokens per step (default: no limit)")
-    run.add_argument("--num-requests", type=positive_int, help="requests in the default workload (32)")
+    run.add_argument("--num-requests", type=integer_at_least(1, "a positive integer", MAX_NUM_REQUESTS,
+                     ": the workload is built before it runs"), help="requests in the default workload (32)")
     run.add_argument("--min-new-tokens", type=positive_int, help="shortest output of the default workload (8)")
     run.add_argument("--max-new-tokens", type=positive_int, help="longest output of the default workload (128)")
     run.add_argument(
@@ -66,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
-    run.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
+    run.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
     run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
     _add_server_client_arguments(run)
     run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
@@ -187,7 +200,8 @@ def _add_serve_command(commands) -> None:
     )
     serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory ({DEFAULT_MODEL})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    serve.add_argument("--port", type=integer_at_least(0, "a TCP port"), default=8000, help="0 for any free (8000)")
+    serve.add_argument("--port", type=integer_at_least(0, "a TCP port", MAX_PORT), default=8000,
+                       help="0 for any free (8000)")
     serve.add_argument("--engine", default="inflight", help="inflight, paged, or paged-prefix: paged with prefix "
                        "caching, whose hits usage.prompt_tokens_details.cached_tokens and /metrics show (inflight)")
     serve.add_argument("--batch-size", type=positive_int, default=8, help="decode batch (8)")
@@ -197,7 +211,7 @@ def _add_serve_command(commands) -> None:
                        "another get 404 (default: the model's short name)")  # fmt: skip
     serve.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
-    serve.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: one per core)")
+    serve.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
 
 
 def _add_init_command(commands) -> None:

@@ -473,6 +473,7 @@ def test_a_session_with_shards_starts_them_beside_the_pool_and_stops_them_at_its
 
     stopped = []
     monkeypatch.setattr(cluster, "start_cluster", lambda options: FakePool(stopped))  # no Ray: the pool's part
+    monkeypatch.setattr(cluster, "client_cpus", lambda: 4)
     monkeypatch.setattr(ClientShards, "close", lambda self: stopped.append(f"{self.num_shards} shards"))
     pytester.makepyfile("""
         import pytest
@@ -490,6 +491,21 @@ def test_a_session_with_shards_starts_them_beside_the_pool_and_stops_them_at_its
     )  # fmt: skip
     result.assert_outcomes(passed=1)
     assert stopped == ["3 shards", "pool"], "the shards first, while the pool still holds Ray"
+
+
+def test_more_shards_than_the_clusters_cpus_is_a_usage_error_naming_the_limit(pytester, monkeypatch):
+    from perfsuite.plugin import cluster
+
+    monkeypatch.setattr(cluster, "start_cluster", lambda options: FakePool([]))
+    monkeypatch.setattr(cluster, "client_cpus", lambda: 2)
+    pytester.makepyfile("import pytest\n\n@pytest.mark.perf\ndef test_shards(request):\n    pass\n")
+    result = pytester.runpytest_inprocess(
+        "--perf", "-p", "no:cacheprovider", "--perf-history", "none", "--perf-ray", "auto", "--perf-engines",
+        "openai-http", "--perf-endpoint", "http://127.0.0.1:9", "--perf-server-model", "m", "--perf-client-shards", "3",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perf-client-shards 3: the cluster's live nodes have 2 CPU(s), one for each "
+                                 "shard's client; give at most 2, or add a node*"])  # fmt: skip
 
 
 class FakePool:

@@ -196,6 +196,13 @@ class ClientShards:
                 pass
 
 
+def client_cpus() -> int:
+    """The CPUs of the live nodes a client shard may run on: one shard a CPU, or shards wait on each other."""
+    import ray
+
+    return sum(int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
+
+
 def _client_nodes() -> list[wire.NodeInfo]:
     """Live nodes with a CPU (a head started with none is kept free of work), in a stable order."""
     import ray

@@ -19,7 +19,7 @@ import pytest
 
 from perfsuite.adapters.protocol import Backend, EngineConfig
 from perfsuite.cluster import wire
-from perfsuite.cluster.client_pool import ClientShards
+from perfsuite.cluster.client_pool import ClientShards, client_cpus
 from perfsuite.cluster.pool import ClusterError, RayPool
 from perfsuite.plugin.options import SERVER_ENGINES, PerfOptions
 
@@ -46,6 +46,12 @@ def connect(pool: RayPool) -> RayPool:
 
 def start_client_shards(options: PerfOptions) -> ClientShards:
     """``--perf-client-shards N``: the client actors that split openai-http's schedules (started on first use)."""
+    cpus = client_cpus()
+    if options.client_shards > cpus:
+        raise pytest.UsageError(
+            f"--perf-client-shards {options.client_shards}: the cluster's live nodes have {cpus} CPU(s), one for each "
+            f"shard's client; give at most {cpus}, or add a node (`ray start --address=HEAD:6379`)"
+        )
     spec = wire.HttpClientSpec(options.endpoint, options.http_client)
     shards = ClientShards(options.client_shards, spec, options.worker_timeout)
     atexit.register(shards.close)

@@ -7,8 +7,10 @@ parses its arguments; bad combinations raise ``pytest.UsageError``.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,7 @@ from perfsuite.history import DEFAULT_LOCATION
 from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
+from perfsuite.plugin.rootdir_check import check_rootdir_unmoved
 from perfsuite.workload.profiles import PROFILES, Profile
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
 from perfsuite.workload.sweep import Sweep, load_sweep
@@ -35,10 +38,20 @@ from perfsuite.workload.sweep import Sweep, load_sweep
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
-repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them")
+# Upper bounds where a larger count would exhaust the machine (or the judge) rather than measure anything.
+MAX_REPEATS = 200  # the exact tests' null distributions cost the cube of the repeats: 0.5 s a metric at 200
+MAX_WORKERS_PER_SIDE = 64  # each worker process holds a copy of the model
+MAX_WORKER_THREADS = 1024  # per worker; on Ray a node may have more cores than this machine, so not its CPU count
+MAX_CLIENT_SHARDS = 256  # each shard is a Ray actor process; the cluster's CPUs bound it again when they start
+MAX_TIMEOUT_S = 86_400.0  # a day: longer is no bound, and inf overflows the clocks the waits are computed on
+
+repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them", MAX_REPEATS,
+                           ": the exact tests' cost grows with the cube of the repeats")  # fmt: skip
 kv_blocks = integer_at_least(1, "a number of KV blocks")
-worker_count = integer_at_least(1, "at least 1 worker per side")
-client_shard_count = integer_at_least(1, "at least 1 client shard (1: the load generator in this process)")
+worker_count = integer_at_least(1, "at least 1 worker per side", MAX_WORKERS_PER_SIDE,
+                                ": each worker holds a copy of the model")  # fmt: skip
+client_shard_count = integer_at_least(1, "at least 1 client shard (1: the load generator in this process)",
+                                      MAX_CLIENT_SHARDS, ": each shard is a Ray actor process")  # fmt: skip
 AUTO_THREADS = "auto"
 
 
@@ -46,7 +59,7 @@ def worker_threads(text: str) -> int | str:
     """``auto``, or a number of intra-op threads (at least 1) for every A/B worker."""
     if text == AUTO_THREADS:
         return AUTO_THREADS
-    return integer_at_least(1, "auto or a number of threads")(text)
+    return integer_at_least(1, "auto or a number of threads", MAX_WORKER_THREADS)(text)
 
 
 def profile_name(text: str) -> str:
@@ -89,10 +102,12 @@ def decode_mode(text: str) -> str:
     return text
 
 
-def positive_number(text: str) -> float:
+def timeout_seconds(text: str) -> float:
+    """Seconds, finite and positive, at most ``MAX_TIMEOUT_S``."""
     value = number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a day), "
+                                         f"got {text!r}")  # fmt: skip
     return value
 
 
@@ -191,7 +206,7 @@ _OPTIONS = (
      "intra-op threads of every --perf-against worker, both sides alike: auto picks, before each test, one per CPU "
      "core that other work leaves free (on a busy runner, fewer threads than cores beats oversubscribing them), "
      "or a number"),
-    ("perf_worker_timeout", positive_number, "600",
+    ("perf_worker_timeout", timeout_seconds, "600",
      "seconds a --perf-against worker may take to answer one run, or a --perf-ray actor one test's measurement, "
      "before it is killed as hung"),
     ("perf_ray", str, None,
@@ -213,12 +228,21 @@ _OPTIONS = (
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("perf", "perfsuite: LLM inference performance regression tests")
     for name, help_text in _SWITCHES:
-        group.addoption(_flag(name), dest=name, action="store_true", default=False, help=help_text)
+        group.addoption(_flag(name), dest=name, action="store_true", default=False, help=argparse_help(help_text))
         if name in _SWITCHES_IN_INI:
             parser.addini(name, type="bool", default=False, help=f"{help_text} (default: false)")
     for name, parse, default, help_text in _OPTIONS:
-        group.addoption(_flag(name), dest=name, type=parse, default=None, help=f"{help_text} (default: {default})")
+        shown = argparse_help(f"{help_text} (default: {default})")
+        group.addoption(_flag(name), dest=name, type=parse, default=None, help=shown)
         parser.addini(name, help=f"{help_text} (default: {default})", default=default)
+
+
+def argparse_help(help_text: str) -> str:
+    """``help_text`` as argparse expects it: argparse %-formats help, so a bare % must be %%.
+
+    The ini keys' help (and the docs' table) take the text as it is: pytest prints those without formatting.
+    """
+    return help_text.replace("%", "%%")
 
 
 def _flag(name: str) -> str:
@@ -234,6 +258,7 @@ class OptionSpec:
     default: str | None  # as written on the command line; None: unset (a switch: off)
     takes_value: bool  # False: an on/off switch
     has_ini_key: bool  # its name is also an ini key: every option that takes a value, and a few switches
+    parse: Callable[[str], Any] | None = None  # its argparse type=; None for a switch
 
     @property
     def flag(self) -> str:
@@ -245,7 +270,9 @@ def option_specs() -> tuple[OptionSpec, ...]:
     switches = tuple(
         OptionSpec(name, help_text, None, False, name in _SWITCHES_IN_INI) for name, help_text in _SWITCHES
     )
-    values = tuple(OptionSpec(name, help_text, default, True, True) for name, _, default, help_text in _OPTIONS)
+    values = tuple(
+        OptionSpec(name, help_text, default, True, True, parse) for name, parse, default, help_text in _OPTIONS
+    )
     return switches + values
 
 
@@ -295,6 +322,7 @@ class PerfOptions:
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
+    check_rootdir_unmoved(config, [_flag(name) for name, *_ in _OPTIONS])
     values = {}
     for name, parse, default, _ in _OPTIONS:
         value = config.getoption(name)
