@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.ab.trees import extract_commit
+from perfsuite.ab.trees import OLDEST_SUPPORTED, extract_commit
 from perfsuite.judge.paired import pairs_with_room_for_disagreement
 from perfsuite.workload.profiles import PROFILES
 
@@ -28,7 +28,8 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_THROUGHPUT_TEST = "perfsuite.suites.test_throughput"  # the repository's own copy: the tree under test
 ONE_TEST = "inflight and fixed"  # test_throughput[inflight-B2-fixed] of the smoke profile
-ADDED_PERF_AGAINST = "14782f4"  # the oldest commit the README promises --perf-against works against
+ADDED_PERF_AGAINST = OLDEST_SUPPORTED  # 14782f4: the oldest commit the README promises --perf-against works against
+FIRST_COMMIT = "32c0ef4"  # perfsuite's first: no --perf-against, no worker module
 
 SLOWER_RUNNER = '''
 
@@ -238,6 +239,22 @@ def test_the_commit_that_added_perf_against_is_a_ref_too(pytester, repo):
     # both sides ran; 2 pairs are too few for a verdict, so the test judged nothing and is skipped, not failed
     result.assert_outcomes(skipped=1)
     assert len(results_json(repo)["tests"]) == 1
+
+
+def test_a_commit_older_than_perf_against_is_one_usage_error_line_before_any_worker_starts(pytester, repo):
+    """Issue 37: 32c0ef4 (perfsuite's first commit) failed after 20 s with a worker's traceback."""
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{FIRST_COMMIT}^{{commit}}"]).returncode:
+        pytest.skip(f"{FIRST_COMMIT} is not in this clone (a shallow one)")
+    sha = branch_of_project_commit(repo, "first", FIRST_COMMIT)
+    result = run_ab(pytester, "first")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == (
+        f"ERROR: --perf-against first: {sha[:12]} predates --perf-against (its perfsuite/ has no ab/worker_main.py), "
+        "so this perfsuite's worker cannot drive its engines; the oldest commit it can measure is "
+        f"{ADDED_PERF_AGAINST}; give {ADDED_PERF_AGAINST} or newer"
+    )
+    assert not "".join(result.stderr.lines[1:]).strip(), "one line"
+    assert not snapshots_of(sha)
 
 
 def test_a_directory_that_is_not_a_checkout_is_a_usage_error_before_any_worker_starts(pytester, repo, tmp_path_factory):

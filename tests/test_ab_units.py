@@ -26,7 +26,7 @@ from perfsuite.ab.pair import (
     pair_order,
     pair_workers,
 )
-from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
+from perfsuite.ab.trees import OLDEST_SUPPORTED, WORKER_MODULE, ReferenceError, Trees, prepare_trees
 from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 from perfsuite.measure.contention import CpuSample, CpuTicks
@@ -208,10 +208,16 @@ def git(repo: Path, *args: str) -> str:
 
 
 def two_commit_repo(root: Path, package: str) -> Path:
-    """A git repository at ``root`` whose ``package/__init__.py`` says VERSION = 1, then VERSION = 2."""
+    """A git repository at ``root`` whose ``package/__init__.py`` says VERSION = 1, then VERSION = 2.
+
+    A perfsuite has the worker's module too, as every commit from ``OLDEST_SUPPORTED`` on has.
+    """
     init = root / package / "__init__.py"
     init.parent.mkdir(parents=True)
     init.write_text("VERSION = 1\n")
+    if init.parent.name == "perfsuite":
+        (init.parent / WORKER_MODULE).parent.mkdir()
+        (init.parent / WORKER_MODULE).write_text("")
     git(root.parent, "init", "-q", "-b", "main", str(root))
     git(root, "config", "user.email", "t@example.invalid")
     git(root, "config", "user.name", "t")
@@ -283,6 +289,40 @@ def test_a_commit_with_no_perfsuite_package_in_the_folder_is_refused(repo, tmp_p
     assert not list(Path(tempfile.gettempdir()).glob(f"perfsuite-ab-{git(repo, 'rev-parse', 'HEAD')[:12]}-*"))
 
 
+def test_a_commit_older_than_perf_against_is_refused_in_one_line_naming_the_oldest_it_measures(repo, tmp_path):
+    """A perfsuite without the worker's module predates --perf-against: refused before a worker starts, not
+    after one fails to import what the current worker asks of it (issue 37: 32c0ef4, a 17-line traceback)."""
+    git(repo, "rm", "-q", "-r", "project/perfsuite/ab")
+    git(repo, "commit", "-q", "-m", "three")
+    git(repo, "checkout", "-q", "HEAD~1", "--", "project/perfsuite")  # the current tree can drive a worker, REF not
+    old = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(ReferenceError) as error:
+        prepare_trees("HEAD", repo / "project", invocation_dir=tmp_path)
+    assert str(error.value) == (
+        f"--perf-against HEAD: {old[:12]} predates --perf-against (its perfsuite/ has no ab/worker_main.py), so this "
+        f"perfsuite's worker cannot drive its engines; the oldest commit it can measure is {OLDEST_SUPPORTED}; give "
+        f"{OLDEST_SUPPORTED} or newer"
+    )
+    assert not list(Path(tempfile.gettempdir()).glob(f"perfsuite-ab-{old[:12]}-*"))
+    checkout = tmp_path / "old-checkout"
+    git(repo, "worktree", "add", "-q", "--detach", str(checkout), "HEAD")
+    with pytest.raises(ReferenceError, match=f"predates --perf-against.*check out {OLDEST_SUPPORTED} or newer there$"):
+        prepare_trees(str(checkout / "project"), repo / "project", invocation_dir=tmp_path)
+
+
+def test_the_oldest_commit_named_is_the_one_that_added_the_workers_module():
+    """In a clone with perfsuite's history (CI's ``git clone`` has all of it); a shallow one skips."""
+    here = Path(__file__).resolve().parents[1]
+    module = f"perfsuite/{WORKER_MODULE.as_posix()}"
+    if subprocess.run(["git", "-C", str(here), "cat-file", "-e", f"{OLDEST_SUPPORTED}^{{commit}}"]).returncode:
+        pytest.skip(f"{OLDEST_SUPPORTED} is not in this clone (a shallow one, or not perfsuite's repository)")
+    added = git(here, "log", "--diff-filter=A", "--format=%h", "--abbrev=7", "--", module).split()
+    assert added[-1] == OLDEST_SUPPORTED, "the commit that added it first"
+    for parent in git(here, "rev-list", "--parents", "-n", "1", OLDEST_SUPPORTED).split()[1:]:
+        missing = subprocess.run(["git", "-C", str(here), "cat-file", "-e", f"{parent}:{module}"], capture_output=True)
+        assert missing.returncode, f"{parent} has {module} already"
+
+
 @pytest.fixture
 def project_repo(tmp_path) -> Path:
     """A project that installs perfsuite rather than holding it: an engine package of its own, two commits."""
@@ -319,6 +359,30 @@ def test_a_project_side_must_import_the_installed_perfsuite_not_one_in_its_tree(
     worker.hello = hello_from(tmp_path / "tree" / "perfsuite" / "__init__.py")
     with pytest.raises(WorkerError, match="not the installed one the session runs"):
         worker._check_tree()
+
+
+def test_a_module_the_tree_lacks_is_not_taken_from_another_perfsuite_and_the_worker_names_it(tmp_path):
+    """Issue 37: REF's tree had no ``perfsuite/adapters`` and side A ran the current tree's, which an editable
+    install's finder supplied. Here the tree's perfsuite itself reaches into the current one, the same fallback."""
+    here = Path(perfsuite.__file__).resolve().parent
+    package = tmp_path / "tree" / "perfsuite"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"__path__.append({str(here)!r})\n")
+    worker = Worker(Side("A", "REF old", tmp_path / "tree"))
+    try:
+        assert Path(worker.hello.perfsuite_file) == package / "__init__.py"
+        build = wire.Build("inflight:2", "inflight", batch_size=2, max_seq_len=64)
+        with pytest.raises(WorkerError) as error:
+            worker.request(build, wire.Built, 30, "build inflight")
+        assert str(error.value) == (
+            f"worker A, REF old failed to build inflight: ImportError: perfsuite.adapters was imported from "
+            f"{here / 'adapters' / '__init__.py'}, not from this side's perfsuite ({package}): the tree lacks that "
+            "module and another perfsuite on the path supplied it; give a REF whose tree has it"
+        )
+        with pytest.raises(WorkerError, match="perfsuite.adapters was imported from"):
+            worker.request(wire.Tokenize("hi"), wire.Tokens, 30, "tokenize")  # tainted for good
+    finally:
+        worker.close()
 
 
 def test_a_project_checkout_is_a_ref_but_an_empty_directory_is_not(project_repo, tmp_path):

@@ -15,7 +15,10 @@ that only installs perfsuite (an engine of its own, registered by entry
 point), neither tree holds it: both workers import the installed perfsuite,
 and the trees differ only in the project's own code, which each worker
 imports from its tree. A REF without ``perfsuite/`` in perfsuite's own
-repository is neither, and is refused.
+repository is neither, and is refused. So is one older than ``--perf-against``
+itself: the current tree's worker drives REF's engines through the modules
+they have had since ``OLDEST_SUPPORTED``, and a tree without the worker's
+module (``WORKER_MODULE``) predates them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfsuite.ab.snapshots import new_snapshot
+
+WORKER_MODULE = Path("ab", "worker_main.py")  # under perfsuite/: a tree has it from OLDEST_SUPPORTED on
+OLDEST_SUPPORTED = "14782f4"  # the commit that added --perf-against (and WORKER_MODULE); a test checks both
 
 
 class ReferenceError(ValueError):
@@ -94,12 +100,30 @@ def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
             f"--perf-against {ref}: {commit[:12]} has no perfsuite/ package in {folder}/ (nor in its src/); "
             "give a commit of perfsuite"
         )
+    if holds_perfsuite(rootdir) and not supports_worker(reference):
+        shutil.rmtree(snapshot, ignore_errors=True)
+        raise ReferenceError(f"--perf-against {ref}: {commit[:12]} {_PREDATES}; give {OLDEST_SUPPORTED} or newer")
     return Trees(ref, commit, rootdir, reference, current_commit, snapshot, perfsuite_in_trees=holds_perfsuite(rootdir))
 
 
 def holds_perfsuite(tree: Path) -> bool:
     """Whether a worker over ``tree`` would import perfsuite from it (it puts ``tree/src`` and ``tree`` first)."""
     return any((folder / "perfsuite" / "__init__.py").is_file() for folder in (tree, tree / "src"))
+
+
+def supports_worker(tree: Path) -> bool:
+    """Whether the perfsuite a worker over ``tree`` imports (``tree``'s, else ``tree/src``'s: ``tree`` is first on its
+    path) is one the current worker can drive: a commit from ``OLDEST_SUPPORTED`` on."""
+    package = tree / "perfsuite"
+    if not (package / "__init__.py").is_file():
+        package = tree / "src" / "perfsuite"
+    return (package / WORKER_MODULE).is_file()
+
+
+_PREDATES = (
+    f"predates --perf-against (its perfsuite/ has no {WORKER_MODULE.as_posix()}), so this perfsuite's worker "
+    f"cannot drive its engines; the oldest commit it can measure is {OLDEST_SUPPORTED}"
+)
 
 
 def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | None) -> Trees:
@@ -113,6 +137,8 @@ def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | No
             f"--perf-against {ref}: {path} is not a perfsuite checkout (no perfsuite/ package in it or its src/); "
             "give a git ref or the path of another perfsuite checkout"
         )
+    if in_trees and not supports_worker(path):
+        raise ReferenceError(f"--perf-against {ref}: {path} {_PREDATES}; check out {OLDEST_SUPPORTED} or newer there")
     if not in_trees and not any(path.iterdir()):
         raise ReferenceError(f"--perf-against {ref}: {path} is empty; give a git ref or another checkout's path")
     toplevel = _git(path, "rev-parse", "--show-toplevel")

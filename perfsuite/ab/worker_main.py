@@ -16,6 +16,13 @@ to stderr, which the controller keeps and shows when the worker fails. An
 exception while serving a command is answered with ``Failed`` and the worker
 takes the next one; a worker whose controller is gone (stdin closed, or the
 parent process changed) exits.
+
+Every perfsuite module the worker imports must come from the package
+``perfsuite`` itself came from (the controller checks that one lies in the
+side's tree). A tree that lacks a module is not completed from elsewhere: an
+editable install's finder would otherwise hand side A the current tree's
+module. After each message the worker looks, and answers ``Failed`` naming the
+first module that came from outside.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Worker:
         self.tree = tree
         self.backend = None
         self.engines: dict[str, object] = {}
+        self._checked_modules: set[str] = set()
 
     def hello(self):
         import perfsuite
@@ -77,6 +85,32 @@ class Worker:
             perfsuite_file=str(Path(perfsuite.__file__).resolve()),
             pid=os.getpid(),
             python=sys.version.split()[0],
+        )
+
+    def foreign_module(self) -> str | None:
+        """Why a perfsuite module imported so far lies outside the package ``perfsuite`` came from, or None.
+
+        The outermost such module is named: the one the tree lacks (what it imported came along with it).
+        """
+        package = sys.modules.get("perfsuite")
+        if getattr(package, "__file__", None) is None:
+            return None  # not imported yet (or a namespace package, which the controller refuses as it says hello)
+        home = Path(package.__file__).resolve().parent
+        foreign: dict[str, Path] = {}
+        for name, module in list(sys.modules.items()):
+            if name in self._checked_modules or not name.startswith("perfsuite."):
+                continue
+            location = _location(module)
+            if location is None or location.is_relative_to(home):
+                self._checked_modules.add(name)
+            else:
+                foreign[name] = location
+        if not foreign:
+            return None
+        name = min(foreign, key=lambda name: (name.count("."), name))
+        return (
+            f"{name} was imported from {foreign[name]}, not from this side's perfsuite ({home}): the tree lacks that "
+            "module and another perfsuite on the path supplied it; give a REF whose tree has it"
         )
 
     def serve(self, message):
@@ -157,6 +191,12 @@ class Worker:
         return self.backend
 
 
+def _location(module) -> Path | None:
+    """Where ``module`` was loaded from: its file, or a namespace package's first folder; None for neither."""
+    where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", ())), None)
+    return Path(where).resolve() if where else None
+
+
 def _model_bytes(model) -> int:
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
@@ -190,9 +230,12 @@ def main(argv: list[str]) -> int:
     put_tree_first(tree)
     worker = Worker(wire, tree)
     try:
-        wire.write_message(protocol_out, worker.hello())
+        hello = worker.hello()
     except Exception as error:  # noqa: BLE001 - the tree itself cannot be imported: say why, then stop
-        wire.write_message(protocol_out, _failed(wire, error))
+        hello = _failed(wire, error)
+    hello = _unless_foreign(wire, worker, hello)
+    wire.write_message(protocol_out, hello)
+    if isinstance(hello, wire.Failed):
         return 3
     for line in sys.stdin:
         try:
@@ -202,8 +245,15 @@ def main(argv: list[str]) -> int:
             reply = worker.serve(message)
         except Exception as error:  # noqa: BLE001 - every failure is reported; the worker lives on
             reply = _failed(wire, error)
-        wire.write_message(protocol_out, reply)
+        wire.write_message(protocol_out, _unless_foreign(wire, worker, reply))
     return 0  # stdin closed: the controller is gone
+
+
+def _unless_foreign(wire, worker: Worker, reply):
+    """``reply``, or ``Failed`` (no traceback) when a perfsuite module came from outside the side's tree: whatever
+    the message did ran, in part, someone else's code, and any error it raised follows from that."""
+    foreign = worker.foreign_module()
+    return reply if foreign is None else wire.Failed("ImportError", foreign, "")
 
 
 def _failed(wire, error: BaseException):

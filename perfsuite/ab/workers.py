@@ -145,9 +145,9 @@ class Worker:
         except wire.WireError as error:
             raise WorkerError(f"worker {self.side} answered {what} with what perfsuite cannot read: {error}") from None
         if isinstance(message, wire.Failed):
-            raise WorkerError(
-                f"worker {self.side} failed to {what}: {message.error_type}: {message.message}\n{message.traceback}"
-            )
+            traceback = f"\n{message.traceback}" if message.traceback else ""
+            failed = f"{message.error_type}: {message.message}{traceback}"
+            raise WorkerError(f"worker {self.side} failed to {what}: {failed}")
         if not isinstance(message, answer):
             raise WorkerError(f"worker {self.side} answered {what} with {type(message).__name__}, not {answer.__name__}")
         return message
