@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import socket
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -97,6 +99,43 @@ def test_combinations_the_cluster_cannot_serve_are_usage_errors(pytester, args, 
     result = pytester.runpytest_inprocess("--perf", "-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (the kernel's pick, released at once)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_address_where_nothing_listens_is_one_usage_error_line_in_seconds(pytester, monkeypatch):
+    """Issue 37: Ray retried 127.0.0.1:1 for minutes, printing only "Failed to connect to GCS"."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
+
+    def dials(**kwargs):
+        raise AssertionError("ray.init dialled an address where nothing listens")
+
+    monkeypatch.setattr(ray, "init", dials)
+    address = f"127.0.0.1:{closed_port()}"
+    pytester.makepyfile("import pytest\n\n@pytest.mark.perf\ndef test_measured(): pass")  # one to measure: join
+    started = time.monotonic()
+    result = pytester.runpytest_inprocess("--perf", "-p", "no:cacheprovider", "--perf-ray", address)
+    assert time.monotonic() - started < 10
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    [line] = [line for line in result.stderr.lines if line.strip()]
+    assert line.startswith(f"ERROR: --perf-ray {address}: nothing accepts connections at ")
+    assert line.endswith("(connection refused); check that `ray start --head` runs on that machine and that this is "
+                         "its address and port (`ray status` there prints them), or give --perf-ray local")  # fmt: skip
+
+
+def test_the_probe_dials_where_ray_would(monkeypatch):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
+    from perfsuite.cluster.pool import _dialled
+
+    assert _dialled("ray://10.0.0.7:10001") == ("10.0.0.7", 10001)  # a Ray client's server
+    assert _dialled("10.0.0.7:6379") == ("10.0.0.7", 6379)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.8:6380")
+    assert _dialled("auto") == ("10.0.0.8", 6380)
 
 
 # -- the pool's fault handling, with Ray's own exceptions and no cluster -------------------------------------------

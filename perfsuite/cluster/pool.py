@@ -19,12 +19,17 @@ Faults (docs/ray.md):
 - an error raised by the measurement itself (an unknown engine, a request
   the model cannot hold) fails the test with that error, and the actor lives on.
 
+Joining a cluster is bounded: before ``ray.init`` the address it would dial
+is probed (``PROBE_SECONDS``), since Ray itself retries an address where
+nothing listens for minutes, printing only its own "Failed to connect to GCS".
+
 Ray is imported only here, inside the methods, and only under ``--perf-ray``.
 """
 
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +44,7 @@ START_SECONDS = 300.0  # a fresh node imports torch and loads the model before i
 # fail the round trip that builds the workload before any run starts.
 TOKENIZE_SECONDS = 60.0
 ERROR_CHARS = 600
+PROBE_SECONDS = 3.0  # a head on another machine answers a TCP connect in milliseconds; a firewall's drop never does
 
 
 class ClusterError(RuntimeError):
@@ -120,15 +126,33 @@ class RayPool:
             address = None
         else:
             address = self.address
+            self._probe()
         try:
             ray.init(address=address, **options)
         except Exception as error:  # noqa: BLE001 - Ray's are many (ConnectionError, AuthenticationError, ...)
             self._remove_temp_dir()
             raise ClusterError(
-                f"--perf-ray {self.address}: cannot join the Ray cluster: {error}. Start one with `ray start --head` "
-                "(docs/ray.md), or give --perf-ray local"
+                f"--perf-ray {self.address}: cannot join the Ray cluster: {_short(error)}. Start one with "
+                "`ray start --head` (docs/ray.md), or give --perf-ray local"
             ) from None
         self._connected_here = True
+
+    def _probe(self) -> None:
+        """A ``ClusterError`` when nothing accepts a connection where ``ray.init`` would dial, within seconds."""
+        target = _dialled(self.address)
+        if target is None:
+            return  # Ray finds no address to dial (auto with no cluster here) and says so at once itself
+        host, port = target
+        try:
+            socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+        except OSError as error:
+            timed_out = isinstance(error, TimeoutError)
+            reason = f"no answer in {PROBE_SECONDS:g} s" if timed_out else (error.strerror or str(error)).lower()
+            raise ClusterError(
+                f"--perf-ray {self.address}: nothing accepts connections at {host}:{port} ({reason}); check that "
+                "`ray start --head` runs on that machine and that this is its address and port (`ray status` there "
+                "prints them), or give --perf-ray local"
+            ) from None
 
     def describe(self) -> wire.Described:
         """The model as the first usable node loaded it: the fixtures' backend, the session's environment."""
@@ -310,6 +334,24 @@ class RayPool:
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
+
+
+def _dialled(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address)`` connects to: a Ray client's (``ray://``) as given, a cluster's as Ray
+    reads it (``auto`` from RAY_ADDRESS or the cluster ``ray start`` runs here; localhost as this node's IP)."""
+    if address.startswith("ray://"):
+        target = address.removeprefix("ray://")
+    else:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address  # private: else the address as given
+
+            target = canonicalize_bootstrap_address(address) or ""
+        except ImportError:
+            target = "" if address == AUTO else address
+        except Exception:  # noqa: BLE001 - no cluster found, a malformed address: ray.init says which, at once
+            return None
+    host, _, port = target.rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
 
 
 def _free_resources() -> dict[str, dict[str, float]] | None:
