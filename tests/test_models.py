@@ -570,9 +570,15 @@ def test_smollm2_float64(smollm2_pair):
     torch.testing.assert_close(got.float(), _logits(loaded, "Fun fact of the day: "), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("model", ["tiny-random", "Tiny-Random", "smollm2-135m", "my-own-model"])
-def test_check_model_path_passes_names(model):
-    check_model_path(model)  # a project's own perf_model fixture may know a name perfsuite does not
+@pytest.mark.parametrize("model", ["tiny-random", "Tiny-Random", "smollm2-135m"])
+def test_check_model_path_passes_known_names(model):
+    check_model_path(model)
+
+
+def test_check_model_path_refuses_an_unknown_name_listing_the_known_ones():
+    with pytest.raises(ValueError, match="unknown model 'nosuchmodel'; known names: smollm2-135m .*tiny-random") as err:
+        check_model_path("nosuchmodel")
+    assert "local Hugging Face model directory" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_check_model_path_rejects_what_the_loader_would_without_loading(tmp_path):

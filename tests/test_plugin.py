@@ -279,8 +279,11 @@ def test_engines(perf_engine_factory, perf_session, batch):
         (["--perf-config", "sweep.toml"],
          "*--perf-engines openai-http measures a server: pass its base URL with --perf-endpoint http://HOST:PORT*"),
         (["--perf-model", "/nonexistent"], "*--perf-model: model path '/nonexistent' does not exist*"),
+        (["--perf-model", "nosuchmodel"],
+         "*--perf-model: unknown model 'nosuchmodel'; known names: smollm2-135m*local Hugging Face model directory*"),
     ],
-    ids=["endpoint-not-a-url", "no-endpoint", "no-endpoint-for-the-sweep", "no-such-model-directory"],
+    ids=["endpoint-not-a-url", "no-endpoint", "no-endpoint-for-the-sweep", "no-such-model-directory",
+         "no-such-model-name"],
 )  # fmt: skip
 def test_options_that_cannot_work_fail_the_session_once_before_any_model_loads(pytester, args, message):
     pytester.makepyfile(test_engines=SERVER_TESTS)

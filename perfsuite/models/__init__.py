@@ -29,7 +29,7 @@ from perfsuite.models.cache import (
     write_model_cache,
 )
 from perfsuite.models.gguf import load_gguf_model, smollm2_gguf_path
-from perfsuite.models.load import LoadedModel, config_values, load_model, model_config, parse_dtype
+from perfsuite.models.load import LoadedModel, config_values, context_of, load_model, model_config, parse_dtype
 from perfsuite.models.spec import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
@@ -51,6 +51,7 @@ __all__ = [
     "cache_root",
     "check_model_path",
     "config_values",
+    "context_of",
     "load_gguf_model",
     "load_model",
     "model_config",

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     import torch
     import transformers
 
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")  # the first one set is the context
+
 _DTYPE_ALIASES = {
     "float32": "float32",
     "fp32": "float32",
@@ -70,10 +72,9 @@ class LoadedModel:
     @property
     def max_context(self) -> int:
         config = self.model.config
-        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(config, attr, None)
-            if isinstance(value, int) and value > 0:
-                return value
+        context = context_of({key: getattr(config, key, None) for key in CONTEXT_KEYS})
+        if context is not None:
+            return context
         raise ValueError(
             f"model {self.spec.name!r} has no max_position_embeddings in its config; "
             "set it in the model directory's config.json"
@@ -145,6 +146,15 @@ def model_config(spec: ModelSpec | str) -> transformers.PretrainedConfig:
     if cache_is_valid(cached):
         return AutoConfig.from_pretrained(cached, local_files_only=True)
     return read_gguf_config(gguf)
+
+
+def context_of(values: dict[str, Any]) -> int | None:
+    """The context length a model config's values give (``max_position_embeddings`` or its aliases); None without."""
+    for key in CONTEXT_KEYS:
+        value = values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def config_values(spec: ModelSpec | str) -> dict[str, Any] | None:

@@ -130,16 +130,9 @@ def resolve_model_spec(name_or_path: str | os.PathLike[str] | ModelSpec) -> Mode
 
 
 def check_model_path(name_or_path: str) -> None:
-    """``resolve_model_spec``'s ValueError for a model named by a path it cannot load; loads nothing.
-
-    A path is what ``resolve_model_spec`` reads as one: not a known name, and
-    either written as a path (a separator, a leading ``.`` or ``~``) or naming
-    something that exists. Other names pass: a caller's own loader may know them.
-    """
-    if name_or_path.strip().lower() in KNOWN_MODELS:
-        return
-    if _looks_like_path(name_or_path) or Path(name_or_path).expanduser().exists():
-        resolve_model_spec(name_or_path)
+    """``resolve_model_spec``'s ValueError for a model it cannot load: an unknown name, a path that is no model
+    directory. Loads nothing, so a session or a command fails on it once, before any model loads."""
+    resolve_model_spec(name_or_path)
 
 
 def _local_spec(text: str) -> ModelSpec:

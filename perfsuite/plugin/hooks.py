@@ -20,7 +20,7 @@ from perfsuite.plugin.gpu_workers import WORKER_GPU_KEY, GpuAssignment, GpuAssig
 from perfsuite.plugin.ids import perf_test_id
 from perfsuite.plugin.options import add_options, read_options
 from perfsuite.plugin.session import PerfSession
-from perfsuite.plugin.sizing import check_kv_blocks, kv_memory_failure
+from perfsuite.plugin.sizing import check_kv_blocks, check_workload_context, kv_memory_failure
 from perfsuite.plugin.stash import (
     GPU_ASSIGNMENT_KEY,
     HISTORY_ERROR_KEY,
@@ -49,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
     num_workers = _num_xdist_workers(config)
     check_kv_blocks(options, loads_a_model_here=not num_workers and options.against is None and options.ray is None)
+    check_workload_context(options)
     if num_workers and options.ray is None:  # under --perf-ray the actors hold the GPUs, on the cluster's nodes
         gpus = _as_usage_error(
             gpus_for_workers, options.enabled, options.device, num_workers, os.environ, _count_cuda_devices

@@ -157,7 +157,8 @@ _HTTP_DEFAULTS = HttpClientOptions()
 # name, parse, default, help: each also an ini key of the same name; default as it would be written there
 _OPTIONS = (
     ("perf_model", str, "smollm2-135m",
-     "model name or local Hugging Face directory (a path that does not exist or cannot be loaded is a usage error)"),
+     "model name or local Hugging Face directory (an unknown name, or a path that is no model directory, is a "
+     "usage error)"),
     ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
     ("perf_engines", engine_names, ",".join(DEFAULT_ENGINES),
@@ -472,7 +473,8 @@ def _check_against(config: pytest.Config, ref: str, save_baseline: bool, engines
 
 
 def _check_what_the_tests_need(values: dict, sweep: Sweep | None) -> None:
-    """The model directory and the server's URL, checked once here rather than failing every test that needs them.
+    """The model (a known name or a directory) and the server's URL, checked once here rather than failing every
+    test that needs them.
 
     Only for ``--perf``: a plain run measures nothing, so an ini file may name
     a model directory or server engine that only the perf job has.

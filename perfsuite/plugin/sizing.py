@@ -1,4 +1,5 @@
-"""Engine sizes from the command line against the memory they would take, as usage errors, before a model loads.
+"""Engine sizes and workloads from the command line against the memory and context they need, as usage errors,
+before a model loads.
 
 ``--perf-kv-blocks`` sizes a pool the model under test decides the bytes of:
 ``check_kv_blocks`` reads ``--perf-model``'s config.json (not its weights) and
@@ -6,7 +7,8 @@ the memory the session's device has now, and fails the session at configure
 time in one line. The engines check every cache again when they are built
 (``perfsuite.engine.kv_memory``), against the runner actually loaded; a test
 whose cache would not fit then fails, saying which option or knob to lower
-(``kv_memory_failure``).
+(``kv_memory_failure``). ``check_workload_context`` holds a sweep's workloads
+against the model's context the same way.
 """
 
 from __future__ import annotations
@@ -40,6 +42,41 @@ def check_kv_blocks(options: PerfOptions, loads_a_model_here: bool) -> None:
             f"--perf-kv-blocks {options.kv_blocks} with {options.model} in {options.dtype}: "
             + error.message("--perf-kv-blocks")
         ) from None
+
+
+def check_workload_context(options: PerfOptions) -> None:
+    """A usage error when a ``--perf-config`` workload's longest request cannot fit ``--perf-model``'s context.
+
+    The context is read from the model's config (no weights) and each
+    workload's longest request is arithmetic on its parameters, so the session
+    fails once here instead of each of its tests after building its prompts.
+    Where the config cannot be read yet, each test checks its requests.
+    """
+    from perfsuite.models import context_of
+
+    if not options.enabled or options.sweep is None:
+        return
+    config = _config_values(options.model)
+    context = None if config is None else context_of(config)
+    if context is None:
+        return
+    workloads = {case.workload.label: case.workload for case in options.sweep.cases()}
+    for label, workload in workloads.items():
+        try:
+            workload.check_context(context)
+        except ValueError as error:
+            raise pytest.UsageError(
+                f"--perf-config, workload {label} with --perf-model {options.model}: {error}"
+            ) from None
+
+
+def _config_values(model: str) -> dict | None:
+    from perfsuite.models import ModelLoadError, config_values
+
+    try:
+        return config_values(model)
+    except (ModelLoadError, ValueError):  # reported once the model loads
+        return None
 
 
 def _device(name: str) -> str | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from perfsuite.engine.types import FollowUp, Request, SamplingParams
 from perfsuite.workload.checks import check_int, is_number
+from perfsuite.workload.limits import check_arrival, check_fits_context, check_num_requests, check_prompt_tokens
 from perfsuite.workload.prompts import Vocab
 
 MULTI_TURN_KEYS = ("sessions", "turns", "prompt", "message", "output", "think_time")
@@ -45,10 +46,46 @@ class MultiTurn:
         check_int(self.output, "multi_turn.output")
         if not is_number(self.think_time) or self.think_time < 0:
             raise ValueError(f"multi_turn.think_time must be seconds >= 0, got {self.think_time!r}")
+        what = f"multi_turn sessions x turns = {self.sessions} x {self.turns}"
+        check_num_requests(self.num_requests, what, "lower sessions or turns")
+        check_prompt_tokens(
+            self.sessions * (self.prompt + (self.turns - 1) * self.message),
+            f"multi_turn sessions x (prompt + (turns - 1) x message) = {self.sessions} x ({self.prompt} + "
+            f"{self.turns - 1} x {self.message})",
+            "lower sessions or turns, or shorten prompt or message",
+        )
+        what = (
+            f"multi_turn: a session's last turn, (turns - 1) x think_time = {self.turns - 1} x {self.think_time:g} s "
+            "after its first,"
+        )
+        check_arrival(self.last_turn_delay, what, "lower think_time or turns")
 
     @property
     def num_requests(self) -> int:
         return self.sessions * self.turns
+
+    @property
+    def last_turn_delay(self) -> float:
+        """Seconds a session's last turn arrives after its first, at the least (answers take time too)."""
+        return (self.turns - 1) * self.think_time
+
+    @property
+    def max_total_tokens(self) -> int:
+        """A session's last turn: every earlier prompt, message and answer, and its own answer."""
+        return self.prompt + (self.turns - 1) * self.message + self.turns * self.output
+
+    def check_context(self, max_context: int) -> None:
+        """Refuse a session that outgrows the context, with the number of turns that would fit."""
+        fitting = (max_context - self.prompt + self.message) // (self.output + self.message)
+        if fitting >= 1:
+            fix = f"at most {fitting} turns fit; lower turns, or shorten message or output"
+        else:
+            fix = "not even the first turn fits; shorten prompt or output"
+        what = (
+            f"a multi_turn session's last turn (prompt + (turns - 1) x message + turns x output = {self.prompt} + "
+            f"{self.turns - 1} x {self.message} + {self.turns} x {self.output})"
+        )
+        check_fits_context(self.max_total_tokens, max_context, what, fix)
 
     @property
     def label(self) -> str:

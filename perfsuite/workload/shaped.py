@@ -18,6 +18,7 @@ from pathlib import Path
 from perfsuite.engine.types import Request
 from perfsuite.workload.arrivals import Arrivals
 from perfsuite.workload.checks import is_int, reject_unknown_keys
+from perfsuite.workload.limits import check_arrival_times
 from perfsuite.workload.multi_turn import MULTI_TURN_KEYS, MultiTurn
 from perfsuite.workload.prompts import Vocab
 from perfsuite.workload.shared_prefix import SHARED_PREFIX_KEYS, SharedPrefix
@@ -50,10 +51,34 @@ class ShapedWorkload:
                 f"a trace's timestamps are its arrivals, so arrivals {self.arrivals.label!r} cannot apply; "
                 "leave arrivals out (scale the trace's time with time_scale)"
             )
+        if self.arrivals.rate is not None:
+            self._check_arrival_horizon()
+
+    def _check_arrival_horizon(self) -> None:
+        """Each shared-prefix request, or each session's last turn (at the least), arrives within the horizon."""
+        if isinstance(self.shape, MultiTurn):
+            delay, turn = self.shape.last_turn_delay, self.shape.turns - 1
+            times = [start + delay for start in self._first_arrivals()]
+            names = [f"s{session}-t{turn}" for session in range(self.shape.sessions)]
+            fix = f"raise arrivals.rate above {self.arrivals.rate:g} req/s, or lower sessions, turns or think_time"
+        else:
+            times = self._first_arrivals()
+            names = [f"{index + 1} of {len(times)}" for index in range(len(times))]
+            fix = f"raise arrivals.rate above {self.arrivals.rate:g} req/s, or lower groups or prompts"
+        check_arrival_times(times, names, fix)
+
+    def _first_arrivals(self) -> list[float]:
+        """When each shared-prefix request, or each multi-turn session's first turn, arrives."""
+        count = self.shape.sessions if isinstance(self.shape, MultiTurn) else self.shape.num_requests
+        return self.arrivals.times(random.Random(self.seed + 1), count)
 
     @property
     def num_requests(self) -> int:
         return self.shape.num_requests
+
+    def check_context(self, max_context: int) -> None:
+        """Refuse a workload whose longest request cannot fit the model's context, before any prompt is built."""
+        self.shape.check_context(max_context)
 
     @property
     def max_concurrency(self) -> int | None:
@@ -79,9 +104,7 @@ class ShapedWorkload:
             raise ValueError("this workload's prompts are token ids; pass vocab=Vocab(size=..., special_ids=...)")
         if isinstance(self.shape, Trace):
             return self.shape.requests(vocab, self.seed)
-        count = self.shape.sessions if isinstance(self.shape, MultiTurn) else self.shape.num_requests
-        arrival_times = self.arrivals.times(random.Random(self.seed + 1), count)
-        return self.shape.requests(vocab, self.seed, arrival_times)
+        return self.shape.requests(vocab, self.seed, self._first_arrivals())
 
 
 def parse_shape(table: object, base_dir: Path | None = None) -> Shape:

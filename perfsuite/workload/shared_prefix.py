@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from perfsuite.engine.types import Request, SamplingParams
 from perfsuite.workload.checks import check_int
+from perfsuite.workload.limits import check_fits_context, check_num_requests, check_prompt_tokens
 from perfsuite.workload.prompts import Vocab
 
 SHARED_PREFIX_KEYS = ("groups", "prompts", "prefix", "suffix", "output")
@@ -40,10 +41,27 @@ class SharedPrefix:
         check_int(self.prefix, "shared_prefix.prefix")
         check_int(self.suffix, "shared_prefix.suffix", minimum=0)
         check_int(self.output, "shared_prefix.output")
+        what = f"shared_prefix groups x prompts = {self.groups} x {self.prompts}"
+        check_num_requests(self.num_requests, what, "lower groups or prompts")
+        check_prompt_tokens(
+            self.num_requests * (self.prefix + self.suffix),
+            f"shared_prefix groups x prompts x (prefix + suffix) = {self.groups} x {self.prompts} x "
+            f"({self.prefix} + {self.suffix})",
+            "lower groups or prompts, or shorten prefix or suffix",
+        )
 
     @property
     def num_requests(self) -> int:
         return self.groups * self.prompts
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt and output tokens of each request, so of the longest."""
+        return self.prefix + self.suffix + self.output
+
+    def check_context(self, max_context: int) -> None:
+        what = f"each shared_prefix request (prefix + suffix + output = {self.prefix} + {self.suffix} + {self.output})"
+        check_fits_context(self.max_total_tokens, max_context, what, "shorten prefix, suffix or output")
 
     @property
     def label(self) -> str:

@@ -23,6 +23,14 @@ from pathlib import Path
 from perfsuite.engine.types import Request, SamplingParams
 from perfsuite.workload.checks import check_int, check_positive, is_int, is_number
 from perfsuite.workload.jsonl import json_object, numbered_lines
+from perfsuite.workload.limits import (
+    MAX_NUM_REQUESTS,
+    check_arrival,
+    check_fits_context,
+    check_num_requests,
+    check_prompt_tokens,
+    long_gaps,
+)
 from perfsuite.workload.prompts import Vocab
 
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -78,15 +86,46 @@ class Trace:
                     f'{self.path} line {number}: "timestamp" {line.timestamp:g} is earlier than line '
                     f"{lines[-1].line_number}'s {lines[-1].timestamp:g}; sort the trace by timestamp"
                 )
+            if lines:
+                self._check_arrival(line, lines)
             lines.append(line)
             if self.max_requests is not None and len(lines) == self.max_requests:
                 break
+            fix = f"replay the first {MAX_NUM_REQUESTS} with max_requests={MAX_NUM_REQUESTS}"
+            check_num_requests(len(lines), f"{self.path}: its first {len(lines)} lines", fix)
         if not lines:
             raise ValueError(
                 f'{self.path} has no requests; write one JSON object per line, e.g. {{"timestamp": 0, '
                 '"input_length": 600, "output_length": 32, "hash_ids": [0, 1]}'
             )
+        what = f"{self.path}: the input_length of its {len(lines)} lines"
+        check_prompt_tokens(sum(line.input_length for line in lines), what, "replay fewer with max_requests=N")
         return tuple(lines)
+
+    def _arrival(self, line: TraceLine, first: TraceLine) -> float:
+        """Seconds after the first line's arrival."""
+        return (line.timestamp - first.timestamp) / 1000 * self.time_scale
+
+    def _check_arrival(self, line: TraceLine, earlier: list[TraceLine]) -> None:
+        what = f'{self.path} line {line.line_number} ("timestamp" {line.timestamp:.10g} ms)'
+        fix = f"replay the lines before it with max_requests={len(earlier)}, or compress time with time_scale"
+        check_arrival(self._arrival(line, earlier[0]), what, fix)
+
+    def long_gaps(self) -> list[str]:
+        """A warning for each gap between consecutive lines' arrivals that the engine would idle through."""
+        lines = self.lines()
+        names = [f"line {line.line_number}" for line in lines]
+        return [f"{self.path}: {gap}" for gap in long_gaps([self._arrival(line, lines[0]) for line in lines], names)]
+
+    def check_context(self, max_context: int) -> None:
+        """Refuse the first line whose prompt and output cannot fit the model's context."""
+        for line in self.lines():
+            what = (
+                f"{self.path} line {line.line_number} (input_length + output_length = {line.input_length} + "
+                f"{line.output_length})"
+            )
+            fix = "drop or shorten that line, or replay the lines before it with max_requests"
+            check_fits_context(line.input_length + line.output_length, max_context, what, fix)
 
     def requests(self, vocab: Vocab, seed: int) -> list[Request]:
         """``req-0`` onwards in trace order; the first line arrives at 0."""
@@ -99,7 +138,7 @@ class Trace:
                 if hash_id not in blocks:
                     blocks[hash_id] = vocab.draw(random.Random(f"{seed}:trace-block:{hash_id}"), self.block_size)
                 prompt.extend(blocks[hash_id])
-            arrival = (line.timestamp - lines[0].timestamp) / 1000 * self.time_scale
+            arrival = self._arrival(line, lines[0])
             params = SamplingParams(line.output_length, ignore_eos=True)
             requests.append(Request(f"req-{index}", tuple(prompt[: line.input_length]), params, arrival_time=arrival))
         return requests

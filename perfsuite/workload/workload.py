@@ -11,6 +11,7 @@ from perfsuite.engine.types import Request, SamplingParams
 from perfsuite.workload.arrivals import Arrivals, parse_arrivals
 from perfsuite.workload.checks import check_int, is_int, reject_unknown_keys
 from perfsuite.workload.lengths import OutputLengths, parse_output_lengths
+from perfsuite.workload.limits import check_arrival_times, check_fits_context, check_num_requests, check_prompt_tokens
 from perfsuite.workload.prompts import (
     JsonlPrompts,
     PromptSource,
@@ -48,6 +49,14 @@ class Workload:
                 f"but the prompts are {self.prompts.description}; use JSONL prompts "
                 '(prompts = {kind = "jsonl", path = "..."} in a config) or another output_lengths kind'
             )
+        check_num_requests(self.num_requests, "num_requests", "lower num_requests")
+        if isinstance(self.prompts, SyntheticPrompts):
+            what = f"num_requests x prompts.high = {self.num_requests} x {self.prompts.lengths.high}"
+            check_prompt_tokens(self.num_requests * self.prompts.lengths.high, what, "lower either")
+        if self.arrivals.rate is not None:
+            names = [f"req-{index}" for index in range(self.num_requests)]
+            fix = f"raise arrivals.rate above {self.arrivals.rate:g} req/s or lower num_requests"
+            check_arrival_times(self.arrival_times(), names, fix)
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, object], *, base_dir: Path | None = None) -> Workload:
@@ -77,6 +86,14 @@ class Workload:
     def label(self) -> str:
         """A readable id such as ``in32-out_uniform4_24-4rps``."""
         return f"{self.prompts.label}-{self.lengths.label}-{self.arrivals.label}"
+
+    def check_context(self, max_context: int) -> None:
+        """Refuse the longest synthetic request that cannot fit the model's context (text is checked once tokenized)."""
+        if isinstance(self.prompts, SyntheticPrompts):
+            what = f"the longest request (prompts.high + output_lengths.high = {self.prompts.lengths.high} + "
+            what += f"{self.lengths.high})"
+            fix = "lower prompts.high or output_lengths.high"
+            check_fits_context(self.prompts.lengths.high + self.lengths.high, max_context, what, fix)
 
     def output_lengths(self) -> list[int]:
         if self.lengths.kind == "from_file":
