@@ -443,6 +443,7 @@ def _run(args: argparse.Namespace) -> int:
     from perfsuite.models import load_model
 
     workload = _workload(args)
+    _check_context_before_load(args.model, workload)
     http_options = _http_client_options(args)
     if args.endpoint:
         _check_server(args.endpoint, http_options)  # seconds, where loading the model takes tens of them
@@ -458,6 +459,7 @@ def _run(args: argparse.Namespace) -> int:
         + f" (seed {workload.seed}), B={args.batch_size}",
         file=sys.stderr,
     )
+    workload.check_context(loaded.max_context)  # before any prompt is built
     backend = Backend.from_loaded(loaded, endpoint=args.endpoint, http_options=http_options)
     if isinstance(workload, ShapedWorkload):
         requests = workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
@@ -500,8 +502,23 @@ def _workload(args: argparse.Namespace) -> Workload | ShapedWorkload:
     if args.workload is None:
         return mixed_workload(args.num_requests or 32, args.min_new_tokens or 8, args.max_new_tokens or 128, args.seed)
     if isinstance(args.workload, Trace):
-        args.workload.lines()
+        for warning in args.workload.long_gaps():  # reads every line: a bad one fails before the model loads
+            print(f"perfsuite: warning: {warning}", file=sys.stderr)
     return ShapedWorkload(args.workload, seed=args.seed)
+
+
+def _check_context_before_load(model: str, workload: Workload | ShapedWorkload) -> None:
+    """The workload's longest request against the context in the model's config, read without loading the model.
+
+    An unknown model name fails here, in one line. Where the config cannot be
+    read yet (smollm2-135m before its first load), the check waits for the load.
+    """
+    from perfsuite.models import config_values, context_of
+
+    values = config_values(model)
+    context = None if values is None else context_of(values)
+    if context is not None:
+        workload.check_context(context)
 
 
 def _described(workload: Workload | ShapedWorkload) -> str:

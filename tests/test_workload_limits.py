@@ -155,3 +155,11 @@ def perf_model():
     matches = [line for line in lines if "--perf-config, workload mt2x100" in line and "at most 3 turns fit" in line]
     assert len(matches) == 1, "\n".join(lines)
     assert "a model was loaded" not in "\n".join(lines)
+
+
+def test_run_refuses_an_unknown_model_name_in_one_line_before_loading_anything(capsys, monkeypatch):
+    monkeypatch.setattr("perfsuite.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["run", "--model", "nosuchmodel"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("perfsuite: error: unknown model 'nosuchmodel'; known names: smollm2-135m")
+    assert "\n" not in err and "local Hugging Face model directory" in err
