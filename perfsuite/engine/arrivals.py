@@ -195,6 +195,7 @@ class RecordBuilder:
     send_ready_time: float | None = None
     sent_time: float | None = None
     num_cached_tokens: int | None = None
+    logprobs: list[float] = field(default_factory=list)  # of the tokens that came with one
 
     @classmethod
     def admitted(cls, admission: Admission) -> RecordBuilder:
@@ -218,6 +219,8 @@ class RecordBuilder:
             raise RuntimeError(f"request {self.request.request_id!r} got a token after it finished")
         self.token_ids.append(output.token_id)
         self.token_times.append(token_time)
+        if output.logprob is not None:
+            self.logprobs.append(output.logprob)
         if output.finish_reason is not None:
             self.finish(output.finish_reason, token_time)
 
@@ -257,4 +260,7 @@ class RecordBuilder:
             send_ready_time=self.send_ready_time,
             sent_time=self.sent_time,
             num_cached_tokens=self.num_cached_tokens,
+            # all or nothing: a record's log-probabilities line up with its tokens
+            output_logprobs=tuple(self.logprobs) if self.token_ids and len(self.logprobs) == len(self.token_ids)
+            else None,
         )

@@ -6,6 +6,7 @@ throughput are computed later from ``RunResult`` by ``perfsuite.measure.metrics`
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -121,6 +122,11 @@ class Engine:
         return getattr(self.runner, "paged_attention_fallback", None)
 
     @property
+    def batch_invariant(self) -> bool:
+        """Whether a request's outputs are the same bits whatever else is in its batch (its runner's mode)."""
+        return bool(getattr(self.runner, "batch_invariant", False))
+
+    @property
     def counters(self) -> EngineCounters:
         """Counted since the last ``run`` started, or since ``forget_finished`` last found nothing in flight."""
         return self._counters
@@ -182,6 +188,9 @@ class Engine:
         sampled = self.runner.execute(output, self.kv_cache)
         now = self._clock()
         step_outputs = self.scheduler.update_from_output(output, sampled)
+        logprobs = getattr(self.runner, "last_logprobs", None)  # a ModelRunner(logprobs=True)'s, one per sample
+        if logprobs is not None:
+            step_outputs = _with_logprobs(output, step_outputs, logprobs)
         for step_output in step_outputs:
             self._records[step_output.request_id].add(step_output, now)
         self._counters = self._counters.plus(output)
@@ -253,6 +262,15 @@ class Engine:
             num_kv_blocks=self.scheduler.kv_cache.num_blocks,
             kv_block_size=self.scheduler.kv_cache.block_size,
         )
+
+
+def _with_logprobs(output: SchedulerOutput, step_outputs: list[StepOutput], logprobs) -> list[StepOutput]:
+    """``step_outputs`` with the runner's log-probabilities, one per sampling chunk of ``output``, in order."""
+    sampling_ids = [chunk.request_id for chunk in output.chunks if chunk.samples]
+    if len(logprobs) != len(sampling_ids):
+        raise RuntimeError(f"runner returned {len(logprobs)} log-probabilities for {len(sampling_ids)} sampling chunks")
+    by_id = dict(zip(sampling_ids, logprobs, strict=True))
+    return [dataclasses.replace(step, logprob=by_id[step.request_id]) for step in step_outputs]
 
 
 def check_kv_fits(runner: Runner, sizing: KVSizing) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from perfsuite.engine.projection import SHARED_CHOICES, KernelChooser, Projection
+from perfsuite.engine.projection import SHARED_CHOICES, KernelChooser, Projection, batch_invariant_projection
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -245,14 +245,18 @@ class Decoder:
         return self.cos_table.shape[0]
 
     @classmethod
-    def from_hf(cls, model, device: torch.device, dtype: torch.dtype, *, pack_weights: bool = True) -> Decoder:
+    def from_hf(
+        cls, model, device: torch.device, dtype: torch.dtype, *, pack_weights: bool = True, batch_invariant: bool = False
+    ) -> Decoder:
         """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``.
 
         With ``pack_weights`` each projection also gets a copy of its weight
         for the faster of two kernels at decode-sized products, timed over
         all the layers' weights of a shape the first time a model of that
         shape loads on this machine, where it can (``perfsuite.engine.projection``:
-        float32 on the CPU; the choice is kept in ``KernelChoiceFile``).
+        float32 on the CPU; the choice is kept in ``KernelChoiceFile``). With
+        ``batch_invariant`` every projection runs oneDNN at every row count instead
+        (``batch_invariant_projection``), and nothing is timed.
         """
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -272,6 +276,8 @@ class Decoder:
 
         decoder = model.model
         kernels = KernelChooser(chosen=SHARED_CHOICES) if pack_weights else None
+        if batch_invariant:
+            kernels = BATCH_INVARIANT
         raw = [_projection_weights(layer, moved) for layer in decoder.layers]
         built = {name: _projections([weights[name] for weights in raw], kernels) for name in PROJECTIONS}
         layers = tuple(
@@ -332,10 +338,19 @@ class Decoder:
         projections = {name: getattr(self.layers[0], name) for name in PROJECTIONS} | {"lm_head": self.lm_head}
         return {name: str(p.kernel or "plain") for name, p in projections.items()}
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The next token's logits [N, vocab] after each of hidden [N, hidden]."""
+        return self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))
+
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The most likely next token [N] after each of hidden [N, hidden]."""
-        logits = self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))  # [N, vocab]
-        return logits.argmax(dim=-1)
+        return self.logits(hidden).argmax(dim=-1)
+
+    def greedy_tokens_and_logprobs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``greedy_tokens`` and each one's log-probability [N] (the log-softmax of its logit, in the model dtype)."""
+        logits = self.logits(hidden)  # [N, vocab]
+        tokens = logits.argmax(dim=-1)
+        return tokens, logits.log_softmax(dim=-1).gather(1, tokens[:, None]).squeeze(1)
 
 
 def _projection_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, tuple]:
@@ -352,10 +367,15 @@ def _projection_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) ->
     }
 
 
-def _projections(weights: list[tuple], kernels: KernelChooser | None) -> list[Projection]:
-    """One shape's projections, every layer's: on the kernel chosen for them, or plain."""
+BATCH_INVARIANT = "batch-invariant"  # Decoder.from_hf's projections under batch_invariant: oneDNN at every row count
+
+
+def _projections(weights: list[tuple], kernels: KernelChooser | str | None) -> list[Projection]:
+    """One shape's projections, every layer's: on the kernel chosen for them, batch invariant, or plain."""
     if kernels is None:
         return [Projection.of(weight, bias, kernel=None) for weight, bias in weights]
+    if kernels == BATCH_INVARIANT:
+        return [batch_invariant_projection(weight, bias) for weight, bias in weights]
     return kernels.projections(weights)
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from perfsuite.engine.kv_memory import KVLayout
-from perfsuite.engine.layers import Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
+from perfsuite.engine.layers import Attend, Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
 from perfsuite.engine.paged_attention import PagedAttention, Unavailable, load_paged_attention
 from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.engine.static_decode import StaticDecodeStep
@@ -64,6 +64,20 @@ class _Batch:
     token_slots: torch.Tensor  # [T] each token's slot, or for a paged cache its pool cell (vLLM's slot_mapping)
     sample_index: torch.Tensor  # [num_sampling_chunks] packed index of each sampled token
     groups: tuple[_AttentionGroup, ...]
+    per_token: _PerTokenKeys | None = None  # batch-invariant mode: every token attends alone
+
+
+@dataclass(frozen=True, slots=True)
+class _PerTokenKeys:
+    """Batch-invariant attention's indices: each token is a row of the in-place kernel, over its own keys only.
+
+    A paged pool's rows read their request's block table; a slot cache is read
+    as a pool of one block per (slot, KV head), ``max_seq_len`` tokens long, so
+    a row's table is ``slot * kv_heads`` (plus the KV head attended).
+    """
+
+    tables: torch.Tensor  # [T, width] the token's request's blocks, or [T, 1] its slot * kv_heads
+    lengths: torch.Tensor  # [T] the token's position + 1: the keys it sees
 
 
 class _HostIndices:
@@ -127,6 +141,17 @@ class ModelRunner:
     decode step attend over the pool's blocks in place, with perfsuite's C
     kernel, where it can be built (``perfsuite.engine.paged_attention``);
     False, or no C compiler, gathers each row's blocks first.
+
+    ``batch_invariant``: a request's tokens (and their log-probabilities) are
+    the same bits whatever else is in the batch, however many rows, wherever
+    its rows sit, however its prompt was split (``check_batch_invariance``
+    says where this can hold, and the constructor raises its reason where it
+    cannot). Every projection runs oneDNN at every row count
+    (``batch_invariant_projection``), and every token attends alone, through
+    the in-place C kernel over exactly its own keys, in prefill as in decode.
+    ``logprobs``: each step also keeps its sampled tokens' log-probabilities
+    in ``last_logprobs`` (one per sampling chunk, in order), which the engine
+    puts in its records; off, nothing is computed for them.
     """
 
     def __init__(
@@ -138,11 +163,25 @@ class ModelRunner:
         decode_mode: DecodeMode | str = DecodeMode.PACKED,
         pack_weights: bool = True,
         paged_attention: bool = True,
+        batch_invariant: bool = False,
+        logprobs: bool = False,
     ) -> None:
         decode_mode = DecodeMode.parse(decode_mode)
         device = torch.device(device) if device is not None else model.device
-        self.decoder = Decoder.from_hf(model, device, dtype or model.dtype, pack_weights=pack_weights)
+        dtype = dtype or model.dtype
+        if batch_invariant or logprobs:
+            _check_packed(decode_mode, "batch_invariant" if batch_invariant else "logprobs")
+        if batch_invariant:
+            problem = check_batch_invariance(device, dtype, paged_attention)
+            if problem is not None:
+                raise ValueError(f"batch-invariant mode is not available here: {problem}")
+        self.decoder = Decoder.from_hf(
+            model, device, dtype, pack_weights=pack_weights, batch_invariant=batch_invariant
+        )
         self.num_forward_passes = 0
+        self.batch_invariant = batch_invariant
+        self.logprobs = logprobs
+        self.last_logprobs: tuple[float, ...] | None = None  # the last step's, under logprobs
         self._wants_paged_attention = paged_attention
         self.static_decode = (
             None
@@ -230,6 +269,70 @@ class ModelRunner:
 
     def _packed_step(self, chunks: tuple[ScheduledChunk, ...], kv_cache: KVCache | PagedKVCache) -> list[int]:
         batch = self._prepare(chunks, kv_cache)
+        attend = self._attend_alone if self.batch_invariant else self._attend_grouped
+        hidden = self.decoder.forward(batch.input_ids, batch.positions, attend(batch, kv_cache))  # [T, hidden]
+        return self._sample(hidden[batch.sample_index])
+
+    def _sample(self, hidden: torch.Tensor) -> list[int]:
+        """The greedy token after each of hidden [N, hidden]; under ``logprobs``, their log-probabilities kept."""
+        if hidden.shape[0] == 0:
+            self.last_logprobs = () if self.logprobs else None
+            return []
+        if not self.logprobs:
+            return self.decoder.greedy_tokens(hidden).tolist()
+        tokens, logprobs = self.decoder.greedy_tokens_and_logprobs(hidden)
+        self.last_logprobs = tuple(logprobs.tolist())
+        return tokens.tolist()
+
+    @staticmethod
+    def _store(layer_index: int, k, v, batch: _Batch, kv_cache: KVCache | PagedKVCache) -> tuple[torch.Tensor, ...]:
+        """Write the step's keys and values into the cache; the layer's cache tensors (a paged pool's cells)."""
+        if isinstance(kv_cache, PagedKVCache):
+            k_cache, v_cache = kv_cache.token_rows(layer_index)  # [cells, kv_heads, head_dim]
+            k_cache[batch.token_slots] = k
+            v_cache[batch.token_slots] = v
+        else:
+            k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
+            k_cache[batch.token_slots, :, batch.positions] = k
+            v_cache[batch.token_slots, :, batch.positions] = v
+        return k_cache, v_cache
+
+    def _attend_alone(self, batch: _Batch, kv_cache: KVCache | PagedKVCache) -> Attend:
+        """Batch-invariant attention: each token a row of the in-place kernel over its own keys 0..its position.
+
+        The kernel computes a row by itself, in one order that depends only on
+        its number of keys, so a token's output is the same bits whatever the
+        other rows, padding or chunking. A slot cache [slots, kv_heads,
+        max_seq_len, head_dim] is one pool of ``slots * kv_heads`` blocks of
+        one KV head each, attended one KV head (and its group of query heads)
+        at a time.
+        """
+        kernel, per_token = self._paged_attention, batch.per_token
+        if isinstance(kv_cache, PagedKVCache):
+
+            def attend_paged(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                self._store(layer_index, k, v, batch, kv_cache)
+                return kernel(q, *kv_cache.layer_pools(layer_index), per_token.tables, per_token.lengths)
+
+            return attend_paged
+        heads = self.decoder.heads
+        group = heads.num_heads // heads.num_kv_heads
+        tables = [per_token.tables + kv_head for kv_head in range(heads.num_kv_heads)]  # [T, 1] each
+        one_head_blocks = (-1, kv_cache.max_seq_len, 1, heads.head_dim)
+
+        def attend_slots(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_cache, v_cache = self._store(layer_index, k, v, batch, kv_cache)
+            keys, values = k_cache.view(one_head_blocks), v_cache.view(one_head_blocks)
+            attended = q.new_empty(q.shape[0], heads.num_heads, heads.head_dim)
+            for kv_head, table in enumerate(tables):
+                query_heads = slice(kv_head * group, (kv_head + 1) * group)
+                attended[:, query_heads] = kernel(q[:, query_heads], keys, values, table, per_token.lengths)
+            return attended
+
+        return attend_slots
+
+    def _attend_grouped(self, batch: _Batch, kv_cache: KVCache | PagedKVCache) -> Attend:
+        """Each attention group's queries at once over its rows' keys, padded to the group's longest."""
         is_paged = isinstance(kv_cache, PagedKVCache)
         heads = self.decoder.heads
         masks = [tile_mask(group.mask, heads.num_heads // heads.num_kv_heads) for group in batch.groups]  # all layers
@@ -237,14 +340,7 @@ class ModelRunner:
         in_place = kernel if isinstance(kernel, PagedAttention) else None  # for the decode group, if any
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if is_paged:
-                k_cache, v_cache = kv_cache.token_rows(layer_index)  # [cells, kv_heads, head_dim]
-                k_cache[batch.token_slots] = k
-                v_cache[batch.token_slots] = v
-            else:
-                k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
-                k_cache[batch.token_slots, :, batch.positions] = k
-                v_cache[batch.token_slots, :, batch.positions] = v
+            k_cache, v_cache = self._store(layer_index, k, v, batch, kv_cache)
             if batch.groups[0].token_index is None:  # one group of every token in order: nothing to scatter
                 return self._attend(batch.groups[0], masks[0], layer_index, kv_cache, q, k_cache, v_cache, in_place)
             attended = torch.empty_like(q)  # [T, heads, head_dim]
@@ -254,10 +350,7 @@ class ModelRunner:
                 )
             return attended
 
-        hidden = self.decoder.forward(batch.input_ids, batch.positions, attend)  # [T, hidden]
-        if batch.sample_index.numel() == 0:
-            return []
-        return self.decoder.greedy_tokens(hidden[batch.sample_index]).tolist()
+        return attend
 
     def _attend(
         self, group: _AttentionGroup, mask: torch.Tensor, layer_index: int, kv_cache, q, k_cache, v_cache,
@@ -307,6 +400,12 @@ class ModelRunner:
             (decode_chunks if chunk.num_tokens == 1 else prefill_chunks).append((offset, chunk))
         indices = _HostIndices()
         handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
+        if self.batch_invariant:  # every token attends alone: no groups, no masks
+            per_token = self._plan_per_token(chunks, positions, indices, block_size)
+            tensors = indices.upload(self.device)
+            tables, lengths = (tensors[handle] for handle in per_token[1:])
+            return _Batch(*(tensors[handle] for handle in handles), groups=(),
+                          per_token=_PerTokenKeys(tables.view(len(input_ids), per_token[0]), lengths))  # fmt: skip
         plans = [
             self._plan_group(group_chunks, indices, block_size)
             for group_chunks in (decode_chunks, prefill_chunks)
@@ -317,6 +416,22 @@ class ModelRunner:
             *(tensors[handle] for handle in handles),
             groups=tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans),
         )
+
+    def _plan_per_token(
+        self, chunks: tuple[ScheduledChunk, ...], positions: list[int], indices: _HostIndices, block_size: int | None
+    ) -> tuple[int, int, int]:
+        """Each token's keys for ``_attend_alone``: (table width, handle of the tables, handle of the lengths)."""
+        if block_size is None:
+            num_kv_heads = self.decoder.heads.num_kv_heads
+            tables = [chunk.slot * num_kv_heads for chunk in chunks for _ in range(chunk.num_tokens)]
+            width = 1
+        else:
+            width = max(len(chunk.block_table) for chunk in chunks)
+            tables = []
+            for chunk in chunks:
+                padded = (*chunk.block_table, *[0] * (width - len(chunk.block_table)))  # past its length: never read
+                tables.extend(block for _ in range(chunk.num_tokens) for block in padded)
+        return width, indices.add(tables), indices.add([position + 1 for position in positions])
 
     @staticmethod
     def _plan_group(
@@ -409,6 +524,45 @@ def _check_fits(chunk: ScheduledChunk, kv_cache: KVCache | PagedKVCache) -> None
         raise ValueError(
             f"chunk of {chunk.request_id!r} reaches position {end} beyond its {len(chunk.block_table)} blocks of "
             f"{kv_cache.block_size} tokens; the scheduler must grow its block table first"
+        )
+
+
+def check_batch_invariance(device: torch.device, dtype: torch.dtype, paged_attention: bool = True) -> str | None:
+    """Why ``ModelRunner(batch_invariant=True)`` cannot be batch invariant on ``device`` in ``dtype``; None if it can.
+
+    On a CPU it needs float32 (oneDNN's product, ``batch_invariant_projection``)
+    and perfsuite's in-place attention kernel (a C compiler). On CUDA torch has
+    no batch-invariant eager operators: cuBLAS picks its GEMM kernel and
+    split-K reduction by the batch's shape, and SDPA its kernel and tiling by
+    the padded lengths; only ``torch.compile``'s Triton kernels honour
+    ``torch._inductor.config.batch_invariant``, and this runner is eager.
+    """
+    if device.type == "cuda":
+        return (
+            f"on CUDA, torch {torch.__version__} has no batch-invariant eager operators (cuBLAS picks its GEMM "
+            "kernel and split-K reduction by the number of rows, SDPA its tiling by the padded lengths; only "
+            "torch.compile'd Triton kernels honour torch._inductor.config.batch_invariant); run it on a CPU"
+        )
+    if device.type != "cpu":
+        return f"it runs on a CPU only, not {device.type}"
+    if dtype != torch.float32:
+        return f"it needs float32 (oneDNN's product, the CPU kernel found batch invariant), not {dtype}"
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return "this torch was built without oneDNN, whose product is the CPU kernel found batch invariant"
+    if not paged_attention:
+        return "it attends through perfsuite's in-place C kernel, turned off here (paged_attention=False)"
+    kernel = load_paged_attention()
+    if isinstance(kernel, Unavailable):
+        reason = f"{kernel.reason}; {kernel.fix}" if kernel.fix else kernel.reason
+        return f"it attends through perfsuite's in-place C kernel, which could not be built: {reason}"
+    return None
+
+
+def _check_packed(decode_mode: DecodeMode, knob: str) -> None:
+    if decode_mode is not DecodeMode.PACKED:
+        raise ValueError(
+            f"{knob}=True runs the packed decode path, not decode_mode {decode_mode.value!r} (its static steps "
+            f"pad rows and attend over every slot); leave decode_mode at {DecodeMode.PACKED.value!r}"
         )
 
 

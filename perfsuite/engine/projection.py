@@ -67,6 +67,10 @@ LAYOUT_HINT_ROWS = 8
 # The row counts a weight's kernels are timed at when one is chosen: a small and a large decode batch.
 TUNING_ROWS = (8, 32)
 TUNING_ROUNDS = 5
+# A batch-invariant product runs oneDNN at every row count, but never on fewer rows than this: oneDNN gave a lone row
+# other bits than the same row among others for SmolLM2's down projection (1536 inputs; bench/row_invariance.py),
+# and the same from 2 to 2048 rows, so one row is padded to two.
+INVARIANT_MIN_ROWS = 2
 
 
 class Kernel(StrEnum):
@@ -90,12 +94,17 @@ def can_pack(weight: torch.Tensor) -> bool:
 @dataclass(frozen=True, slots=True)
 class Projection:
     """``y = x @ weight.T + bias`` over x [rows, in]; ``kernel`` runs its decode-sized products over ``fast_weight``,
-    the weight's copy made for it (oneDNN's layout, or [in, out]); with no kernel every product is ``F.linear``."""
+    the weight's copy made for it (oneDNN's layout, or [in, out]); with no kernel every product is ``F.linear``.
+
+    ``batch_invariant``: every product, whatever its rows, runs oneDNN (padded to ``INVARIANT_MIN_ROWS``), so a
+    row's bits do not depend on how many rows are multiplied with it (``batch_invariant_projection``).
+    """
 
     weight: torch.Tensor  # [out, in]
     bias: torch.Tensor | None = None  # [out]
     kernel: Kernel | None = None
     fast_weight: torch.Tensor | None = None
+    batch_invariant: bool = False
 
     @classmethod
     def of(
@@ -110,6 +119,8 @@ class Projection:
         return cls(weight, bias, kernel, torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return self._every_row_alike(x)
         if self.kernel is not None and x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
             if self.kernel is Kernel.ONEDNN:
                 return torch.ops.mkldnn._linear_pointwise(x, self.fast_weight, self.bias, "none", [], "")  # any strides
@@ -117,6 +128,29 @@ class Projection:
                 return torch.mm(x, self.fast_weight)
             return torch.addmm(self.bias, x, self.fast_weight)
         return F.linear(x, self.weight, self.bias)
+
+    def _every_row_alike(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN's product of x [rows, in] at any rows, a lone row padded so that oneDNN takes its many-row path."""
+        rows = x.shape[0]
+        if rows < INVARIANT_MIN_ROWS:
+            padded = x.new_zeros(INVARIANT_MIN_ROWS, x.shape[1])
+            padded[:rows] = x
+            return self._every_row_alike(padded)[:rows]
+        return torch.ops.mkldnn._linear_pointwise(x, self.fast_weight, self.bias, "none", [], "")
+
+
+def batch_invariant_projection(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
+    """A projection whose every product runs oneDNN, the one CPU kernel found to give a row the same bits at every
+    row count (bench/row_invariance.py: MKL's ``sgemm``, plain or over the weight transposed, changes its bits
+    below 12 rows). ``ValueError`` where oneDNN cannot run it (not float32 on a CPU, or no oneDNN in torch)."""
+    weight = weight.contiguous()
+    if not can_pack(weight):
+        raise ValueError(
+            f"a batch-invariant projection runs oneDNN, which needs a float32 matrix on a CPU and a torch built with "
+            f"oneDNN; got {weight.dtype} on {weight.device.type}"
+        )
+    fast_weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS)
+    return Projection(weight, bias, Kernel.ONEDNN, fast_weight, batch_invariant=True)
 
 
 ChoiceKey = tuple[tuple[int, ...], bool, int]  # (weight shape, has a bias, torch's thread count)

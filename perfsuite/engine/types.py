@@ -258,11 +258,13 @@ class SchedulerOutput:
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """A token produced for one request in one step."""
+    """A token produced for one request in one step; ``logprob``: its log-probability, where the runner was asked
+    for them (``ModelRunner(logprobs=True)``), else None."""
 
     request_id: str
     token_id: int
     finish_reason: FinishReason | None
+    logprob: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -303,6 +305,9 @@ class RequestRecord:
     # Prompt tokens whose KV came from the prefix cache instead of a prefill (0: none, or an engine without
     # one); None: not known (a peer that does not say, an older record).
     num_cached_tokens: int | None = None
+    # One log-probability per output token, where the engine was asked for them (perfsuite's engines over
+    # ModelRunner(logprobs=True)); None: not asked, or an engine that does not give them.
+    output_logprobs: tuple[float, ...] | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -437,6 +442,10 @@ class RunResult:
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return {r.request_id: r.output_token_ids for r in self.records}
+
+    def logprobs(self) -> dict[str, tuple[float, ...] | None]:
+        """Each request's tokens' log-probabilities, None where the engine gave none."""
+        return {r.request_id: r.output_logprobs for r in self.records}
 
 
 def check_unique_ids(requests: Iterable[Request]) -> None:
