@@ -224,6 +224,14 @@ def _add_init_command(commands) -> None:
     )
     init.add_argument("directory", type=Path, nargs="?", default=Path("."), help="your project's root (.)")
     init.add_argument("--engine", default="my-engine", help="the name your engine is registered under (my-engine)")
+    init.add_argument(
+        "--perfsuite-source",
+        required=True,
+        metavar="SOURCE",
+        help="where the workflow's runner installs perfsuite from: a git URL pinned to a commit "
+        "(git+https://github.com/you/perfsuite@<commit>), or a wheel's or a checkout's path on the runner; "
+        "required, since a bare name installs whatever a package index serves under it",
+    )
 
 
 def _add_history_command(commands) -> None:
@@ -292,7 +300,7 @@ def _history_import(args: argparse.Namespace) -> int:
 def _init(args: argparse.Namespace) -> int:
     from perfsuite.scaffold import write_project
 
-    for path in write_project(args.directory, args.engine):
+    for path in write_project(args.directory, args.engine, args.perfsuite_source):
         print(f"wrote {path}")
     print(f"next: register {args.engine!r} (conftest.py says how), then `pytest --perf --perf-model tiny-random "
           "--perf-profile smoke` and `pytest tests/test_equivalence.py`")

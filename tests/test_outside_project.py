@@ -14,7 +14,6 @@ with a shrunk counterexample.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -24,13 +23,11 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
+from scratch_python import COPY_IGNORE, ROOT, copy_perfsuite_source, scratch_env, scratch_venv
 
 pytestmark = [pytest.mark.outside_project, pytest.mark.timing]  # its A/B must see a slowdown: run alone
 
-ROOT = Path(__file__).resolve().parents[1]
 OUTSIDE_PROJECT = ROOT / "examples" / "outside-project"
-# The scratch venv may not see this tree, nor a PYTHONPATH pointing at it.
-DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTEST_ADDOPTS", "HYPOTHESIS_PROFILE")
 
 
 def run(command: list, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -40,33 +37,15 @@ def run(command: list, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
     return result
 
 
-COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".hypothesis", "reports")
-
-
 def copy_sources(tmp_path: Path) -> tuple[Path, Path]:
     """perfsuite's packaging inputs and the outside project, copied: builds write into their source trees."""
-    perfsuite_source = tmp_path / "perfsuite-source"
-    perfsuite_source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, perfsuite_source / name)
-    shutil.copytree(ROOT / "perfsuite", perfsuite_source / "perfsuite", ignore=COPY_IGNORE)
-    return perfsuite_source, project_copy(tmp_path)
+    return copy_perfsuite_source(tmp_path), project_copy(tmp_path)
 
 
 def project_copy(tmp_path: Path) -> Path:
     project = tmp_path / "outside-project"
     shutil.copytree(OUTSIDE_PROJECT, project, ignore=COPY_IGNORE)
     return project
-
-
-def scratch_venv(tmp_path: Path, env: dict[str, str]) -> Path:
-    """A venv without pip whose site-packages reach this venv's by a path file (read as a path, not a site)."""
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path, env)
-    python = venv / "bin" / "python"
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env)
-    (Path(purelib.stdout.strip()) / "borrowed-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return python
 
 
 def outcomes(junit_xml: Path) -> dict[str, str]:
@@ -76,14 +55,6 @@ def outcomes(junit_xml: Path) -> dict[str, str]:
         ended = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
         found[case.get("name")] = ended[0] if ended else "passed"
     return found
-
-
-def scratch_env() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in DROPPED_ENV}
-    # tiny-random's matrices are too small to split between threads, and on a busy 2-core machine a second
-    # thread waits for a core: a token of the reference took 84 ms with 2 threads, 5.6 ms with 1.
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 @pytest.fixture(scope="module")

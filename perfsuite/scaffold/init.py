@@ -3,11 +3,13 @@
 Every file is checked before any is written, so a refusal leaves the project
 as it was (no half-initialised tree). The templates live beside this module
 in ``templates/`` and are filled with ``string.Template``: ``$engine`` (the
-registered name), ``$ident`` (that name as a Python identifier).
+registered name), ``$ident`` (that name as a Python identifier), ``$source``
+(where the CI runner installs perfsuite from, quoted for YAML).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -29,19 +31,33 @@ class InitError(ValueError):
     """The project cannot be initialised as asked (a file exists, a bad engine name, an unwritable place)."""
 
 
+def check_source(source: str) -> str:
+    """The workflow's install source as given, or ``InitError``: a bare name would install what an index serves."""
+    if source.startswith("-") or "\n" in source:
+        raise InitError(f"--perfsuite-source {source!r}: give the source itself, not pip options")
+    if "/" not in source and not source.lower().endswith(".whl"):
+        raise InitError(
+            f"--perfsuite-source {source!r}: name where the runner gets perfsuite, a git URL "
+            "(git+https://github.com/you/perfsuite@<commit>) or a wheel's or a checkout's path; "
+            "a bare name installs whatever a package index serves under it"
+        )
+    return source
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedFile:
     path: Path
     text: str
 
 
-def planned_files(root: Path, engine: str) -> list[PlannedFile]:
-    """The files ``perfsuite init`` writes for ``engine`` under ``root``, filled in."""
+def planned_files(root: Path, engine: str, source: str) -> list[PlannedFile]:
+    """The files ``perfsuite init`` writes for ``engine`` under ``root``; the CI installs perfsuite from ``source``."""
     if not ENGINE_NAME.fullmatch(engine):
         raise InitError(
             f"engine name {engine!r}: use letters, digits, '-', '_' or '.', starting with a letter (e.g. my-engine)"
         )
-    values = {"engine": engine, "ident": re.sub(r"\W", "_", engine)}
+    # A JSON string is a YAML double-quoted scalar: any path or URL survives the workflow file as it is.
+    values = {"engine": engine, "ident": re.sub(r"\W", "_", engine), "source": json.dumps(check_source(source))}
     templates = resources.files("perfsuite.scaffold") / "templates"
     return [
         PlannedFile(root / target, Template((templates / name).read_text(encoding="utf-8")).substitute(values))
@@ -49,11 +65,11 @@ def planned_files(root: Path, engine: str) -> list[PlannedFile]:
     ]
 
 
-def write_project(root: Path, engine: str) -> list[Path]:
+def write_project(root: Path, engine: str, source: str) -> list[Path]:
     """Write every planned file, or none: an existing one is refused, naming all that exist."""
     if root.exists() and not root.is_dir():
         raise InitError(f"{root} is not a directory; give the root of your project")
-    files = planned_files(root, engine)
+    files = planned_files(root, engine, source)
     existing = [str(planned.path) for planned in files if planned.path.exists()]
     if existing:
         raise InitError(
