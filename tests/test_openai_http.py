@@ -11,6 +11,7 @@ letter i % 26, so the byte codec below turns it into text and back exactly.
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -24,6 +25,7 @@ from perfsuite.engine import FinishReason, Request, SamplingParams
 from perfsuite.measure.metrics import request_metrics, run_metrics
 from perfsuite.measure.prefix_cache import cached_prompts
 from perfsuite.serve import ServerThread
+from fake_backend import FAKE_BACKEND_CONFTEST
 
 pytest_plugins = ["pytester"]
 
@@ -459,6 +461,36 @@ def test_pytest_options_build_the_client_options(pytester, monkeypatch):
     assert options == HttpClientOptions("m", "sk-from-env", "text", "ignore_eos", "chat", True)
     assert read_options(pytester.parseconfig("--perf-api-key", "sk-flag")).http_client.api_key == "sk-flag"
     assert "sk-from-env" not in repr(read_options(config))
+
+
+SERVER_TESTS = """
+import pytest
+
+@pytest.mark.perf
+@pytest.mark.parametrize("batch_size", [1, 2, 4])
+def test_server(perf, perf_engine_factory, batch_size):
+    perf_engine_factory("openai-http", batch_size=batch_size)
+"""
+
+
+def test_a_server_that_is_not_there_fails_one_test_of_the_session_and_skips_the_rest_naming_the_url(pytester):
+    """Issue 37: each openai-http test failed on its own, with the client's traceback, after its own connect."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    pytester.makeconftest(FAKE_BACKEND_CONFTEST)
+    pytester.makepyfile(test_server=SERVER_TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-rs", "--perf",
+                                          "--perf-history", "none", "--perf-engines", "openai-http",
+                                          "--perf-endpoint", url)  # fmt: skip
+    result.assert_outcomes(failed=1, skipped=2)
+    result.stdout.fnmatch_lines([
+        "_* test_server[[]1[]] _*",
+        f"cannot reach the server at {url}/v1/models: *Connection refused; is it running? (--perf-endpoint)",
+        "=*",  # the next section: the failure is that one line, no traceback
+    ], consecutive=True)  # fmt: skip
+    result.stdout.fnmatch_lines([f"SKIPPED [[]2[]] * --perf-endpoint {url} did not answer; the session's first "
+                                 "openai-http test says why"])  # fmt: skip
 
 
 # --------------------------------------------------------------------------- 6. the server's prefix cache

@@ -400,8 +400,17 @@ def perf_built_engines() -> list:
     return []
 
 
+@pytest.fixture(scope="session")
+def _perf_endpoint_check(perf_session):
+    """``--perf-endpoint``'s server, asked once a session by the first test that builds ``openai-http`` here."""
+    from perfsuite.plugin.endpoint import EndpointCheck
+
+    options = perf_session.options
+    return EndpointCheck(options.endpoint, options.http_client.api_key)
+
+
 @pytest.fixture
-def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
+def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines, _perf_endpoint_check):
     """``perf_engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=..., requests=...)``.
 
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
@@ -416,6 +425,7 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     engine of your own.
     """
     from perfsuite.adapters import EngineConfig, build_engine
+    from perfsuite.adapters.http_options import SERVER_ENGINE
     from perfsuite.measure.timing import max_seq_len_for
 
     default_batch = max(perf_session.options.profile.batch_sizes)
@@ -447,6 +457,8 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
 
             engine = ClusterEngine(name, config)
         else:
+            if name == SERVER_ENGINE and perf_session.options.endpoint:  # one answer a session, not a failure a test
+                _perf_endpoint_check.require()
             try:
                 engine = build_engine(name, perf_backend, config)
             except KVMemoryError as error:
