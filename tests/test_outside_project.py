@@ -117,21 +117,3 @@ def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught
     # Drawn: up to 6 requests of up to 24 prompt tokens. The bug needs 3: one leaves, one stays, one joins.
     assert 3 <= num_requests <= 5 and all(len(prompt) <= 2 for prompt in prompts), shrunk.group(0)
     print(shrunk.group(0))
-
-
-def test_the_outside_project_gates_a_change_of_its_own_engine_with_ab_against_its_last_commit(installed, tmp_path):
-    """What `perfsuite init`'s workflow runs: --perf-against a commit of the project, perfsuite installed."""
-    python, project, env = installed, project_copy(tmp_path), scratch_env()
-    for command in (["init", "-q", "-b", "main"], ["add", "-A"],
-                    ["-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "one"]):
-        run(["git", *command], project, env)  # fmt: skip
-    result = run(
-        [python, "-m", "pytest", "--pyargs", "perfsuite.suites.test_throughput", "--perf", "--perf-engines", "outside",
-         "--perf-against=HEAD", "--perf-against-workers", "1", "--perf-repeats", "2", "-k", "B2 and fixed",
-         "-p", "no:cacheprovider"],
-        project, env,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert re.search(r"1 skipped", output), output  # 2 pairs: too few for a verdict, so it judged nothing
-    assert "A/B: A = REF HEAD" in output, output
