@@ -126,12 +126,14 @@ class Backend:
         decode_mode: DecodeMode | str = DecodeMode.PACKED,
         http_options: HttpClientOptions | None = None,
         probe: Callable[[str], float] | None = None,
+        batch_invariant: bool = False,
     ) -> Backend:
-        """The backend of a ``perfsuite.models.LoadedModel``, with perfsuite's runner over it."""
+        """The backend of a ``perfsuite.models.LoadedModel``, with perfsuite's runner over it (batch invariant, with
+        ``batch_invariant``: ``ModelRunner``)."""
         from perfsuite.engine.model_runner import ModelRunner
 
         return cls(
-            runner=ModelRunner(loaded.model, decode_mode=decode_mode),
+            runner=ModelRunner(loaded.model, decode_mode=decode_mode, batch_invariant=batch_invariant),
             probe=probe,
             tokenize=lambda text: loaded.tokenizer(text)["input_ids"],
             eos_token_id=loaded.eos_token_id,
@@ -152,7 +154,9 @@ class EngineConfig:
 
     ``batch_size`` is the static batch, the in-flight ``decode_batch_size`` or a
     peer's batch/concurrency limit. ``max_seq_len`` is the longest
-    prompt + output any request of the session needs.
+    prompt + output any request of the session needs. ``batch_invariant``
+    asks perfsuite's engines for a request's same bits whatever else is in its
+    batch: their backend's runner must be built so (``ModelRunner(batch_invariant=True)``).
     """
 
     batch_size: int
@@ -160,6 +164,7 @@ class EngineConfig:
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None  # the most tokens one step computes (vLLM's name)
     num_kv_blocks: int | None = None  # the paged engine's KV pool; None: batch_size x max_seq_len tokens of it
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -176,13 +181,13 @@ class EngineConfig:
         a run that does not use it keeps the identity its baselines carry.
         """
         knobs = dataclasses.asdict(self)
-        for name in _KNOBS_ADDED_LATER:
-            if knobs[name] is None:
+        for name, unset in _KNOBS_ADDED_LATER.items():
+            if knobs[name] is unset:
                 del knobs[name]
         return knobs
 
 
-_KNOBS_ADDED_LATER = ("num_kv_blocks",)
+_KNOBS_ADDED_LATER = {"num_kv_blocks": None, "batch_invariant": False}  # each with the value it is left out at
 
 
 EngineFactory = Callable[[Backend, EngineConfig], BatchingEngine]

@@ -147,6 +147,10 @@ _SWITCHES = (
      "fail the session when a new change point at the head of a test's run history (--perf-history) is a "
      "regression (one an earlier session reported fails nothing again); shown either way. Off by default: "
      "a false rate per series adds up over a session's tests and metrics (docs/change-points.md)"),
+    ("perf_batch_invariant",
+     "run perfsuite's engines (static, inflight, paged, paged-prefix) batch invariant: a request's tokens are the "
+     "same bits whatever else is in its batch (float32 on a CPU; docs/correctness.md). Slower; recorded among the "
+     "engine knobs, so its runs are compared only with each other"),
 )
 # Switches an ini file may turn on too (true/false): a CI's configuration can make every perf session strict.
 _SWITCHES_IN_INI = ("perf_strict", "perf_fail_on_change_point")
@@ -320,6 +324,7 @@ class PerfOptions:
     # options built by hand, which have no rootdir to resolve the option's default against): no history is kept.
     history_store: Path | str | None = None
     fail_on_change_point: bool = False  # a new regression at the head of a test's run history fails the session
+    batch_invariant: bool = False  # --perf-batch-invariant: perfsuite's engines over a batch-invariant runner
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -349,6 +354,9 @@ def read_options(config: pytest.Config) -> PerfOptions:
         _check_ray(config, values["perf_ray"], values["perf_engines"], values["perf_client_shards"])
     if values["perf_client_shards"] > 1:
         _check_client_shards(values)
+    batch_invariant = config.getoption("perf_batch_invariant")
+    if batch_invariant:
+        _check_batch_invariant(values)
     min_effect = values["perf_min_effect"]
     if min_effect is None:
         min_effect = PAIRED_MIN_EFFECT if against is not None else STORED_MIN_EFFECT
@@ -388,6 +396,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
         kv_blocks=values["perf_kv_blocks"],
         history_store=_history_store(values["perf_history"], rootdir),
         fail_on_change_point=_ini_switch(config, "perf_fail_on_change_point"),
+        batch_invariant=batch_invariant,
     )
 
 
@@ -469,6 +478,35 @@ def _check_against(config: pytest.Config, ref: str, save_baseline: bool, engines
     if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
         raise pytest.UsageError(
             f"--perf-against {ref}: one pair of workers per session (two model copies); drop -n/--dist"
+        )
+
+
+BATCH_INVARIANT_ENGINES = ("static", "inflight", "paged", "paged-prefix")  # perfsuite's own, over its runner
+
+
+def _check_batch_invariant(values: dict) -> None:
+    """--perf-batch-invariant is a mode of perfsuite's runner in this process: refused where it would not apply."""
+    others = [name for name in values["perf_engines"] if name not in BATCH_INVARIANT_ENGINES]
+    if others:
+        raise pytest.UsageError(
+            f"--perf-batch-invariant is a mode of perfsuite's engines ({', '.join(BATCH_INVARIANT_ENGINES)}); "
+            f"{', '.join(others)} would run as they always do: drop them from --perf-engines"
+        )
+    for option, value, where in (
+        ("perf_against", values["perf_against"], "the --perf-against workers build their runners without it"),
+        ("perf_ray", values["perf_ray"], "the --perf-ray actors build their runners without it"),
+    ):
+        if value is not None:
+            raise pytest.UsageError(f"--perf-batch-invariant with --{option.replace('_', '-')}: {where} (not yet "
+                                    "supported); measure batch-invariant runs in a session of their own")  # fmt: skip
+    if values["perf_decode_mode"] != "packed":
+        raise pytest.UsageError(f"--perf-batch-invariant runs the packed decode path, not --perf-decode-mode "
+                                f"{values['perf_decode_mode']}")  # fmt: skip
+    if values["perf_dtype"] != "float32" or values["perf_device"].startswith("cuda"):
+        raise pytest.UsageError(
+            f"--perf-batch-invariant needs float32 on a CPU (--perf-dtype float32 --perf-device cpu), not "
+            f"{values['perf_dtype']} on {values['perf_device']}: on CUDA torch has no batch-invariant eager "
+            "operators (docs/correctness.md)"
         )
 
 
