@@ -6,18 +6,22 @@ reader can tell a real bug (a large margin) from a near-tie that rounding in
 a different batch shape can flip (a margin near zero).
 
 ``check_greedy_equal`` runs any engine on a few requests and reports its
-divergences that way; ``check_server_greedy`` does it for a server through
+divergences that way, after ``validate_run_result`` has checked what the
+engine returned (an engine the kit does not know is trusted with nothing:
+types, ids and counts are checked before any token is compared); ``check_server_greedy`` does it for a server through
 ``openai-http`` (``perfsuite serve``, vLLM, ...), so a server's claim to
 decode greedily is checked rather than taken on trust.
 """
 
 from __future__ import annotations
 
+import reprlib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from perfsuite.engine.types import Request, SamplingParams
+from perfsuite.engine.types import Request, RequestRecord, RunResult, SamplingParams
 
 if TYPE_CHECKING:
     from perfsuite.adapters.protocol import BatchingEngine
@@ -94,6 +98,74 @@ def find_divergences(
         if divergence is not None:
             divergences.append(divergence)
     return divergences
+
+
+class InvalidRunResult(AssertionError):
+    """An engine's result that cannot be compared with the reference; ``problems`` say why, one line each."""
+
+    def __init__(self, engine_name: str, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        super().__init__(f"{engine_name}: its result cannot be compared with the reference; fix the engine:\n{lines}")
+
+
+def validate_run_result(requests: Sequence[Request], result: object) -> list[str]:
+    """What is wrong with ``result`` as the answer of ``run(requests)``, one line each; empty when nothing is.
+
+    ``BatchingEngine.run`` must return a ``RunResult`` whose records are
+    ``RequestRecord``s, exactly one for each request sent (none unknown,
+    none twice, none missing), each with a tuple of token ids that are
+    non-negative Python ints. A ``5.0`` equals ``5`` but is not a token id.
+    """
+    if not isinstance(result, RunResult):
+        must = "it must return a perfsuite.engine.RunResult with one record per request"
+        return [f"run() returned {_shown(result)}; {must}"]
+    if not isinstance(result.records, (tuple, list)):
+        return [f"RunResult.records is {_shown(result.records)}; it must be a tuple of perfsuite.engine.RequestRecord"]
+    problems = []
+    ids = []
+    for index, record in enumerate(result.records):
+        if not isinstance(record, RequestRecord):
+            problems.append(f"records[{index}] is {_shown(record)}, not a perfsuite.engine.RequestRecord")
+        elif not isinstance(record.request_id, str):
+            problems.append(f"records[{index}] has request_id {_shown(record.request_id)}, not a request's str id")
+        else:
+            ids.append(record.request_id)
+            problems += token_id_problems(record.request_id, record.output_token_ids)
+    return _request_id_problems([r.request_id for r in requests], ids) + problems
+
+
+def _request_id_problems(sent: Sequence[str], returned: Sequence[str]) -> list[str]:
+    counts, known = Counter(returned), set(sent)
+    problems = [f"a record for request id {rid!r}, which was never sent" for rid in counts if rid not in known]
+    twice = [(rid, n) for rid, n in counts.items() if n > 1]
+    problems += [f"request id {rid!r} has {n} records; return exactly one per request" for rid, n in twice]
+    missing = [rid for rid in sent if rid not in counts]
+    if missing:
+        problems.append(f"no record for requests {missing}: a request was lost")
+    return problems
+
+
+def token_id_problems(request_id: str, token_ids: object) -> list[str]:
+    """What is wrong with one request's output token ids (at most one line), or nothing."""
+    if not isinstance(token_ids, (tuple, list)):
+        return [f"request {request_id!r}: output_token_ids is {_shown(token_ids)}, not a tuple of ints"]
+    bad = [(position, token) for position, token in enumerate(token_ids) if not _is_token_id(token)]
+    if not bad:
+        return []
+    position, token = bad[0]
+    return [
+        f"request {request_id!r}: {len(bad)} of {len(token_ids)} output token ids are not non-negative ints, "
+        f"the first at output position {position}: {_shown(token)}; return Python ints (int(t), not a float or tensor)"
+    ]
+
+
+def _is_token_id(token: object) -> bool:
+    return isinstance(token, int) and not isinstance(token, bool) and token >= 0
+
+
+def _shown(value: object) -> str:
+    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 def assert_outputs_equal(
@@ -176,12 +248,18 @@ def check_greedy_equal(
     The reference decodes first and the engine runs after, so the two never
     share a model at the same time (a server thread may hold the same one).
     A multi-turn follow-up is decoded on the conversation the reference's own
-    outputs make: a greedy-equal engine serves it that same prompt.
+    outputs make: a greedy-equal engine serves it that same prompt. What
+    ``run`` returns is validated first (``validate_run_result``); a result
+    that is not one record of int token ids for each request raises
+    ``InvalidRunResult`` naming every problem.
     """
     expected, margins = reference_outputs(requests, reference)
     name = engine_name or engine.name
-    actual = engine.run(requests).outputs()
-    divergences = find_divergences(name, expected, actual, margins)
+    result = engine.run(requests)
+    problems = validate_run_result(requests, result)
+    if problems:
+        raise InvalidRunResult(name, problems)
+    divergences = find_divergences(name, expected, result.outputs(), margins)
     return GreedyCheck(name, len(requests), tuple(divergences), near_tie_tolerance)
 
 

@@ -13,7 +13,11 @@ would not reset a function-scoped fixture between examples, and reloading
 per test would cost more than the check.
 
 Settings: ``deadline=None`` (a model step on a CPU is slower than the
-200 ms default) and ``max_examples``; the rest comes from the Hypothesis
+200 ms default) and ``max_examples``; in the deadline's place each example
+has a wall-clock limit, ``max_seconds_per_example`` (default 300 s, or
+``$PERFSUITE_MAX_SECONDS_PER_EXAMPLE``): an engine that never answers fails
+with the scenario and "no answer in N s", its call abandoned in a daemon
+thread (``perfsuite.testing.time_limit``); the rest comes from the Hypothesis
 profile loaded when the test is made. Under CI (the ``CI`` variable)
 Hypothesis loads its ``ci`` profile itself, derandomized and without an
 example database, so a CI run is reproducible; a developer's run explores
@@ -37,6 +41,7 @@ from perfsuite.testing.checks import check_engine, check_runner
 from perfsuite.testing.reference import CachedReference, cached_reference
 from perfsuite.testing.reference import near_tie_tolerance as tolerance_for_dtype
 from perfsuite.testing.scenarios import Scenario, scenarios
+from perfsuite.testing.time_limit import NoAnswer, call_within, resolve_max_seconds
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -63,6 +68,7 @@ def equivalence_test(
     near_tie_tolerance: float | None = None,
     max_near_ties: int = 1,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
+    max_seconds_per_example: float | None = None,
 ) -> Callable[[], None]:
     """A test that ``engine`` serves drawn scenarios exactly as unbatched greedy decoding of ``model`` would.
 
@@ -93,7 +99,19 @@ def equivalence_test(
     top-1/top-2 margin under which a flipped token is a near-tie, reported
     but not a failure; more than ``max_near_ties`` of them in one scenario
     fail too.
+
+    What ``run`` returns is checked before any token is compared
+    (``perfsuite.correctness.validate_run_result``: a ``RunResult``, one
+    record for each request sent and no other, int token ids); a result that
+    is not fails naming each problem.
+
+    ``max_seconds_per_example`` (default ``$PERFSUITE_MAX_SECONDS_PER_EXAMPLE``,
+    else 300) bounds one scenario, the model's loading aside. Past it the
+    test fails at once, with the scenario and "no answer in N s", without
+    shrinking; the hung call cannot be stopped and is abandoned, still
+    running, in a daemon thread (with the engine it holds) until the process exits.
     """
+    limit = resolve_max_seconds(max_seconds_per_example)
     model_under_test = _ModelUnderTest(model, dtype, device, endpoint)
     tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
     if strategy is None:
@@ -107,9 +125,10 @@ def equivalence_test(
             build, scenario, model_under_test.reference(), max_seq_len=max_seq_len,
             seconds_per_step=seconds_per_step, near_tie_tolerance=tolerance,
         )  # fmt: skip
-        _assert_passed(check.assert_passed, max_near_ties, scenario)
+        check.assert_passed(max_near_ties)
 
-    return _ready_test(check_one, strategy, max_examples, _engine_name(engine))
+    prepare = lambda: (model_under_test.reference(), factory())  # noqa: E731
+    return _ready_test(check_one, strategy, max_examples, _engine_name(engine), limit, prepare)
 
 
 def runner_equivalence_test(
@@ -123,14 +142,17 @@ def runner_equivalence_test(
     near_tie_tolerance: float | None = None,
     max_near_ties: int = 1,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
+    max_seconds_per_example: float | None = None,
 ) -> Callable[[], None]:
     """A test that a model runner, under perfsuite's static, in-flight and paged schedulers, decodes greedily.
 
     ``make_runner(loaded)`` builds the runner over the loaded ``model`` once
     (``loaded.model`` is the Hugging Face model); each scenario is driven step
     by step (arrivals by step), through every scheduler. The other arguments
-    are ``equivalence_test``'s.
+    are ``equivalence_test``'s; past ``max_seconds_per_example`` the runner,
+    shared by every scenario, is left to the abandoned call, and the test ends.
     """
+    limit = resolve_max_seconds(max_seconds_per_example)
     model_under_test = _ModelUnderTest(model, dtype, device, None)
     tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
     if strategy is None:
@@ -142,9 +164,11 @@ def runner_equivalence_test(
             runner_of(), scenario, model_under_test.reference(), eos_token_id=model_under_test.loaded().eos_token_id,
             max_seq_len=max_seq_len, near_tie_tolerance=tolerance,
         )  # fmt: skip
-        _assert_passed(check.assert_passed, max_near_ties, scenario)
+        check.assert_passed(max_near_ties)
 
-    return _ready_test(check_one, strategy, max_examples, getattr(make_runner, "__name__", "runner"))
+    label = getattr(make_runner, "__name__", "runner")
+    prepare = lambda: (model_under_test.reference(), runner_of())  # noqa: E731
+    return _ready_test(check_one, strategy, max_examples, label, limit, prepare)
 
 
 class _ModelUnderTest:
@@ -195,18 +219,27 @@ def _build(name: str, factory: EngineFactory, backend: Backend, config: EngineCo
     return checked_engine(name, factory(backend, config))
 
 
-def _assert_passed(assert_passed: Callable[[int], None], max_near_ties: int, scenario: Scenario) -> None:
+def _check_within(check_one: Callable[[Scenario], None], scenario: Scenario, max_seconds: float, label: str) -> None:
+    """``check_one(scenario)`` within ``max_seconds``; a failure, or no answer, names the scenario."""
     try:
-        assert_passed(max_near_ties)
+        call_within(max_seconds, functools.partial(check_one, scenario), label)
     except AssertionError as failure:
         raise AssertionError(f"{failure}\nscenario: {scenario.describe()}") from None
+    except NoAnswer as hung:
+        raise NoAnswer(f"{hung}\nscenario: {scenario.describe()}") from None
 
 
 def _ready_test(
-    check_one: Callable[[Scenario], None], strategy: SearchStrategy[Scenario], max_examples: int, label: str
+    check_one: Callable[[Scenario], None],
+    strategy: SearchStrategy[Scenario],
+    max_examples: int,
+    label: str,
+    max_seconds: float,
+    prepare: Callable[[], object],
 ) -> Callable[[], None]:
     def test(scenario: Scenario) -> None:
-        check_one(scenario)
+        prepare()  # the model, its reference and the runner or factory, once and outside the limit (a download is slow)
+        _check_within(check_one, scenario, max_seconds, label)
 
     # Hypothesis names the test in its report and keys its example database by this name.
     test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{label}_equals_unbatched_greedy_decoding")
