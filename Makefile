@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test docs run bench calibrate baselines install lock clean peers peers-install clean-peers
+.PHONY: perf test test-cluster docs run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,12 @@ test: $(STAMP)
 	rc=0; [ $$parallel -eq 0 ] || { echo "the parallel phase failed (above)"; rc=1; }; \
 	[ $$timing -eq 0 ] || { echo "the timing phase failed (above)"; rc=1; }; \
 	if [ $$docs -ne 0 ]; then echo "make docs failed (above)"; [ $$rc -ne 0 ] || rc=1; fi; exit $$rc
+
+# The tests marked `cluster` (tests/test_ray_cluster.py): a real two-node Ray cluster on this machine, minutes of a
+# 2-core runner, so a tier of its own beside `make test`. Exit 5 (nothing collected, e.g. a -k filter) passes.
+test-cluster: $(STAMP)
+	PERFSUITE_TEST_PHASE=cluster $(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the cluster phase"; rc=0; fi; exit $$rc
 
 # The docs site (mkdocs.yml): --strict fails on a broken link, a page left out of the nav or a stale API
 # reference. Seconds. Not --quiet: it hides the warnings that --strict counts, and then nothing fails.

@@ -10,7 +10,10 @@ with ``dev`` becomes an ``@example`` on its test so it stays fixed.
 of them wait on subprocesses, and a 2-core runner has a core to spare),
 then ``timing`` runs the ``timing`` ones alone. Those read the machine's
 load or detect a slowdown; beside another xdist worker, perfsuite would
-rightly call their runs noisy. Unset (a plain ``pytest``), every test runs.
+rightly call their runs noisy. A third phase, ``cluster`` (``make
+test-cluster``, not part of ``make test``), runs the tests marked ``cluster``:
+they start a real multi-node Ray cluster on this machine, minutes of a 2-core
+runner. Unset (a plain ``pytest``), every test runs.
 
 In the parallel phase each worker runs on a CPU of its own: torch sizes its
 thread pool by the CPUs a process may use, so two workers with two threads
@@ -43,7 +46,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 PHASE_VARIABLE = "PERFSUITE_TEST_PHASE"
-PHASES = ("parallel", "timing")
+PHASES = ("parallel", "timing", "cluster")
 ROOT = Path(__file__).resolve().parent
 
 
@@ -63,8 +66,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if phase not in PHASES:
         raise pytest.UsageError(f"{PHASE_VARIABLE}={phase!r}: choose {' or '.join(PHASES)}, or unset it to run all")
-    wanted = phase == "timing"
-    deselected = [item for item in items if (item.get_closest_marker("timing") is not None) != wanted]
+    deselected = [item for item in items if _phase_of(item) != phase]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
+
+
+def _phase_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("cluster") is not None:
+        return "cluster"
+    return "timing" if item.get_closest_marker("timing") is not None else "parallel"

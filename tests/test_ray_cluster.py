@@ -5,8 +5,10 @@ of a 2-core runner); its head has no CPU, so every measurement actor runs
 on one of the two worker nodes. Each session is the shipped suite's
 smallest (smoke profile, tiny-random, a few tests by ``-k``), run in this
 process so a plugin can remove a node while a test measures. Marked
-``timing``: a cluster is a dozen processes, which in the parallel phase
-would share one CPU with an xdist worker (conftest.py pins each to one).
+``cluster``: a cluster is a dozen processes, which in the parallel phase
+would share one CPU with an xdist worker (conftest.py pins each to one), and
+the module takes minutes of a 2-core runner, so ``make test-cluster`` runs it
+alone, outside ``make test`` (test_ray_units.py covers the logic without one).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 pytest_plugins = ["pytester"]
 
-pytestmark = pytest.mark.timing
+pytestmark = pytest.mark.cluster
 
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the messages are a few kB
 TWO_TESTS = "test_throughput and fixed"  # static and inflight, batch 2, fixed lengths
