@@ -226,3 +226,38 @@ def test_run_rejects_duplicate_ids_before_doing_any_work():
 def test_bad_knobs_name_the_knob(kwargs, field):
     with pytest.raises(ValueError, match=field):
         InflightScheduler(KVCacheManager(2, 16), EOS, **kwargs)
+
+
+class _RunnerReturning(FakeRunner):
+    """The fake runner, but every sampled token id replaced by ``value``."""
+
+    def __init__(self, value) -> None:
+        super().__init__(VOCAB)
+        self.value = value
+
+    def execute(self, output, kv_cache):
+        return [self.value for _ in super().execute(output, kv_cache)]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (47.9, "token id 47.9 (float) for request 'r0'"),
+        (5.0, "token id 5.0 (float) for request 'r0'"),
+        ("7", "token id '7' (str) for request 'r0'"),
+        (-1, "token id -1 for request 'r0'; token ids are >= 0"),
+    ],
+)
+@pytest.mark.parametrize("build", [static_engine, inflight_engine])
+def test_a_runner_token_id_that_is_not_a_nonnegative_integer_is_its_bug_not_truncated(build, value, message):
+    size = {"batch_size": 1} if build is static_engine else {"decode_batch_size": 1}
+    engine = build(_RunnerReturning(value), max_seq_len=32, eos_token_id=EOS, **size)
+    with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        engine.run([make_request("r0")])
+
+
+def test_integer_token_ids_of_any_integer_type_are_taken():
+    numpy = pytest.importorskip("numpy")
+    engine = inflight_engine(_RunnerReturning(numpy.int64(7)), decode_batch_size=1, max_seq_len=32, eos_token_id=EOS)
+    outputs = engine.run([make_request("r0", max_new_tokens=2)]).outputs()
+    assert outputs == {"r0": (7, 7)} and all(type(token) is int for token in outputs["r0"])

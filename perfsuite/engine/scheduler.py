@@ -13,6 +13,7 @@ engines compares batching and nothing else.
 from __future__ import annotations
 
 import abc
+import operator
 from collections import deque
 from collections.abc import Sequence as Seq
 
@@ -106,10 +107,11 @@ class Scheduler(abc.ABC):
             sequence = self._active.get(chunk.request_id)
             if sequence is None:  # aborted while its step was running
                 continue
-            reason = sequence.append_token(int(token_id), self.eos_token_id)
+            token_id = _sampled_token_id(token_id, chunk.request_id)
+            reason = sequence.append_token(token_id, self.eos_token_id)
             if reason is not None:
                 self._finish(sequence, reason)
-            step_outputs.append(StepOutput(chunk.request_id, int(token_id), reason))
+            step_outputs.append(StepOutput(chunk.request_id, token_id, reason))
         return step_outputs
 
     def check_request(self, request: Request) -> None:
@@ -324,3 +326,21 @@ class InflightScheduler(Scheduler):
 
     def _on_finished(self, sequence: Sequence) -> None:
         self._release(sequence)
+
+
+def _sampled_token_id(value: object, request_id: str) -> int:
+    """The runner's token id for ``request_id`` as an int; a float (even 5.0) or a negative id is the runner's bug.
+
+    ``int()`` would truncate 47.9 to 47 and hide a runner that samples from the wrong tensor.
+    """
+    try:
+        token_id = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise RuntimeError(
+            f"runner returned token id {value!r} ({type(value).__name__}) for request {request_id!r}; "
+            "a runner's execute() returns one integer token id per sampling chunk (e.g. tensor.tolist() of an "
+            "integer tensor, or argmax(...).tolist())"
+        ) from None
+    if token_id < 0:
+        raise RuntimeError(f"runner returned token id {token_id} for request {request_id!r}; token ids are >= 0")
+    return token_id
