@@ -334,7 +334,8 @@ def _report(args: argparse.Namespace) -> int:
     history: list[Results] = []
     if args.history is not None:
         if not args.history.is_dir():
-            raise ResultsFileError(f"{args.history}: no such directory; pass the history folder, e.g. reports/history")
+            what = "is a file, not a directory" if args.history.exists() else "no such directory"
+            raise ResultsFileError(f"{args.history}: {what}; pass the history folder, e.g. reports/history")
         history, problems = read_history(args.history)
         if problems:
             raise ResultsFileError(problems[0])

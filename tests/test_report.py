@@ -277,9 +277,13 @@ def test_cli_names_the_bad_file_and_the_fix(command, content, message, tmp_path,
     assert str(bad) in err and message in err and "pytest --perf" in err
 
 
-def test_cli_report_names_a_missing_history_folder(results_file, tmp_path, capsys):
-    assert main(["report", str(results_file), "--history", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere" in capsys.readouterr().err
+@pytest.mark.parametrize(("setup", "what"), [("missing", "no such directory"), ("file", "is a file, not a directory")])
+def test_cli_report_names_a_missing_history_folder_or_a_file_given_for_it(results_file, tmp_path, capsys, setup, what):
+    history = tmp_path / "history"
+    if setup == "file":
+        history.write_text("{}")
+    assert main(["report", str(results_file), "--history", str(history)]) == 2
+    assert f"{history}: {what}; pass the history folder" in capsys.readouterr().err
 
 
 def test_cli_compare_prints_the_verdict_table_and_fails_on_a_regression(tmp_path, measured, capsys):
