@@ -18,6 +18,13 @@ fields each test carries what readers outside perfsuite read (``READER_KEYS``:
 vLLM's flat figures, ``memory``, ``fingerprint``, ``normalization``), and the
 session its ``fingerprint``; they are written, never read back.
 
+A session whose tests measured unique completions over N runs
+(``perf.measure_determinism``) also holds ``determinism``: one
+``DeterminismResult`` per such test, each with its derived figures
+(``UniqueCompletions.summary``) beside its fields for readers outside
+perfsuite. The key is written only when a session recorded one, so every
+other file is as version 5 wrote it before and older readers read it.
+
 Schema versions: 5 writes through the codec: each test holds ``measurement``,
 ``judgement``, ``reference`` (A/B only) and ``capacity`` (capacity tests
 only); its summary is an object, its counters all of them with
@@ -49,6 +56,7 @@ from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
+from perfsuite.measure.determinism import PromptCompletions, UniqueCompletions
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
 from perfsuite.measure.prefix_cache import (
     CachedPrompts,
@@ -74,11 +82,11 @@ from perfsuite.measure.summaries import (
 )
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
-    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "Judgement", "Measurement", "MemoryUse",
-    "PolicyDescription", "ProbeDescription", "ReferenceSide", "Results", "ResultsFileError", "RunSummary",
-    "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
-    "TimelineRequest", "TimelineStep", "archive_results", "read_history", "read_results", "results_from_json",
-    "write_results",
+    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "DeterminismResult", "Judgement",
+    "Measurement", "MemoryUse", "PolicyDescription", "ProbeDescription", "PromptCompletions", "ReferenceSide",
+    "Results", "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
+    "TimelineRequest", "TimelineStep", "UniqueCompletions", "archive_results", "read_history", "read_results",
+    "results_from_json", "write_results",
 ]  # fmt: skip
 
 RESULTS_SCHEMA_VERSION = 5  # 5: the codec's layout; 4: KV cache and memory; 3: A/B; 2: named timeline fields
@@ -306,6 +314,23 @@ class ProbeDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class DeterminismResult:
+    """A test's unique completions over N runs (``perf.measure_determinism``): recorded and shown, never judged."""
+
+    test_id: str
+    engine_name: str
+    completions: UniqueCompletions
+
+    def to_json(self) -> dict[str, Any]:
+        """The codec's fields, and the derived figures beside them for readers outside perfsuite (never read back)."""
+        return {**encode(self), "summary": self.completions.summary()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DeterminismResult:
+        return decode(cls, {k: v for k, v in data.items() if k != "summary"})
+
+
+@dataclass(frozen=True, slots=True)
 class Results:
     """One session's results.json."""
 
@@ -323,6 +348,7 @@ class Results:
     late_regressions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     against: AgainstDescription | None = None  # an A/B session; None: judged against stored baselines
+    determinism: tuple[DeterminismResult, ...] | None = None  # None: no test measured it (no key written)
 
     @property
     def fingerprint(self) -> str | None:
@@ -335,7 +361,8 @@ class Results:
         """The codec's fields, each test's with its readers' keys, and the fingerprints of the session's machines."""
         return {
             "schema_version": RESULTS_SCHEMA_VERSION,
-            **encode(dataclasses.replace(self, tests=()), nan_as_null=True),
+            **encode(dataclasses.replace(self, tests=(), determinism=None), nan_as_null=True),
+            **({"determinism": [d.to_json() for d in self.determinism]} if self.determinism is not None else {}),
             "fingerprint": self.fingerprint,
             "servers": [{**encode(s, nan_as_null=True), "fingerprint": s.fingerprint()} for s in self.servers],
             "tests": [t.to_json() for t in self.tests],
@@ -344,10 +371,16 @@ class Results:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Results:
         """A version 5 document (``results_from_json`` converts older ones); what is written for readers is dropped."""
-        fields = {k: v for k, v in data.items() if k not in ("schema_version", "fingerprint", "tests", "servers")}
+        written_only = ("schema_version", "fingerprint", "tests", "servers", "determinism")
+        fields = {k: v for k, v in data.items() if k not in written_only}
         servers = [{k: v for k, v in s.items() if k != "fingerprint"} for s in data["servers"]]
         session = decode(cls, {**fields, "servers": servers, "tests": []}, nan_as_null=True)
-        return dataclasses.replace(session, tests=tuple(TestResult.from_json(t) for t in data["tests"]))
+        determinism = data.get("determinism")
+        return dataclasses.replace(
+            session,
+            tests=tuple(TestResult.from_json(t) for t in data["tests"]),
+            determinism=None if determinism is None else tuple(DeterminismResult.from_json(d) for d in determinism),
+        )
 
 
 class ResultsFileError(RuntimeError):

@@ -272,7 +272,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if perf_session is None or not perf_session.options.enabled or _is_xdist_worker(config):
         return
     ran = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
-    if perf_session.results or (ran and perf_session.tally().num_planned):
+    if perf_session.results or perf_session.determinism or (ran and perf_session.tally().num_planned):
         terminalreporter.section("perfsuite")
     written = WrittenFiles(
         config.stash.get(RESULTS_KEY, None), config.stash.get(REPORT_KEY, None), config.stash.get(HISTORY_KEY, None)
@@ -512,8 +512,8 @@ def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engi
     under ``--perf-against``, where the two workers time them, and under
     ``--perf-ray``, where a Ray actor times them on its node.
     """
-    from perfsuite.plugin.recorder import PerfRecorder
+    from perfsuite.plugin.recorder import BenchmarkWhenUsed, PerfRecorder
 
     measured_elsewhere = perf_session.against is not None or perf_session.cluster is not None
-    benchmark = None if measured_elsewhere else request.getfixturevalue("benchmark")
+    benchmark = None if measured_elsewhere else BenchmarkWhenUsed(request)
     return PerfRecorder(perf_session, perf_test_id(request.node), benchmark, perf_backend, perf_built_engines)

@@ -23,6 +23,12 @@ import pytest
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, check_serves_follow_ups
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
+from perfsuite.measure.determinism import (
+    DEFAULT_MAX_ARRIVAL_OFFSET,
+    DEFAULT_TRIALS,
+    UniqueCompletions,
+    unique_completions,
+)
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.environment import server_environment
 from perfsuite.measure.send_lag import shards_client_bound_reason
@@ -48,6 +54,20 @@ class BuiltEngine:
     engine: BatchingEngine
     name: str
     config: EngineConfig
+
+
+class BenchmarkWhenUsed:
+    """pytest-benchmark's ``benchmark`` fixture, requested the first time a test times something.
+
+    A test that only measures unique completions times nothing; requested up
+    front, the fixture would warn that it "was not used at all in this test".
+    """
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+
+    def __getattr__(self, name: str):
+        return getattr(self._request.getfixturevalue("benchmark"), name)
 
 
 class PerfRecorder:
@@ -138,6 +158,33 @@ class PerfRecorder:
         in_process = runs_in_process(engine)  # a server's machine is not this one: not probed
         probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
         return measure_capacity(self, engine, requests_at, probes, in_process, **search)
+
+    def measure_determinism(
+        self,
+        engine: BatchingEngine,
+        requests: Sequence[Request],
+        *,
+        trials: int = DEFAULT_TRIALS,
+        seed: int = 0,
+        max_arrival_offset: float = DEFAULT_MAX_ARRIVAL_OFFSET,
+    ) -> UniqueCompletions:
+        """Unique completions over ``trials`` runs (``perfsuite.measure.determinism``): each prompt served once a
+        trial in a seeded shuffled batch composition, its distinct completions counted.
+
+        Recorded in results.json and the report, never judged: assert on what
+        it returns (``.max_distinct == 1``) to require determinism. Nothing is
+        timed, and a test that only measures this plans no comparison.
+        """
+        if self.session.against is not None or self.session.cluster is not None:
+            pytest.fail(f"{self.test_id}: perf.measure_determinism runs the engine in this process; under "
+                        "--perf-against or --perf-ray engines are built elsewhere: measure it in a session "
+                        "without them", pytrace=False)  # fmt: skip
+        try:
+            completions = unique_completions(engine, requests, trials, seed=seed, max_arrival_offset=max_arrival_offset)
+        except ValueError as error:
+            pytest.fail(f"{self.test_id}: {error}", pytrace=False)
+        self.session.record_determinism(self.test_id, engine.name, completions)
+        return completions
 
     def _measure_paired(
         self,

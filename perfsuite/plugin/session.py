@@ -40,7 +40,16 @@ from perfsuite.judge.judge import (
 )
 from perfsuite.judge.paired import pairs_with_room_for_disagreement, plan_paired_power
 from perfsuite.judge.power import PowerPlan, plan_power
-from perfsuite.judge.results import CapacityRecord, Measurement, ReferenceSide, Results, TestResult, write_results
+from perfsuite.judge.results import (
+    CapacityRecord,
+    DeterminismResult,
+    Measurement,
+    ReferenceSide,
+    Results,
+    TestResult,
+    UniqueCompletions,
+    write_results,
+)
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally, skip_reason, tally
@@ -81,6 +90,7 @@ class PerfSession:
     warnings: list[str] = field(default_factory=list)
     late_regressions: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
+    determinism: list[DeterminismResult] = field(default_factory=list)  # unique completions, recorded, never judged
     against: Against | None = None  # --perf-against: the reference tree and the two workers
     cluster: RayPool | None = None  # --perf-ray: the actors that measure on the cluster's nodes
     client_shards: ClientShards | None = None  # --perf-client-shards N: openai-http's load generator on the cluster
@@ -150,6 +160,17 @@ class PerfSession:
             result = self._save(result)
         self.results.append(result)
         return result
+
+    def record_determinism(self, test_id: str, engine: str, completions: UniqueCompletions) -> DeterminismResult:
+        """A test's unique completions over N runs: kept for results.json and the report, judged against nothing."""
+        result = DeterminismResult(test_id, engine, completions)
+        self.determinism.append(result)
+        return result
+
+    @property
+    def num_determinism_only_tests(self) -> int:
+        """Tests that measured unique completions and timed nothing: they plan no comparison."""
+        return len({d.test_id for d in self.determinism} - {r.test_id for r in self.results})
 
     def record_capacity(
         self,
@@ -326,7 +347,7 @@ class PerfSession:
 
     def tally(self) -> Tally:
         """The session's planned comparisons, less those of tests that skipped themselves, and how many were judged."""
-        num_tests = max(0, self.num_planned_tests - self.num_self_skipped_tests)
+        num_tests = max(0, self.num_planned_tests - self.num_self_skipped_tests - self.num_determinism_only_tests)
         return tally(self.results, len(self.compared_metrics), num_tests)
 
     @property
@@ -349,7 +370,7 @@ class PerfSession:
         from an earlier session would pass for this one's.
         """
         self.results = self.adjusted_results()
-        if not self.results and not self.unrecorded:
+        if not self.results and not self.unrecorded and not self.determinism:
             return None
         from perfsuite.plugin.change_points import check_session, history_sessions  # only a --perf session's end pays
 
@@ -405,6 +426,7 @@ class PerfSession:
                 "results": [encode(r) for r in self.results],  # tagged non-finite floats: every value exact
                 "warnings": self.warnings,
                 "unrecorded": self.unrecorded,
+                "determinism": [encode(d) for d in self.determinism],
             }
         )
 
@@ -419,6 +441,8 @@ class PerfSession:
         self.results.sort(key=lambda r: r.test_id)
         self.warnings.extend(w for w in data["warnings"] if w not in self.warnings)
         self.unrecorded.extend(data["unrecorded"])
+        self.determinism.extend(decode(DeterminismResult, d) for d in data.get("determinism", ()))
+        self.determinism.sort(key=lambda d: d.test_id)
 
     @property
     def shown_environment(self) -> Environment | ServerEnvironment | None:
@@ -452,6 +476,7 @@ class PerfSession:
             late_regressions=tuple(self.late_regressions),
             warnings=(*self.warnings, *self.unrecorded),
             against=self.against.describe() if self.against is not None else None,
+            determinism=tuple(self.determinism) or None,
         )
 
 

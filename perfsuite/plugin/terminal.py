@@ -82,6 +82,8 @@ def _write_results(
         for table in (memory_table(perf_session.results), prefix_cache_table(perf_session.results)):
             if table is not None:
                 write(table)
+    for recorded in perf_session.determinism:  # recorded, never judged: shown, failing nothing
+        write(f"unique completions: {recorded.test_id} ({recorded.engine_name}): {recorded.completions.describe()}")
     for warning in perf_session.warnings:
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:

@@ -38,6 +38,7 @@ from perfsuite.judge.results import (
 )
 from perfsuite.report import plots
 from perfsuite.report import capacity as capacity_view
+from perfsuite.report import determinism as determinism_view
 from perfsuite.report import send_lag as send_lag_view
 from perfsuite.report.trend import history_section
 from perfsuite.report.verdict_table import (
@@ -160,6 +161,8 @@ def render_report(results: Results, history: Sequence[Results] = ()) -> str:
         against=_against_summary(results.against) if results.against else None,
         sides=sides_of(results),
         rows=rows,
+        determinism=determinism_view.determinism_rows(results.determinism),
+        determinism_caption=determinism_view.CAPTION,
         verdicts=VERDICTS,
         verdict_filters=VERDICT_FILTERS,
         throughput_figures=_throughput_figures(tests),
