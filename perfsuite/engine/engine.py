@@ -30,6 +30,7 @@ from perfsuite.engine.types import (
     StepTrace,
     check_new_request_id,
 )
+from perfsuite.engine.work import ModelShape, step_work
 
 
 # Tokens per KV block of the paged engine (vLLM's default on GPU).
@@ -86,6 +87,8 @@ class Engine:
             self.kv_cache = runner.new_kv_cache(kv.num_slots, kv.max_seq_len)
         self._clock = clock
         self._sleep = sleep
+        # A runner that says its model's shape (ModelRunner) has every step's FLOPs and bytes counted.
+        self._model_shape: ModelShape | None = getattr(runner, "model_shape", None)
         self._reset_accounting()
 
     def _reset_accounting(self) -> None:
@@ -193,7 +196,8 @@ class Engine:
             step_outputs = _with_logprobs(output, step_outputs, logprobs)
         for step_output in step_outputs:
             self._records[step_output.request_id].add(step_output, now)
-        self._counters = self._counters.plus(output)
+        work = None if self._model_shape is None else step_work(output.chunks, self._model_shape)
+        self._counters = self._counters.plus(output, work)
         self._steps.append(
             StepTrace(
                 start,
@@ -203,6 +207,7 @@ class Engine:
                 num_kv_blocks_used=output.num_kv_blocks_used,
                 num_kv_tokens_used=output.num_kv_tokens_used,
                 preempted_request_ids=output.preempted_request_ids,
+                work=work,
             )
         )
         return step_outputs

@@ -35,6 +35,7 @@ from perfsuite.engine.paged_attention import PagedAttention, Unavailable, load_p
 from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
+from perfsuite.engine.work import ModelShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,8 @@ class ModelRunner:
         self.decoder = Decoder.from_hf(
             model, device, dtype, pack_weights=pack_weights, batch_invariant=batch_invariant
         )
+        # What the engine counts each step's FLOPs and bytes by (perfsuite.engine.work).
+        self.model_shape = ModelShape.from_config(model.config, self.decoder.dtype.itemsize)
         self.num_forward_passes = 0
         self.batch_invariant = batch_invariant
         self.logprobs = logprobs

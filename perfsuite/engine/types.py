@@ -11,6 +11,8 @@ import operator
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, fields
 
+from perfsuite.engine.work import StepWork
+
 
 class FinishReason(enum.Enum):
     LENGTH = "length"
@@ -332,6 +334,7 @@ class StepTrace:
     num_kv_blocks_used: int = 0
     num_kv_tokens_used: int = 0
     preempted_request_ids: tuple[str, ...] = ()
+    work: StepWork | None = None  # its FLOPs and bytes by kind (perfsuite.engine.work); None: no model shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +368,15 @@ class EngineCounters:
     num_prefix_cache_queried_tokens: int = 0
     num_prefix_cache_hit_tokens: int = 0
     num_evicted_blocks: int = 0
+    # The work done (perfsuite.engine.work, where the runner gives the model's shape; 0 otherwise): FLOPs of
+    # prefill and of decode chunks, the bytes of weights read, and of keys and values read and written.
+    prefill_flops: int = 0
+    decode_flops: int = 0
+    weight_bytes_read: int = 0
+    kv_bytes_read: int = 0
+    kv_bytes_written: int = 0
 
-    def plus(self, output: SchedulerOutput) -> EngineCounters:
+    def plus(self, output: SchedulerOutput, work: StepWork | None = None) -> EngineCounters:
         prefill = sum(c.num_tokens for c in output.chunks if c.is_prefill and not c.is_padding)
         decode = sum(c.num_tokens for c in output.chunks if not c.is_prefill and not c.is_padding)
         return EngineCounters(
@@ -386,7 +396,24 @@ class EngineCounters:
             + output.num_prefix_cache_queried_tokens,
             num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens + output.num_prefix_cache_hit_tokens,
             num_evicted_blocks=self.num_evicted_blocks + output.num_evicted_blocks,
+            **self._plus_work(work or StepWork()),
         )
+
+    def _plus_work(self, work: StepWork) -> dict[str, int]:
+        total = work.total
+        return {
+            "prefill_flops": self.prefill_flops + work.prefill.flops,
+            "decode_flops": self.decode_flops + work.decode.flops,
+            "weight_bytes_read": self.weight_bytes_read + total.weight_bytes_read,
+            "kv_bytes_read": self.kv_bytes_read + total.kv_bytes_read,
+            "kv_bytes_written": self.kv_bytes_written + total.kv_bytes_written,
+        }
+
+    @property
+    def flops_per_step(self) -> float:
+        """FLOPs of the mean step (``perfsuite.engine.work``); 0 where the runner gave no model shape."""
+        flops = self.prefill_flops + self.decode_flops
+        return flops / self.num_forward_passes if self.num_forward_passes else 0.0
 
     def combined(self, other: EngineCounters) -> EngineCounters:
         """Two runs' counters as one run's: the sums, and the larger of each peak."""
