@@ -31,7 +31,10 @@ POLICY = PolicyDescription(
 PROBE = ProbeDescription(key="probe_bracket_seconds", unit="seconds", measures="-", applies_to="-")
 
 
-NEWER_THAN_VERSION_4 = ("num_prefix_cache_queried_tokens", "num_prefix_cache_hit_tokens", "num_evicted_blocks")
+NEWER_THAN_VERSION_4 = (
+    "num_prefix_cache_queried_tokens", "num_prefix_cache_hit_tokens", "num_evicted_blocks",
+    "prefill_flops", "decode_flops", "weight_bytes_read", "kv_bytes_read", "kv_bytes_written",  # the work counted
+)  # fmt: skip
 
 
 def make_result(

@@ -433,7 +433,7 @@ def test_a_version_5_file_written_before_a_counter_existed_reads_it_as_unrecorde
     back = read_results(path)
     assert exactly(back) == exactly(with_counters_unrecorded(every_mode(), PREFIX_CACHE_COUNTERS))
     write_results(path, back)
-    assert read_results(path).tests[0].measurement.unrecorded_counters[-3:] == PREFIX_CACHE_COUNTERS
+    assert read_results(path).tests[0].measurement.unrecorded_counters[-len(PREFIX_CACHE_COUNTERS):] == PREFIX_CACHE_COUNTERS
 
 
 def test_the_version_4_fixture_of_these_tests_writes_what_version_4_wrote():

@@ -57,6 +57,7 @@ from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
 from perfsuite.measure.determinism import PromptCompletions, UniqueCompletions
+from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
 from perfsuite.measure.prefix_cache import (
     CachedPrompts,
@@ -349,6 +350,7 @@ class Results:
     warnings: tuple[str, ...] = ()
     against: AgainstDescription | None = None  # an A/B session; None: judged against stored baselines
     determinism: tuple[DeterminismResult, ...] | None = None  # None: no test measured it (no key written)
+    peaks: MachinePeaks | None = None  # this machine's roofs, measured (and datasheet's); None: not measured (no key)
 
     @property
     def fingerprint(self) -> str | None:
@@ -361,7 +363,8 @@ class Results:
         """The codec's fields, each test's with its readers' keys, and the fingerprints of the session's machines."""
         return {
             "schema_version": RESULTS_SCHEMA_VERSION,
-            **encode(dataclasses.replace(self, tests=(), determinism=None), nan_as_null=True),
+            **{k: v for k, v in encode(dataclasses.replace(self, tests=(), determinism=None), nan_as_null=True).items()
+               if k != "peaks" or v is not None},
             **({"determinism": [d.to_json() for d in self.determinism]} if self.determinism is not None else {}),
             "fingerprint": self.fingerprint,
             "servers": [{**encode(s, nan_as_null=True), "fingerprint": s.fingerprint()} for s in self.servers],

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult
 from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
+from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.prefix_cache import CachedPrompts, cached_prompts, ttft_by_cache_hit
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.measure.send_lag import SendLag, client_bound_reason, worst_send_lag
+from perfsuite.measure.utilization import UTILIZATION_KEYS, utilization_samples
 
 GOODPUT = "request_goodput"
 
@@ -293,11 +295,19 @@ class Measured:
     cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing
 
 
-def summarise(repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None) -> Measured:
-    """The per-repeat samples of ``metrics`` (and the probes), the pooled summary and the last run's timeline."""
+def summarise(
+    repeats: Repeats, metrics: Iterable[str], slo: SLO | None = None, peaks: MachinePeaks | None = None
+) -> Measured:
+    """The per-repeat samples of ``metrics`` (and the probes), the pooled summary and the last run's timeline.
+
+    With ``peaks`` (this machine's, measured) a run whose engine counted its work also gets prefill MFU and
+    decode MBU (``measure.utilization``), and its achieved rates whatever the peaks: stored, never compared.
+    """
     per_run = [run_metrics(run) for run in repeats.runs]
-    per_repeat = [repeat_samples(m, slo) for m in per_run]
-    samples = {name: tuple(s[name] for s in per_repeat) for name in metrics}
+    per_repeat = [repeat_samples(m, slo) | utilization_samples(run, peaks) for m, run in zip(per_run, repeats.runs)]
+    # A metric some repeat lacks (MFU of an engine that counts no work, of a run with no prefill) is left out.
+    present = [name for name in (*metrics, *UTILIZATION_KEYS) if all(name in s for s in per_repeat)]
+    samples = {name: tuple(s[name] for s in per_repeat) for name in present}
     # A metric that is undefined in some repeat (TPOT when every request
     # made one token) has nothing to compare: dropped, not stored as NaN.
     samples = {name: values for name, values in samples.items() if all(map(math.isfinite, values))}

@@ -340,8 +340,19 @@ def _perf_environment(perf_session, perf_backend):
         perf_session.environment = perf_session.cluster.describe().environment
     else:
         perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
+        perf_session.peaks = _measured_peaks(perf_backend.device, options.dtype)
     perf_session.commit = git_commit(perf_session.rootdir)
     return perf_session.environment
+
+
+def _measured_peaks(device: str, dtype: str):
+    """This machine's roofs for MFU and MBU; None where the dtype is no torch dtype (nothing to divide by)."""
+    from perfsuite.measure.peaks import measure_peaks
+
+    try:
+        return measure_peaks(device, dtype)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
 
 
 @pytest.fixture(scope="session")

@@ -54,6 +54,7 @@ from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally, skip_reason, tally
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
 from perfsuite.plugin.options import PerfOptions
 
@@ -83,6 +84,7 @@ class PerfSession:
     options: PerfOptions
     rootdir: Path
     environment: Environment | None = None
+    peaks: MachinePeaks | None = None  # this machine's roofs, measured once (MFU and MBU divide by them)
     commit: str | None = None
     num_planned_tests: int = 0
     num_self_skipped_tests: int = 0  # planned tests that skipped themselves before recording a result
@@ -148,7 +150,7 @@ class PerfSession:
         """
         environment = environment or self.environment
         assert environment is not None, "capture the environment before recording"
-        measured = summarise(repeats, self.compared_metrics, self.options.slo)
+        measured = summarise(repeats, self.compared_metrics, self.options.slo, peaks=self.peaks)
         measurement = Measurement.of(measured, parameters, configuration, arrival_rate, environment)
         result = TestResult(test_id, measurement, node=node)
         if result.is_remote and environment.label is None:
@@ -420,6 +422,7 @@ class PerfSession:
         return json.dumps(
             {
                 "environment": dataclasses.asdict(self.environment) if self.environment else None,
+                "peaks": encode(self.peaks) if self.peaks else None,
                 "commit": self.commit,
                 "num_planned_tests": self.num_planned_tests,
                 "num_self_skipped_tests": self.num_self_skipped_tests,
@@ -434,6 +437,8 @@ class PerfSession:
         data = json.loads(text)
         if data["environment"] is not None and self.environment is None:
             self.environment = environment_from_json(data["environment"])
+        if data.get("peaks") is not None and self.peaks is None:
+            self.peaks = decode(MachinePeaks, data["peaks"])
         self.commit = self.commit or data["commit"]
         self.num_planned_tests = max(self.num_planned_tests, data["num_planned_tests"])  # each worker collects all
         self.num_self_skipped_tests += data["num_self_skipped_tests"]  # each worker counts the tests it ran
@@ -477,6 +482,7 @@ class PerfSession:
             warnings=(*self.warnings, *self.unrecorded),
             against=self.against.describe() if self.against is not None else None,
             determinism=tuple(self.determinism) or None,
+            peaks=self.peaks,
         )
 
 

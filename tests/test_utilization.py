@@ -1,0 +1,128 @@
+"""Peaks, prefill MFU and decode MBU: from the steps' counted work and times, against this machine's roofs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from perfsuite.engine.types import EngineCounters, RunResult, ScheduledChunk, StepTrace
+from perfsuite.engine.work import ModelShape, step_work
+from perfsuite.judge.catalogue import METRICS
+from perfsuite.measure.peaks import MachinePeaks, datasheet_peaks, peaks_from_timings
+from perfsuite.measure.summaries import Repeats, summarise
+from perfsuite.measure.utilization import (
+    DECODE_MBU, PREFILL_MFU, UTILIZATION_KEYS, run_rates, utilization_samples,
+)  # fmt: skip
+from perfsuite.models.spec import RANDOM_CONFIGS
+
+pytest_plugins = ["pytester"]
+
+SHAPE = ModelShape.from_config(RANDOM_CONFIGS["tiny-random"], 4)
+PEAKS = MachinePeaks("cpu", "float32", flops_per_second=1e9, bytes_per_second=1e8)
+
+
+def chunk(slot: int, start: int, num_tokens: int, prefill: bool) -> ScheduledChunk:
+    return ScheduledChunk(f"r{slot}", slot, (5,) * num_tokens, start, True, prefill)
+
+
+def trace(start: float, seconds: float, *chunks: ScheduledChunk) -> StepTrace:
+    return StepTrace(start, start + seconds, 0, chunks, work=step_work(chunks, SHAPE))
+
+
+def run_of(*steps: StepTrace) -> RunResult:
+    return RunResult("inflight", (), 0.0, steps[-1].end_time, EngineCounters(), steps)
+
+
+PREFILL = trace(0.0, 0.02, chunk(0, 0, 16, True))
+DECODE = trace(0.02, 0.01, chunk(0, 16, 1, False))
+MIXED = trace(0.03, 0.03, chunk(0, 17, 1, False), chunk(1, 0, 8, True))
+
+
+def test_a_pure_prefill_step_and_a_pure_decode_step_give_their_own_rates():
+    rates = run_rates(run_of(PREFILL, DECODE))
+    assert rates["prefill"].flops == PREFILL.work.prefill.flops
+    assert rates["prefill"].seconds == pytest.approx(0.02)
+    assert rates["decode"].bytes_moved == DECODE.work.decode.bytes_moved
+    assert rates["decode"].bytes_per_second == pytest.approx(DECODE.work.decode.bytes_moved / 0.01)
+
+
+def test_a_mixed_steps_time_is_split_by_its_kinds_flops():
+    rates = run_rates(run_of(MIXED))
+    prefill_share = MIXED.work.prefill.flops / MIXED.work.total.flops
+    assert rates["prefill"].seconds == pytest.approx(0.03 * prefill_share)
+    assert rates["prefill"].seconds + rates["decode"].seconds == pytest.approx(0.03)
+    assert 0 < rates["decode"].seconds < rates["prefill"].seconds
+
+
+def test_mfu_and_mbu_are_the_achieved_rates_over_the_peaks():
+    samples = utilization_samples(run_of(PREFILL, DECODE), PEAKS)
+    assert samples[PREFILL_MFU] == pytest.approx(PREFILL.work.prefill.flops / 0.02 / 1e9)
+    assert samples[DECODE_MBU] == pytest.approx(DECODE.work.decode.bytes_moved / 0.01 / 1e8)
+    assert samples["decode_gbps"] == pytest.approx(DECODE.work.decode.bytes_moved / 0.01 / 1e9)
+
+
+def test_a_run_without_counted_work_or_without_peaks_has_no_mfu():
+    bare = RunResult("peer", (), 0.0, 1.0, EngineCounters(), (StepTrace(0.0, 1.0, 0, (chunk(0, 0, 4, True),)),))
+    assert utilization_samples(bare, PEAKS) == {}
+    assert PREFILL_MFU not in utilization_samples(run_of(PREFILL), None)
+    assert DECODE_MBU not in utilization_samples(run_of(PREFILL), PEAKS)  # no decode: no MBU, never a NaN
+
+
+def test_summarise_stores_mfu_and_mbu_per_repeat_beside_the_compared_metrics_not_among_them():
+    runs = (run_of(PREFILL, DECODE), run_of(trace(0.0, 0.04, chunk(0, 0, 16, True)), DECODE))
+    measured = summarise(Repeats(runs), METRICS, peaks=PEAKS)
+    assert measured.samples[PREFILL_MFU][0] == pytest.approx(2 * measured.samples[PREFILL_MFU][1])
+    assert len(measured.samples["decode_gbps"]) == 2
+    assert PREFILL_MFU not in METRICS and DECODE_MBU not in METRICS
+
+
+def test_peaks_from_timings_count_a_square_matmul_and_a_copys_read_and_write():
+    peaks = peaks_from_timings("cpu", "float32", matmul_seconds=0.5, matmul_size=1000, copy_seconds=0.25,
+                               copy_bytes=10**9)  # fmt: skip
+    assert peaks.flops_per_second == pytest.approx(4e9)
+    assert peaks.bytes_per_second == pytest.approx(8e9)
+    assert peaks.ridge_point == pytest.approx(0.5)
+    assert peaks.datasheet_flops_per_second is None
+
+
+@pytest.mark.parametrize(("name", "dtype", "flops", "bandwidth"), [
+    ("NVIDIA H200", "bfloat16", 989e12, 4.8e12),
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12, 3.35e12),
+    ("NVIDIA A100-SXM4-80GB", "float16", 312e12, 2.039e12),
+    ("NVIDIA L4", "float32", None, 300e9),  # the datasheet quotes tensor-core FLOP/s at 16 bits only
+    ("cpu", "float32", None, None),
+])  # fmt: skip
+def test_known_gpus_have_their_datasheet_peaks_beside_the_measured_ones(name, dtype, flops, bandwidth):
+    assert datasheet_peaks(name, dtype) == (flops, bandwidth)
+    measured = peaks_from_timings("cuda", dtype, 1.0, 1000, 1.0, 1000, device_name=name)
+    assert measured.datasheet_bytes_per_second == bandwidth
+    assert not math.isnan(measured.flops_per_second)
+
+
+SESSION_TEST = """
+import pytest
+
+@pytest.mark.perf
+@pytest.mark.parametrize("kind", ["static", "inflight", "paged"])
+def test_speed(perf, perf_engine_factory, perf_workload, kind):
+    perf.measure(perf_engine_factory(kind), perf_workload)
+"""
+
+
+def test_a_smoke_session_records_peaks_and_every_engine_tests_mfu_mbu_and_rates(pytester):
+    pytester.makepyfile(test_speed=SESSION_TEST)
+    result = pytester.runpytest_subprocess(
+        "--perf", "--perf-profile", "smoke", "--perf-model", "tiny-random", "--perf-device", "cpu",
+        "--perf-repeats", "2", "--perf-busy-threshold", "0.99", "-p", "no:randomly",
+    )  # fmt: skip
+    assert result.ret in (0, 5) or "skipped" in result.stdout.str()
+    data = json.loads((pytester.path / "reports" / "results.json").read_text())
+    assert data["peaks"]["flops_per_second"] > 0 and data["peaks"]["bytes_per_second"] > 0
+    assert len(data["tests"]) == 3
+    for test in data["tests"]:
+        samples = test["measurement"]["samples"]
+        for key in UTILIZATION_KEYS:
+            assert len(samples[key]) == 2 and all(value > 0 for value in samples[key]), (test["test_id"], key)
+        assert test["measurement"]["counters"]["weight_bytes_read"] > 0
