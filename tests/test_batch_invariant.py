@@ -20,6 +20,8 @@ from perfsuite.engine.projection import Projection, batch_invariant_projection
 from perfsuite.models import load_model
 from smollm2 import load_smollm2_or_skip
 
+pytest_plugins = ["pytester"]
+
 COMPOSITIONS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33)  # other requests beside the needle
 MAX_SEQ_LEN = 64
 NEEDLE_PROMPT = tuple(range(5, 17))  # 12 tokens: three blocks of 4
@@ -183,3 +185,62 @@ def test_smollm2_float32_in_invariant_mode_a_needle_is_the_same_bits_in_batches(
         rest = others(count)
         batched = served(build(kind, runner, count + 1), [*rest[:2], needle(4, prompt), *rest[2:]])
         assert batched == alone, f"{count} others changed the needle: {batched} != {alone}"
+
+
+# -- the knob: EngineConfig, the builders, --perf-batch-invariant ---------------
+
+FAKE_CONFTEST = """
+import pytest
+from perfsuite.adapters import Backend
+from perfsuite.engine.fake_runner import FakeRunner
+
+
+class InvariantFake(FakeRunner):
+    batch_invariant = True
+
+
+@pytest.fixture(scope="session")
+def perf_backend(perf_session):
+    runner = (InvariantFake if perf_session.options.batch_invariant else FakeRunner)(vocab_size=97)
+    return Backend(runner=runner, tokenize=lambda text: [3] * len(text), eos_token_id=None, max_context=512,
+                   device="cpu", probe=None)
+"""
+
+FAKE_TESTS = """
+import pytest
+
+
+@pytest.mark.perf
+def test_knobs(perf_engine_factory, perf_built_engines):
+    engine = perf_engine_factory("paged", batch_size=2)
+    print("KNOBS", perf_built_engines[0].config.identity(), "ENGINE", engine.batch_invariant)
+"""
+
+
+def test_the_config_records_the_knob_only_when_asked_and_a_builder_refuses_a_runner_that_differs(runners):
+    from perfsuite.adapters import Backend, EngineConfig, build_engine
+
+    assert "batch_invariant" not in EngineConfig(2, 64).identity()  # so stored baselines keep their identity
+    assert EngineConfig(2, 64, batch_invariant=True).identity()["batch_invariant"] is True
+    backend = Backend(runner=runners[False], tokenize=list, eos_token_id=None, max_context=64, device="cpu")
+    with pytest.raises(ValueError, match="asks for batch_invariant=True but the backend's runner was built with"):
+        build_engine("inflight", backend, EngineConfig(2, 64, batch_invariant=True))
+    assert build_engine("inflight", backend, EngineConfig(2, 64)).batch_invariant is False
+
+
+def test_the_option_reaches_the_runner_and_the_engine_knobs(pytester):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(FAKE_TESTS)
+    result = pytester.runpytest_subprocess("--perf", "--perf-batch-invariant", "-s", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*KNOBS {*'batch_invariant': True*} ENGINE True*"])
+    result = pytester.runpytest_subprocess("--perf", "-s", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*KNOBS {*} ENGINE False*"])
+    assert "batch_invariant" not in result.stdout.str()
+
+
+def test_the_option_is_refused_where_it_would_not_hold(pytester):
+    pytester.makepyfile(FAKE_TESTS)
+    result = pytester.runpytest_subprocess("--perf", "--perf-batch-invariant", "--perf-dtype", "float64")
+    result.stderr.fnmatch_lines(["*--perf-batch-invariant needs float32 on a CPU*not float64 on auto*"])
+    result = pytester.runpytest_subprocess("--perf", "--perf-batch-invariant", "--perf-engines", "inflight,hf-static")
+    result.stderr.fnmatch_lines(["*--perf-batch-invariant is a mode of perfsuite's engines*hf-static would run*"])
