@@ -73,12 +73,13 @@ class _PerTokenKeys:
     """Batch-invariant attention's indices: each token is a row of the in-place kernel, over its own keys only.
 
     A paged pool's rows read their request's block table; a slot cache is read
-    as a pool of one block per (slot, KV head), ``max_seq_len`` tokens long, so
-    a row's table is ``slot * kv_heads`` (plus the KV head attended).
+    as a pool of one block per (slot, KV head), ``max_seq_len`` tokens long,
+    and each token is ``kv_heads`` rows, one per KV head (with the query heads
+    it serves), whose table is ``slot * kv_heads + kv_head``.
     """
 
-    tables: torch.Tensor  # [T, width] the token's request's blocks, or [T, 1] its slot * kv_heads
-    lengths: torch.Tensor  # [T] the token's position + 1: the keys it sees
+    tables: torch.Tensor  # [rows, width] the token's request's blocks; slots: [T * kv_heads, 1]
+    lengths: torch.Tensor  # [rows] the token's position + 1: the keys it sees
 
 
 class _HostIndices:
@@ -307,8 +308,9 @@ class ModelRunner:
         its number of keys, so a token's output is the same bits whatever the
         other rows, padding or chunking. A slot cache [slots, kv_heads,
         max_seq_len, head_dim] is one pool of ``slots * kv_heads`` blocks of
-        one KV head each, attended one KV head (and its group of query heads)
-        at a time.
+        one KV head each, and a token's query heads are ``kv_heads`` rows of
+        the heads that share one (one kernel call a layer, each head's
+        arithmetic as it would be in a call of its own).
         """
         kernel, per_token = self._paged_attention, batch.per_token
         if isinstance(kv_cache, PagedKVCache):
@@ -319,18 +321,14 @@ class ModelRunner:
 
             return attend_paged
         heads = self.decoder.heads
-        group = heads.num_heads // heads.num_kv_heads
-        tables = [per_token.tables + kv_head for kv_head in range(heads.num_kv_heads)]  # [T, 1] each
         one_head_blocks = (-1, kv_cache.max_seq_len, 1, heads.head_dim)
+        rows_per_kv_head = (-1, heads.num_heads // heads.num_kv_heads, heads.head_dim)  # [T * kv_heads, group, d]
 
         def attend_slots(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = self._store(layer_index, k, v, batch, kv_cache)
             keys, values = k_cache.view(one_head_blocks), v_cache.view(one_head_blocks)
-            attended = q.new_empty(q.shape[0], heads.num_heads, heads.head_dim)
-            for kv_head, table in enumerate(tables):
-                query_heads = slice(kv_head * group, (kv_head + 1) * group)
-                attended[:, query_heads] = kernel(q[:, query_heads], keys, values, table, per_token.lengths)
-            return attended
+            rows = q.contiguous().view(rows_per_kv_head)  # HF's head order: KV head j serves query heads j*group..
+            return kernel(rows, keys, values, per_token.tables, per_token.lengths).view(q.shape)
 
         return attend_slots
 
@@ -408,7 +406,7 @@ class ModelRunner:
             tensors = indices.upload(self.device)
             tables, lengths = (tensors[handle] for handle in per_token[1:])
             return _Batch(*(tensors[handle] for handle in handles), groups=(),
-                          per_token=_PerTokenKeys(tables.view(len(input_ids), per_token[0]), lengths))  # fmt: skip
+                          per_token=_PerTokenKeys(tables.view(-1, per_token[0]), lengths))  # fmt: skip
         plans = [
             self._plan_group(group_chunks, indices, block_size)
             for group_chunks in (decode_chunks, prefill_chunks)
@@ -424,16 +422,19 @@ class ModelRunner:
         self, chunks: tuple[ScheduledChunk, ...], positions: list[int], indices: _HostIndices, block_size: int | None
     ) -> tuple[int, int, int]:
         """Each token's keys for ``_attend_alone``: (table width, handle of the tables, handle of the lengths)."""
-        if block_size is None:
+        if block_size is None:  # a row per (token, KV head)
             num_kv_heads = self.decoder.heads.num_kv_heads
-            tables = [chunk.slot * num_kv_heads for chunk in chunks for _ in range(chunk.num_tokens)]
-            width = 1
-        else:
-            width = max(len(chunk.block_table) for chunk in chunks)
-            tables = []
-            for chunk in chunks:
-                padded = (*chunk.block_table, *[0] * (width - len(chunk.block_table)))  # past its length: never read
-                tables.extend(block for _ in range(chunk.num_tokens) for block in padded)
+            tables = [
+                chunk.slot * num_kv_heads + kv_head
+                for chunk in chunks for _ in range(chunk.num_tokens) for kv_head in range(num_kv_heads)
+            ]  # fmt: skip
+            lengths = [position + 1 for position in positions for _ in range(num_kv_heads)]
+            return 1, indices.add(tables), indices.add(lengths)
+        width = max(len(chunk.block_table) for chunk in chunks)
+        tables = []
+        for chunk in chunks:
+            padded = (*chunk.block_table, *[0] * (width - len(chunk.block_table)))  # past its length: never read
+            tables.extend(block for _ in range(chunk.num_tokens) for block in padded)
         return width, indices.add(tables), indices.add([position + 1 for position in positions])
 
     @staticmethod
