@@ -82,6 +82,8 @@ def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught
     borrowed = sysconfig.get_paths()["purelib"]  # this venv's third-party packages: it may lie inside this tree
     on_path = [entry for entry in where[1].split(" ") if entry and entry != borrowed]
     assert not [entry for entry in on_path if Path(entry).resolve().is_relative_to(ROOT)], where[1]
+    helped = run([python, "-m", "pytest", "--help"], project, env)  # argparse %-formats every option's help
+    assert helped.returncode == 0 and "--perf-kv-blocks" in helped.stdout, helped.stdout + helped.stderr
 
     result = run(
         # broken/ first: the perf fixtures set torch's threads to one per core for the rest of the process.
@@ -109,7 +111,7 @@ def test_the_outside_project_passes_on_the_wheel_and_its_broken_engine_is_caught
     # how Hypothesis introduces the shrunk example (older versions: "Falsifying example")
     assert re.search(r"(Failing test case|Falsifying example): outside_broken_equals_unbatched_greedy_decoding\(",
                      output), output  # fmt: skip
-    assert re.search(r"outside-broken: request 'r\d+' diverges at output position \d+", output), output
+    assert re.search(r"outside-broken: request 'r\d+', output position \d+: engine token", output), output
     shrunk = re.search(r"scenario: (\d+) requests?;.*?\n((?:  r\d+: .*\n)+)", output)
     assert shrunk, output
     num_requests, request_lines = int(shrunk.group(1)), shrunk.group(2).splitlines()

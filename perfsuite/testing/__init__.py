@@ -56,10 +56,18 @@ from perfsuite.testing.reference import (
     cached_reference,
     near_tie_tolerance,
 )
-from perfsuite.testing.scenarios import Scenario, scenarios, shared_prefix_scenarios
+from perfsuite.testing.scenarios import Scenario, long_scenarios, scenarios, shared_prefix_scenarios
+from perfsuite.testing.verdict import ULPS_BY_DTYPE, LogitTolerance, TokenCheck, WrongToken, check_tokens, ulp
 
 __all__ = [
     "FLOAT32_NEAR_TIE",
+    "ULPS_BY_DTYPE",
+    "LogitTolerance",
+    "TokenCheck",
+    "WrongToken",
+    "check_tokens",
+    "long_scenarios",
+    "ulp",
     "NEAR_TIE_BY_DTYPE",
     "CachedReference",
     "Divergence",

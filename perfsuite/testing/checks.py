@@ -20,14 +20,18 @@ from perfsuite.correctness import (
     Divergence,
     GreedyCheck,
     GreedyReference,
+    InvalidRunResult,
     check_greedy_equal,
     check_server_greedy,
     find_divergences,
+    server_name,
+    validate_run_result,
 )
 from perfsuite.engine import EngineCounters
 from perfsuite.testing.drive import drive
 from perfsuite.testing.reference import CachedReference
 from perfsuite.testing.scenarios import Scenario
+from perfsuite.testing.verdict import LogitTolerance, TokenCheck, check_tokens
 
 if TYPE_CHECKING:
     from perfsuite.engine.engine import Runner
@@ -43,7 +47,8 @@ def check_engine(
     max_seq_len: int | None = None,
     seconds_per_step: float = 0.0,
     near_tie_tolerance: float = 0.0,
-) -> GreedyCheck:
+    tolerance: LogitTolerance | None = None,
+) -> GreedyCheck | TokenCheck:
     """Serve ``scenario`` with ``engine.run`` and compare every output with ``reference``'s.
 
     ``engine`` is a ``BatchingEngine``, or a function that builds one from
@@ -53,20 +58,40 @@ def check_engine(
     arrives ``seconds_per_step`` x its arrival step after the run starts (0:
     all at once). An engine with a ``base_url`` (``openai-http``) is named by
     its server and checked as ``check_server_greedy`` checks one.
+
+    With a ``tolerance`` (``LogitTolerance``; ``reference`` a ``CachedReference``
+    with a scorer) the verdict is per token: every output token against the
+    reference given the engine's own prefix (``perfsuite.testing.verdict``),
+    a ``TokenCheck``. Without one, the two free-running greedy sequences are
+    compared up to their first difference, with near-ties below
+    ``near_tie_tolerance`` reported apart (a ``GreedyCheck``).
     """
     if not isinstance(engine, BatchingEngine):
         engine = engine(scenario.engine_config(max_seq_len or scenario.max_total_tokens))
     requests = scenario.timed_requests(seconds_per_step)
+    if tolerance is not None:
+        return _check_engine_tokens(engine, requests, reference, tolerance)
     if getattr(engine, "base_url", None):
         return check_server_greedy(engine, requests, reference, near_tie_tolerance)
     return check_greedy_equal(engine, requests, reference, near_tie_tolerance)
+
+
+def _check_engine_tokens(
+    engine: BatchingEngine, requests: tuple, reference: CachedReference, tolerance: LogitTolerance
+) -> TokenCheck:
+    name = server_name(engine) if getattr(engine, "base_url", None) else engine.name
+    result = engine.run(requests)
+    problems = validate_run_result(requests, result)
+    if problems:
+        raise InvalidRunResult(name, problems)
+    return check_tokens(name, requests, result.outputs(), reference.score, tolerance, reference.eos_token_id)
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRun:
     """One of perfsuite's engines over the runner under test: its outputs against the reference, its work."""
 
-    check: GreedyCheck
+    check: GreedyCheck | TokenCheck
     counters: EngineCounters
 
 
@@ -110,16 +135,24 @@ def check_runner(
     eos_token_id: int | None,
     max_seq_len: int | None = None,
     near_tie_tolerance: float = 0.0,
+    tolerance: LogitTolerance | None = None,
 ) -> RunnerCheck:
     """Serve ``scenario`` step by step with perfsuite's static, in-flight and paged engines over ``runner``.
 
     ``max_seq_len`` (each slot's length, default the scenario's longest
-    request) must fit every request; ``eos_token_id`` is the model's.
+    request) must fit every request; ``eos_token_id`` is the model's. With a
+    ``tolerance``, each engine's verdict is per token, as in ``check_engine``.
     """
-    expected, margins = reference.outputs(scenario.requests)
+    if tolerance is None:
+        expected, margins = reference.outputs(scenario.requests)
     runs = []
     for engine in scenario.engines(runner, eos_token_id, max_seq_len or scenario.max_total_tokens):
-        divergences = find_divergences(engine.name, expected, drive(engine, scenario), margins)
-        check = GreedyCheck(engine.name, len(scenario.requests), tuple(divergences), near_tie_tolerance)
+        outputs = drive(engine, scenario)
+        if tolerance is not None:
+            served = {r.request_id: tuple(outputs.get(r.request_id, ())) for r in scenario.requests}
+            check = check_tokens(engine.name, scenario.requests, served, reference.score, tolerance, eos_token_id)
+        else:
+            divergences = find_divergences(engine.name, expected, outputs, margins)
+            check = GreedyCheck(engine.name, len(scenario.requests), tuple(divergences), near_tie_tolerance)
         runs.append(ScheduledRun(check, engine.result(0.0, 1.0).counters))
     return RunnerCheck(tuple(runs))

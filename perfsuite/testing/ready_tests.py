@@ -39,9 +39,9 @@ from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, E
 from perfsuite.adapters.registry import checked_engine, load_factory
 from perfsuite.testing.checks import check_engine, check_runner
 from perfsuite.testing.reference import CachedReference, cached_reference
-from perfsuite.testing.reference import near_tie_tolerance as tolerance_for_dtype
-from perfsuite.testing.scenarios import Scenario, scenarios
+from perfsuite.testing.scenarios import Scenario, long_scenarios, scenarios
 from perfsuite.testing.time_limit import NoAnswer, call_within, resolve_max_seconds
+from perfsuite.testing.verdict import LogitTolerance
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -50,9 +50,13 @@ if TYPE_CHECKING:
     from perfsuite.models import LoadedModel
 
 DEFAULT_MAX_EXAMPLES = 25
+_REMOVED = object()  # near_tie_tolerance and max_near_ties: refused, with the per-token verdict named
 # Smaller than perfsuite's own property's scenarios: an engine of unknown speed serves every example.
 SMALL = {"max_requests": 6, "max_prompt_len": 24, "max_new_tokens": 12, "max_batch_size": 4}
 SMALL_MAX_SEQ_LEN = SMALL["max_prompt_len"] + SMALL["max_new_tokens"]
+# With the default strategy, each run also serves this many long scenarios (``long_scenarios``: more requests than
+# the pool holds). Two, since Hypothesis' first example is its simplest (every request in order, one token each).
+NUM_LONG_EXAMPLES = 2
 
 
 def equivalence_test(
@@ -65,10 +69,11 @@ def equivalence_test(
     strategy: SearchStrategy[Scenario] | None = None,
     max_seq_len: int | None = None,
     seconds_per_step: float = 0.0,
-    near_tie_tolerance: float | None = None,
-    max_near_ties: int = 1,
+    ulps: float | None = None,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
     max_seconds_per_example: float | None = None,
+    near_tie_tolerance: object = _REMOVED,
+    max_near_ties: object = _REMOVED,
 ) -> Callable[[], None]:
     """A test that ``engine`` serves drawn scenarios exactly as unbatched greedy decoding of ``model`` would.
 
@@ -95,10 +100,16 @@ def equivalence_test(
     (special tokens left out) and ``max_seq_len`` to their longest possible
     request; with a strategy of yours, to each scenario's longest request.
 
-    ``near_tie_tolerance`` (default by dtype: 0 for float64) is the reference's
-    top-1/top-2 margin under which a flipped token is a near-tie, reported
-    but not a failure; more than ``max_near_ties`` of them in one scenario
-    fail too.
+    The verdict is per token (``perfsuite.testing.verdict``): every token the
+    engine produced is checked against the reference given the engine's own
+    prefix, computed one format wider than ``dtype``. It passes when it is the
+    reference's argmax or its reference logit is within ``ulps`` units in the
+    last place of ``dtype`` (at the argmax logit's magnitude) of the argmax's;
+    default ``ULPS_BY_DTYPE[dtype]`` (0 for float64: exact ties only). An
+    output longer or shorter than its own stop tokens and ``max_new_tokens``
+    call for fails whatever the tolerance. ``near_tie_tolerance`` and
+    ``max_near_ties`` (the rule this verdict replaced) are refused with a
+    ``TypeError`` saying so.
 
     What ``run`` returns is checked before any token is compared
     (``perfsuite.correctness.validate_run_result``: a ``RunResult``, one
@@ -111,11 +122,14 @@ def equivalence_test(
     shrinking; the hung call cannot be stopped and is abandoned, still
     running, in a daemon thread (with the engine it holds) until the process exits.
     """
+    _refuse_near_tie_arguments(near_tie_tolerance, max_near_ties)
     limit = resolve_max_seconds(max_seconds_per_example)
     model_under_test = _ModelUnderTest(model, dtype, device, endpoint)
-    tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
+    tolerance = LogitTolerance.for_dtype(dtype, ulps)
+    long_strategy = None
     if strategy is None:
         strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
+        long_strategy = model_under_test.long_scenarios()
     factory = functools.cache(lambda: load_factory(engine) if isinstance(engine, str) else engine)
 
     def check_one(scenario: Scenario) -> None:
@@ -123,12 +137,12 @@ def equivalence_test(
         build = functools.partial(_build, _engine_name(engine), factory(), backend)
         check = check_engine(
             build, scenario, model_under_test.reference(), max_seq_len=max_seq_len,
-            seconds_per_step=seconds_per_step, near_tie_tolerance=tolerance,
+            seconds_per_step=seconds_per_step, tolerance=tolerance,
         )  # fmt: skip
-        check.assert_passed(max_near_ties)
+        check.assert_passed()
 
     prepare = lambda: (model_under_test.reference(), factory())  # noqa: E731
-    return _ready_test(check_one, strategy, max_examples, _engine_name(engine), limit, prepare)
+    return _ready_test(check_one, strategy, max_examples, _engine_name(engine), limit, prepare, long_strategy)
 
 
 def runner_equivalence_test(
@@ -139,10 +153,11 @@ def runner_equivalence_test(
     device: str = "cpu",
     strategy: SearchStrategy[Scenario] | None = None,
     max_seq_len: int | None = None,
-    near_tie_tolerance: float | None = None,
-    max_near_ties: int = 1,
+    ulps: float | None = None,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
     max_seconds_per_example: float | None = None,
+    near_tie_tolerance: object = _REMOVED,
+    max_near_ties: object = _REMOVED,
 ) -> Callable[[], None]:
     """A test that a model runner, under perfsuite's static, in-flight and paged schedulers, decodes greedily.
 
@@ -152,23 +167,37 @@ def runner_equivalence_test(
     are ``equivalence_test``'s; past ``max_seconds_per_example`` the runner,
     shared by every scenario, is left to the abandoned call, and the test ends.
     """
+    _refuse_near_tie_arguments(near_tie_tolerance, max_near_ties)
     limit = resolve_max_seconds(max_seconds_per_example)
     model_under_test = _ModelUnderTest(model, dtype, device, None)
-    tolerance = tolerance_for_dtype(dtype) if near_tie_tolerance is None else near_tie_tolerance
+    tolerance = LogitTolerance.for_dtype(dtype, ulps)
+    long_strategy = None
     if strategy is None:
         strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
+        long_strategy = model_under_test.long_scenarios()
     runner_of = functools.cache(lambda: make_runner(model_under_test.loaded()))
 
     def check_one(scenario: Scenario) -> None:
         check = check_runner(
             runner_of(), scenario, model_under_test.reference(), eos_token_id=model_under_test.loaded().eos_token_id,
-            max_seq_len=max_seq_len, near_tie_tolerance=tolerance,
+            max_seq_len=max_seq_len, tolerance=tolerance,
         )  # fmt: skip
-        check.assert_passed(max_near_ties)
+        check.assert_passed()
 
     label = getattr(make_runner, "__name__", "runner")
     prepare = lambda: (model_under_test.reference(), runner_of())  # noqa: E731
-    return _ready_test(check_one, strategy, max_examples, label, limit, prepare)
+    return _ready_test(check_one, strategy, max_examples, label, limit, prepare, long_strategy)
+
+
+def _refuse_near_tie_arguments(near_tie_tolerance: object, max_near_ties: object) -> None:
+    given = [name for name, value in (("near_tie_tolerance", near_tie_tolerance), ("max_near_ties", max_near_ties))
+             if value is not _REMOVED]  # fmt: skip
+    if given:
+        raise TypeError(
+            f"{' and '.join(given)}: the near-tie rule is gone; the verdict is now per token, each output token "
+            "against the reference given the engine's own prefix, within ulps of the dtype (pass ulps=... to "
+            "change the tolerance; see docs/correctness.md#the-per-token-verdict)"
+        )
 
 
 class _ModelUnderTest:
@@ -191,6 +220,10 @@ class _ModelUnderTest:
         """Small ``scenarios`` over the model's vocabulary, less its special tokens (the model loads on first draw)."""
         return st.deferred(lambda: _small_scenarios(self.backend()))
 
+    def long_scenarios(self) -> SearchStrategy[Scenario]:
+        """``long_scenarios`` over the same tokens: more requests than the pool holds."""
+        return st.deferred(lambda: long_scenarios(_vocab_size(self.backend()), self.backend().special_token_ids))
+
 
 @functools.cache
 def _load(model: str, dtype: str, device: str) -> LoadedModel:
@@ -210,9 +243,13 @@ def _reference(model: str, dtype: str, device: str) -> CachedReference:
 
 
 def _small_scenarios(backend: Backend) -> SearchStrategy[Scenario]:
+    return scenarios(vocab_size=_vocab_size(backend), avoid_token_ids=backend.special_token_ids, **SMALL)
+
+
+def _vocab_size(backend: Backend) -> int:
     if backend.vocab_size is None:
         raise ValueError("the backend does not say its vocabulary size; pass strategy=scenarios(vocab_size=...)")
-    return scenarios(vocab_size=backend.vocab_size, avoid_token_ids=backend.special_token_ids, **SMALL)
+    return backend.vocab_size
 
 
 def _build(name: str, factory: EngineFactory, backend: Backend, config: EngineConfig) -> BatchingEngine:
@@ -236,13 +273,38 @@ def _ready_test(
     label: str,
     max_seconds: float,
     prepare: Callable[[], object],
+    long_strategy: SearchStrategy[Scenario] | None = None,
+) -> Callable[[], None]:
+    """The Hypothesis test over ``strategy``; with a ``long_strategy``, a test that runs it, then long examples."""
+    name = re.sub(r"\W", "_", f"{label}_equals_unbatched_greedy_decoding")
+    small = _hypothesis_test(check_one, strategy, max_examples, name, label, max_seconds, prepare)
+    if long_strategy is None:
+        return small
+    long = _hypothesis_test(check_one, long_strategy, NUM_LONG_EXAMPLES, f"{name}_long", label, max_seconds, prepare)
+
+    def test() -> None:
+        small()
+        long()  # more requests than the pool holds: a resource reused after the pool wraps
+
+    test.__name__ = test.__qualname__ = name
+    return test
+
+
+def _hypothesis_test(
+    check_one: Callable[[Scenario], None],
+    strategy: SearchStrategy[Scenario],
+    max_examples: int,
+    name: str,
+    label: str,
+    max_seconds: float,
+    prepare: Callable[[], object],
 ) -> Callable[[], None]:
     def test(scenario: Scenario) -> None:
         prepare()  # the model, its reference and the runner or factory, once and outside the limit (a download is slow)
         _check_within(check_one, scenario, max_seconds, label)
 
     # Hypothesis names the test in its report and keys its example database by this name.
-    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{label}_equals_unbatched_greedy_decoding")
+    test.__name__ = test.__qualname__ = name
     suppressed = {*settings().suppress_health_check, HealthCheck.too_slow}  # the active profile's, and slow draws
     run_settings = settings(max_examples=max_examples, deadline=None, suppress_health_check=list(suppressed))
     return run_settings(given(scenario=strategy)(test))

@@ -9,13 +9,20 @@ anything with its ``generate(request)``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from perfsuite.correctness import GreedyOutput, GreedyReference
 from perfsuite.engine import Request
+from perfsuite.testing.verdict import TokenScores
 
 if TYPE_CHECKING:
     from perfsuite.models import LoadedModel
+
+class TokenScorer(Protocol):
+    """The teacher-forced reference (``perfsuite.engine.reference.TeacherForcedScorer``)."""
+
+    def score(self, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> TokenScores: ...
+
 
 # float32 logits of SmolLM2 differ by ~1e-5 between batch shapes; a flip needs
 # the reference's own top-2 margin to be below this.
@@ -36,11 +43,34 @@ def near_tie_tolerance(dtype: str) -> float:
 
 
 class CachedReference:
-    """A ``GreedyReference`` that decodes each distinct (prompt, sampling params) once."""
+    """A ``GreedyReference`` that decodes each distinct (prompt, sampling params) once.
 
-    def __init__(self, decoder: GreedyReference) -> None:
+    With a ``scorer`` (``perfsuite.engine.reference.TeacherForcedScorer``) it
+    also scores an engine's output given its own prefix (``score``), each
+    distinct (prompt, output) once, for the per-token verdict.
+    """
+
+    def __init__(self, decoder: GreedyReference, scorer: TokenScorer | None = None) -> None:
         self.decoder = decoder
+        self.scorer = scorer
         self._cache: dict[tuple, GreedyOutput] = {}
+        self._scores: dict[tuple, TokenScores] = {}
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's EOS, as the decoder knows it (None when it says none)."""
+        return getattr(self.decoder, "eos_token_id", None)
+
+    def score(self, request: Request, tokens: tuple[int, ...]) -> TokenScores:
+        """The reference's logits at each of ``tokens``, the output of ``request``, given the tokens before it."""
+        if self.scorer is None:
+            raise ValueError(
+                "this reference has no scorer; build it with cached_reference(loaded) for the per-token verdict"
+            )
+        key = (request.prompt_token_ids, tokens)
+        if key not in self._scores:
+            self._scores[key] = self.scorer.score(request.prompt_token_ids, tokens)
+        return self._scores[key]
 
     def generate(self, request: Request) -> GreedyOutput:
         key = (request.prompt_token_ids, request.sampling_params)
@@ -60,6 +90,6 @@ class CachedReference:
 
 def cached_reference(loaded: LoadedModel) -> CachedReference:
     """The memoised unbatched oracle of a ``perfsuite.models.load_model`` result (imports torch)."""
-    from perfsuite.engine.reference import ReferenceDecoder
+    from perfsuite.engine.reference import ReferenceDecoder, TeacherForcedScorer
 
-    return CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id))
+    return CachedReference(ReferenceDecoder(loaded.model, loaded.eos_token_id), TeacherForcedScorer(loaded.model))

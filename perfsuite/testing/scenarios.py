@@ -137,8 +137,9 @@ def scenarios(
     max_batch_size: int = 6,
     kv_block_sizes: Sequence[int] = DEFAULT_KV_BLOCK_SIZES,
     avoid_token_ids: Collection[int] = (),
+    min_requests: int = 1,
 ) -> Scenario:
-    """Scenarios of 1..``max_requests`` requests over token ids ``0..vocab_size-1``.
+    """Scenarios of ``min_requests``..``max_requests`` requests over token ids ``0..vocab_size-1``.
 
     Each request has a prompt of 1..``max_prompt_len`` tokens, asks for
     1..``max_new_tokens`` (EOS ignored or not) and arrives at a step in
@@ -161,7 +162,7 @@ def scenarios(
     if avoid_token_ids:
         avoided = frozenset(avoid_token_ids)
         prompt_token = st.sampled_from([token for token in range(vocab_size) if token not in avoided])
-    num_requests = draw(st.integers(1, max_requests))
+    num_requests = draw(st.integers(min_requests, max_requests))
     requests, arrival_steps = [], []
     for index in range(num_requests):
         prompt = draw(st.lists(prompt_token, min_size=1, max_size=max_prompt_len))
@@ -183,6 +184,16 @@ def scenarios(
         kv_block_size=kv_block_size,
         paged_batch_size=draw(st.integers(max(2, batch_size), max_batch_size + 2)),
     )
+
+
+# More requests than any pool of a long scenario holds: slots, blocks and request ids are reused after the pool
+# wraps, several times over (a batch of at most 3, a paged pool of the longest request and at most one block more).
+LONG = {"min_requests": 16, "max_requests": 24, "max_prompt_len": 8, "max_new_tokens": 8, "max_batch_size": 3}
+
+
+def long_scenarios(vocab_size: int, avoid_token_ids: Collection[int] = ()) -> st.SearchStrategy[Scenario]:
+    """``scenarios`` of 16-24 short requests over a batch of at most 3: each slot and block is reused many times."""
+    return scenarios(vocab_size, avoid_token_ids=avoid_token_ids, **LONG)
 
 
 SHARING_KINDS = ("same", "shares_blocks", "prefix_of", "fresh")
