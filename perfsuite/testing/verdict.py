@@ -87,7 +87,7 @@ class LogitTolerance:
         return gap / ulp(argmax_logit, self.dtype)
 
     def describe(self) -> str:
-        return "exact ties only" if self.ulps == 0 else f"{self.ulps:g} ulps of {self.dtype}"
+        return f"{self.ulps:g} ulps of {self.dtype}" + (" (exact ties)" if self.ulps == 0 else "")
 
 
 @dataclass(frozen=True, slots=True)
