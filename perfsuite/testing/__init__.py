@@ -11,9 +11,11 @@ The ready test, one line in a test module of yours::
 
 Each draws scenarios (requests of mixed prompt and output lengths that
 arrive while others decode, batch and token-budget knobs, a tight paged KV
-pool), serves them and fails on the first token that differs from the
-reference, with the reference's top-1/top-2 margin there (a near-tie in a
-low precision is reported apart), after Hypothesis has shrunk the scenario.
+pool; then two long scenarios with more requests than the pool holds),
+serves them and checks every output token against the reference given the
+engine's own prefix (``perfsuite.testing.verdict``: the argmax, or within a
+few ulps of the dtype of it; exact lengths), failing with each wrong token
+after Hypothesis has shrunk the scenario.
 
 The pieces, for tests of your own::
 
@@ -36,7 +38,9 @@ The pieces, for tests of your own::
   ``check_runner(runner, scenario, reference, eos_token_id=...)`` through
   perfsuite's static, in-flight and paged schedulers, step by step; they
   return ``GreedyCheck`` and ``RunnerCheck`` (``passed``, ``near_ties``,
-  ``describe()``, ``assert_passed(max_near_ties)``);
+  ``describe()``, ``assert_passed(max_near_ties)``), or with ``tolerance=``
+  (a ``LogitTolerance``) the per-token ``TokenCheck``; ``check_tokens`` and
+  ``ulp`` are the verdict's pure pieces, ``long_scenarios`` the long strategy;
 - ``CachedReference`` / ``cached_reference(loaded)``: the unbatched oracle,
   memoised; ``drive(engine, scenario)``: a step-driven run;
   ``near_tie_tolerance(dtype)`` and ``FLOAT32_NEAR_TIE``.

@@ -2,10 +2,13 @@
 
 Each returns a Hypothesis test function (no arguments, no fixtures) that
 pytest collects from the variable it is assigned to, as Hypothesis' own ready
-tests are made (``TestMyMachine = MyMachine.TestCase``). It draws scenarios,
-serves each with the engine and compares every token with unbatched greedy
-decoding of the same model, failing with the divergence (request, position,
-both tokens, the reference's margin) and the scenario, once shrunk.
+tests are made (``TestMyMachine = MyMachine.TestCase``). It draws scenarios
+(``max_examples`` small ones, then ``NUM_LONG_EXAMPLES`` long ones with more
+requests than the pool holds), serves each with the engine and checks every
+token against unbatched greedy decoding of the same model given the engine's
+own prefix (``perfsuite.testing.verdict``), failing with each wrong token
+(request, position, both tokens and logits, the tolerance) and the scenario,
+once shrunk.
 
 The model and its reference are loaded on the first example and kept for
 the process (keyed by model, dtype and device), not in a fixture: Hypothesis
@@ -99,6 +102,10 @@ def equivalence_test(
     ``strategy`` defaults to small ``scenarios`` over the model's vocabulary
     (special tokens left out) and ``max_seq_len`` to their longest possible
     request; with a strategy of yours, to each scenario's longest request.
+    With the default strategy each run then serves ``NUM_LONG_EXAMPLES``
+    ``long_scenarios`` (16-24 requests over a batch of at most 3), where
+    slots, blocks and request ids are reused after the pool wraps; with a
+    strategy of yours, only yours.
 
     The verdict is per token (``perfsuite.testing.verdict``): every token the
     engine produced is checked against the reference given the engine's own
