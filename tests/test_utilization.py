@@ -126,3 +126,22 @@ def test_a_smoke_session_records_peaks_and_every_engine_tests_mfu_mbu_and_rates(
         for key in UTILIZATION_KEYS:
             assert len(samples[key]) == 2 and all(value > 0 for value in samples[key]), (test["test_id"], key)
         assert test["measurement"]["counters"]["weight_bytes_read"] > 0
+
+
+def test_the_report_draws_the_roofline_and_each_tests_mfu_and_mbu_and_the_file_keeps_the_peaks(tmp_path):
+    from perfsuite.judge.results import read_results, write_results
+    from perfsuite.report.render import render_report
+    from results_builders import make_result, make_results
+
+    samples = {"output_throughput": (100.0,), PREFILL_MFU: (0.125,), "prefill_tflops": (0.125e-3,),
+               "prefill_gbps": (0.01,), DECODE_MBU: (0.5,), "decode_tflops": (1e-5,), "decode_gbps": (0.05,)}  # fmt: skip
+    results = make_results(make_result("t.py::test_a[paged]", samples=samples, engine_name="paged"), peaks=PEAKS)
+    path = tmp_path / "results.json"
+    write_results(path, results)
+    assert read_results(path).peaks == PEAKS
+    html = render_report(read_results(path))
+    assert "12.5%" in html and "50.0%" in html and "Roofline" in html and "<svg" in html.split('id="roofline"')[1]
+    bare = render_report(make_results(make_result("t.py::test_a[paged]")))
+    assert "No test in this run counted its work" in bare
+    write_results(path, make_results(make_result("t.py::b")))
+    assert "peaks" not in json.loads(path.read_text())  # a session that measured none writes the file as before

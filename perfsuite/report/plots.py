@@ -371,3 +371,42 @@ def inline_svg(document: str) -> str:
     if leftover:
         raise ValueError(f"the SVG refers to external addresses {sorted(leftover)}")
     return svg.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class RooflinePoint:
+    """One step kind of one test: its FLOPs per byte moved and its achieved FLOP/s."""
+
+    engine: str
+    kind: str  # "prefill" or "decode"
+    intensity: float
+    flops_per_second: float
+
+
+ROOFLINE_MARKERS = {"prefill": "s", "decode": "o"}
+
+
+def roofline_figure(points: Sequence[RooflinePoint], peak_flops: float, peak_bytes: float, title: str) -> str:
+    """Achieved FLOP/s against arithmetic intensity, log-log, under the two roofs: bandwidth x intensity, and the
+    peak FLOP/s; the ridge where they meet splits memory-bound (left) from compute-bound (right)."""
+    figure = _figure(7.5, 4.2)
+    axes = figure.add_subplot()
+    intensities = [p.intensity for p in points] + [peak_flops / peak_bytes]
+    low, high = min(intensities) / 4, max(intensities) * 4
+    ridge = peak_flops / peak_bytes
+    axes.plot([low, ridge, high], [peak_bytes * low, peak_flops, peak_flops], "-", color="#444444",
+              label=f"roofs: {peak_bytes / 1e9:.3g} GB/s, {peak_flops / 1e9:.3g} GFLOP/s")  # fmt: skip
+    seen: set[tuple[str, str]] = set()
+    for point in points:
+        key = (point.engine, point.kind)
+        axes.plot([point.intensity], [point.flops_per_second], ROOFLINE_MARKERS.get(point.kind, "^"),
+                  color=ENGINE_COLOURS.get(point.engine), label=None if key in seen else f"{point.engine} {point.kind}")  # fmt: skip
+        seen.add(key)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("arithmetic intensity (FLOPs / byte moved)")
+    axes.set_ylabel("achieved FLOP/s")
+    axes.set_title(title)
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8)
+    return figure_to_svg(figure)

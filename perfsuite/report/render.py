@@ -166,6 +166,7 @@ def render_report(results: Results, history: Sequence[Results] = ()) -> str:
         verdicts=VERDICTS,
         verdict_filters=VERDICT_FILTERS,
         throughput_figures=_throughput_figures(tests),
+        roofline=_roofline(results),
         timeline=_timeline_figure(tests, results.against),
         history=history_section(results, history, MAX_HISTORY_RUNS),
         sections=[_section(test, rows, results) for test in tests],
@@ -266,6 +267,34 @@ def _sizing_facts(tests: Sequence[TestResult]) -> list[tuple[str, str]]:
 
 
 # -- figures across tests ----------------------------------------------------
+
+
+# measure.utilization's sample keys (prefill_mfu, decode_gbps...), which the report reads only through results.json.
+UTILIZATION_SUFFIXES = ("_mfu", "_mbu", "_tflops", "_gbps")
+
+
+def _roofline(results: Results) -> dict[str, Any] | None:
+    """The roofline figure and each test's MFU, MBU and rates (medians over repeats); None: nothing measured them."""
+    rows, points = [], []
+    for test in results.tests:
+        medians = {key: statistics.median(values) for key, values in test.measurement.samples.items()
+                   if key.endswith(UTILIZATION_SUFFIXES) and values}  # fmt: skip
+        if not medians:
+            continue
+        engine = test.measurement.engine_name
+        rows.append({"test_id": test.test_id, "engine": engine, **medians})
+        for kind in ("prefill", "decode"):
+            tflops, gbps = medians.get(f"{kind}_tflops"), medians.get(f"{kind}_gbps")
+            if tflops and gbps:
+                points.append(plots.RooflinePoint(engine, kind, 1e3 * tflops / gbps, 1e12 * tflops))
+    if not rows:
+        return None
+    peaks, svg = results.peaks, None
+    if peaks is not None and points:
+        title = f"{peaks.device}, {peaks.dtype}: each test's prefill and decode under this machine's measured roofs"
+        svg = plots.roofline_figure(points, peaks.flops_per_second, peaks.bytes_per_second, title)
+    return {"rows": rows, "svg": svg, "peaks": peaks}
+
 
 
 def _throughput_figures(tests: Sequence[TestResult]) -> list[Figure]:
