@@ -35,7 +35,7 @@ from perfsuite.history.series import SERIES_METRICS
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
-from perfsuite.report.table import format_table, memory_table, prefix_cache_table
+from perfsuite.report.table import format_table, memory_table, prefix_cache_table, utilization_table
 from perfsuite.workload import ShapedWorkload, Trace, Vocab, Workload, mixed_workload, parse_workload_option
 
 if TYPE_CHECKING:
@@ -353,7 +353,8 @@ def _compare(args: argparse.Namespace) -> int:
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
     verdicts = verdict_table(judged.tests, paired=judged.against is not None)
     print(verdicts.text())
-    for table in (memory_table(judged.tests), prefix_cache_table(judged.tests)):
+    utilization = (utilization_table(old.tests, str(args.old)), utilization_table(judged.tests, str(args.new)))
+    for table in (memory_table(judged.tests), prefix_cache_table(judged.tests), *utilization):
         if table is not None:
             print(table)
     for warning in judged.warnings:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfsuite.plugin.session import PerfSession
-from perfsuite.report.table import memory_table, prefix_cache_table
+from perfsuite.report.table import memory_table, prefix_cache_table, utilization_table
 from perfsuite.report.verdict_table import verdict_table
 
 
@@ -79,7 +79,9 @@ def _write_results(
 ) -> None:
     if perf_session.results:
         write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
-        for table in (memory_table(perf_session.results), prefix_cache_table(perf_session.results)):
+        tables = (memory_table(perf_session.results), prefix_cache_table(perf_session.results),
+                  utilization_table(perf_session.results))  # fmt: skip
+        for table in tables:
             if table is not None:
                 write(table)
     for recorded in perf_session.determinism:  # recorded, never judged: shown, failing nothing

@@ -1,5 +1,5 @@
-"""Plain-text tables for the terminal: the KV cache and device memory table of a session's tests, and their
-prefix cache table."""
+"""Plain-text tables for the terminal: the KV cache and device memory table of a session's tests, their
+prefix cache table, and how close each came to the machine's roofs (MFU, MBU)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,38 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}" if abs(value) >= 100 else f"{value:.3g}" if abs(value) < 0.01 else f"{value:.2f}"
     return str(value)
+
+
+UTILIZATION_COLUMNS = ["test", "prefill MFU", "prefill TF/s", "decode MBU", "decode GB/s"]
+# measure.utilization's sample keys, read only through results.json: (key, as a share?)
+UTILIZATION_CELLS = (("prefill_mfu", True), ("prefill_tflops", False), ("decode_mbu", True), ("decode_gbps", False))
+
+
+def utilization_table(results: Sequence[TestResult], source: str = "") -> str | None:
+    """Each test's prefill MFU, decode MBU and achieved rates (medians over repeats); None when no test counted
+    its work. Stored, never compared (``perfsuite.measure.utilization``); ``source`` names the file shown."""
+    rows = []
+    for result in results:
+        samples = result.measurement.samples
+        if not any(key in samples for key, _ in UTILIZATION_CELLS):
+            continue
+        rows.append([result.test_id.rpartition("::")[2], *(_median_cell(samples.get(key), share)
+                                                           for key, share in UTILIZATION_CELLS)])  # fmt: skip
+    if not rows:
+        return None
+    where = f" in {source}" if source else ""
+    return f"How close to the machine's measured roofs{where} (medians over repeats; not compared):\n" + format_table(
+        UTILIZATION_COLUMNS, rows
+    )
+
+
+def _median_cell(values: Sequence[float] | None, share: bool) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return f"{median:.1%}" if share else f"{median:.3g}"
 
 
 def memory_table(results: Sequence[TestResult]) -> str | None:
