@@ -35,6 +35,9 @@ BUSY_SHARE = "cpu_busy_share"
 # stored, never compared: it depends on the allocator and the torch build as much as on the code.
 DEVICE_MEMORY = "max_memory_allocated_bytes"
 
+# NVML's energy counter over each repeat per output token, in joules (measure.gpu_telemetry); stored, never compared.
+ENERGY_PER_TOKEN = "energy_per_output_token_j"
+
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 # The percentiles a LatencySummary reports, with each one's q; each gets a distribution-free interval.
@@ -62,6 +65,7 @@ class Repeats:
     busy_shares: tuple[float, ...] = ()  # other work's share of the machine's CPU during each repeat
     noisy: str | None = None  # why these repeats cannot support a verdict (perfsuite.measure.contention)
     device_memory: tuple[int, ...] = ()  # CUDA: peak bytes allocated during each repeat; none on CPU
+    energy_per_token: tuple[float, ...] = ()  # CUDA with NVML: joules per output token of each repeat; none on CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +321,8 @@ def summarise(
         samples[BUSY_SHARE] = tuple(repeats.busy_shares)
     if repeats.device_memory:
         samples[DEVICE_MEMORY] = tuple(repeats.device_memory)
+    if repeats.energy_per_token:
+        samples[ENERGY_PER_TOKEN] = tuple(repeats.energy_per_token)
     last = repeats.runs[-1]
     return Measured(
         engine_name=last.engine_name,

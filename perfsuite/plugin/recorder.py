@@ -369,6 +369,7 @@ class PerfRecorder:
         test stops and is reported noisy: more repeats would only measure the
         other work.
         """
+        from perfsuite.measure.gpu_telemetry import RepeatTelemetry, disturbance_reason, open_gpu_telemetry
         from perfsuite.measure.timing import DevicePeakMemory, timed_run
 
         threshold = self.session.options.busy_threshold
@@ -380,11 +381,15 @@ class PerfRecorder:
         # A server in another process may run on another machine: this one's probe would only add its noise.
         probes = _BracketingProbe(self.backend.probe if in_process else None, self.backend.device)
         memory_device = self.backend.device if in_process else "cpu"  # a server's memory is not this device's
+        gpu = open_gpu_telemetry(memory_device)  # NVML on CUDA with nvidia-ml-py; else None
+        telemetry: list[RepeatTelemetry | None] = []  # a repeat throttled or shared on its GPU is disturbed too
 
         def one_run() -> None:
             probes.starting_run()
+            before = gpu.sample() if gpu is not None else None
             with CpuMeter() as meter, DevicePeakMemory(memory_device) as memory:
                 runs.append(timed_run(engine, requests, self.backend.device, max_concurrency=max_concurrency))
+            telemetry.append(RepeatTelemetry(before, gpu.sample()) if gpu is not None else None)
             peaks.append(memory.peak_bytes)
             uses.append(_counted(meter.use, in_process) if checks_machine else None)
             if uses[-1] is not None and uses[-1].is_busy(threshold) and not _wait_until_quiet(threshold):
@@ -396,19 +401,22 @@ class PerfRecorder:
                 probes.take()
                 one_run()
             probes.take()  # after the last run
-            disturbed = [i for i, use in enumerate(uses) if use is not None and use.is_busy(threshold)]
+            disturbed = [i for i, use in enumerate(uses) if (use is not None and use.is_busy(threshold))
+                         or (telemetry[i] is not None and telemetry[i].disturbed())]  # fmt: skip
             for index in disturbed[: repeats // 2]:
                 probes.take()
                 one_run()  # the machine is quiet again: this repeat takes the disturbed one's place
                 probes.take()
                 runs[index], uses[index], peaks[index] = runs.pop(), uses.pop(), peaks.pop()
+                telemetry[index] = telemetry.pop()
                 probes.move_last_to(index)
         except _BusyForGood:
             reason = contention_reason(uses, threshold)
             return Repeats(tuple(runs), probes.per_run(), _shares(uses), f"{reason}; the other repeats were not run",
-                           device_memory=_peaks(peaks))  # fmt: skip
-        return Repeats(tuple(runs), probes.per_run(), _shares(uses), contention_reason(uses, threshold),
-                       device_memory=_peaks(peaks))  # fmt: skip
+                           device_memory=_peaks(peaks), energy_per_token=_energy(runs, telemetry))  # fmt: skip
+        noisy = "; ".join(filter(None, (contention_reason(uses, threshold), disturbance_reason(telemetry)))) or None
+        return Repeats(tuple(runs), probes.per_run(), _shares(uses), noisy, device_memory=_peaks(peaks),
+                       energy_per_token=_energy(runs, telemetry))  # fmt: skip
 
     def _sizing(
         self,
@@ -517,6 +525,13 @@ def runs_in_process(engine: BatchingEngine) -> bool:
 
 def _shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:
     return tuple(use.busy_share for use in uses if use is not None)
+
+
+def _energy(runs, telemetry) -> tuple[float, ...]:
+    """Joules per output token of each repeat, from NVML's energy counter; none unless every repeat has one."""
+    energies = [None if t is None else t.energy_per_token(sum(r.num_output_tokens for r in run.records))
+                for run, t in zip(runs, telemetry)]  # fmt: skip
+    return tuple(energies) if energies and all(e is not None for e in energies) else ()
 
 
 def _peaks(peaks: Sequence[int | None]) -> tuple[int, ...]:
