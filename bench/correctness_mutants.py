@@ -3,8 +3,8 @@
 Each mutant is a ``Mutant``: a name, where the bug lives (``runner``: a
 ``ModelRunner`` subclass, checked by ``runner_equivalence_test`` under the
 static, in-flight and paged schedulers; ``engine``: a patch of perfsuite's
-engine bookkeeping while the ready test of one registered engine runs, checked
-by ``equivalence_test``) and what it takes to show (``needs``).
+engine bookkeeping while a ready test runs: ``runner_equivalence_test`` over
+perfsuite's runner, and ``equivalence_test`` of the registered ``engine``).
 
 None of them is the mutant of tests/test_equivalence.py (positions shifted past
 4, an open mask, slots flipped, block tables reversed) or of

@@ -19,11 +19,12 @@ One run, three parts, on tiny-random on the CPU:
    tolerance) over perfsuite's ``inflight`` and ``paged`` engines and the
    outside example engine (examples/outside-project, ``outside``): every example
    is served and judged, and the failing ones counted.
-3. **Mutants** (bench/correctness_mutants.py): the ready test itself with
-   defaults (``runner_equivalence_test`` for a runner mutant, ``equivalence_test``
-   of its engine for an engine one), generated examples only (no explicit
-   examples, no shrinking), derandomized as the ci profile is: caught or not,
-   and at which example.
+3. **Mutants** (bench/correctness_mutants.py): the ready tests themselves with
+   defaults (``runner_equivalence_test`` for every mutant, over the mutant's
+   runner or, for an engine mutant, perfsuite's; ``equivalence_test`` of an
+   engine mutant's registered engine besides), generated examples only (no
+   explicit examples, no shrinking), derandomized as the ci profile is: caught
+   or not, and at which example.
 
 Prints one table, and writes it with the calibration and every failure to --log.
 """
@@ -218,8 +219,13 @@ def false_failures(engine_name: str, dtype: str, num_examples: int, num_long: in
 # -- 3. mutants --------------------------------------------------------------------------------------------------
 
 
-def try_mutant(mutant: Mutant, dtype: str) -> tuple[str, str]:
-    """(the table's cell, the failure's first lines) of the ready test with defaults on ``mutant``."""
+def try_mutant(mutant: Mutant, dtype: str, through: str) -> tuple[str, str]:
+    """(the table's cell, the failure's first lines) of a ready test with defaults on ``mutant``.
+
+    ``through``: "runner" (``runner_equivalence_test``: perfsuite's static, in-flight and paged schedulers with each
+    scenario's own pool, over the mutant's runner or, for an engine mutant, perfsuite's) or "engine"
+    (``equivalence_test`` of the engine mutant's registered engine, built from the scenario's ``EngineConfig``).
+    """
     calls = []
     original = ready_tests._check_within
 
@@ -229,14 +235,12 @@ def try_mutant(mutant: Mutant, dtype: str) -> tuple[str, str]:
 
     ready_tests._check_within = counted
     try:
-        if mutant.level == "runner":
-            runner = mutant.runner
+        runner = mutant.runner or ModelRunner
+        if through == "runner":
             test = runner_equivalence_test(lambda loaded: runner(loaded.model), dtype=dtype)
-            patch = contextlib.nullcontext()
         else:
             test = equivalence_test(mutant.engine, dtype=dtype)
-            patch = mutant.patch()
-        with patch:
+        with mutant.patch() if mutant.patch else contextlib.nullcontext():
             test()
     except BaseException as failure:  # noqa: BLE001 - a crash is reported as one, not as a catch
         text = "\n".join(str(failure).splitlines()[:3])
@@ -297,22 +301,27 @@ def main() -> None:
             say(f"  {name} {dtype}: {tally.detail()}  [{time.perf_counter() - started:.0f} s]")
         rows.append((f"false failures: {name}", cells))
     for mutant in MUTANTS:
-        cells = {}
-        for dtype in dtypes:
-            cell, first = try_mutant(mutant, dtype)
-            cells[dtype] = cell
-            details.append(f"{mutant.name} {dtype}: {cell}\n{first}")
-            say(f"  {mutant.name} {dtype}: {cell}  [{time.perf_counter() - started:.0f} s]")
-        rows.append((f"mutant ({mutant.level}): {mutant.name}: {mutant.bug}", cells))
+        for through in ("runner", "engine") if mutant.level == "engine" else ("runner",):
+            cells = {}
+            for dtype in dtypes:
+                cell, first = try_mutant(mutant, dtype, through)
+                cells[dtype] = cell
+                details.append(f"{mutant.name} through the {through} test, {dtype}: {cell}\n{first}")
+                say(f"  {mutant.name} ({through} test) {dtype}: {cell}  [{time.perf_counter() - started:.0f} s]")
+            test = "runner_equivalence_test" if through == "runner" else f'equivalence_test("{mutant.engine}")'
+            rows.append((f"mutant ({mutant.level}): {mutant.name}: {mutant.bug}; {test}", cells))
     say("")
     width = max(len(label) for label, _ in rows)
     say(f"| {'':{width}} | " + " | ".join(f"{d:28}" for d in dtypes) + " |")
     say(f"|{'-' * (width + 2)}|" + "|".join("-" * 30 for _ in dtypes) + "|")
     for label, cells in rows:
         say(f"| {label:{width}} | " + " | ".join(f"{cells[d]:28}" for d in dtypes) + " |")
-    mutant_rows = [cells for label, cells in rows if label.startswith("mutant")]
-    caught = {d: sum(cells[d].startswith("caught") for cells in mutant_rows) for d in dtypes}
-    say("mutants caught: " + ", ".join(f"{d} {caught[d]} of {len(MUTANTS)}" for d in dtypes))
+    mutant_rows = [(label, cells) for label, cells in rows if label.startswith("mutant")]
+    for dtype in dtypes:
+        caught = {label.split(":")[1] for label, cells in mutant_rows if cells[dtype].startswith("caught")}
+        by_runner = sum(cells[dtype].startswith("caught") for label, cells in mutant_rows if "runner_eq" in label)
+        say(f"mutants caught in {dtype}: {len(caught)} of {len(MUTANTS)} by a ready test, {by_runner} of "
+            f"{len(MUTANTS)} by runner_equivalence_test")
     say(f"took {time.perf_counter() - started:.0f} s")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(out.getvalue() + "\n# details\n" + "\n\n".join(details) + "\n")
