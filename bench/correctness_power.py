@@ -21,8 +21,9 @@ One run, three parts, on tiny-random on the CPU:
    is served and judged, and the failing ones counted.
 3. **Mutants** (bench/correctness_mutants.py): the ready tests themselves with
    defaults (``runner_equivalence_test`` for every mutant, over the mutant's
-   runner or, for an engine mutant, perfsuite's; ``equivalence_test`` of an
-   engine mutant's registered engine besides), generated examples only (no
+   runner or, for an engine mutant, perfsuite's; and ``equivalence_test`` of an
+   engine mutant's registered engine, or of perfsuite's in-flight engine over a
+   runner mutant), generated examples only (no
    explicit examples, no shrinking), derandomized as the ci profile is: caught
    or not, and at which example.
 
@@ -51,6 +52,7 @@ import torch  # noqa: E402
 from correctness_mutants import MUTANTS, Mutant  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
+from perfsuite.engine import inflight_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.engine.reference import reference_dtype  # noqa: E402
 from perfsuite.measure.environment import cpu_model  # noqa: E402
@@ -219,12 +221,28 @@ def false_failures(engine_name: str, dtype: str, num_examples: int, num_long: in
 # -- 3. mutants --------------------------------------------------------------------------------------------------
 
 
+def inflight_over(runner_class: type[ModelRunner], dtype: str):
+    """A factory of perfsuite's in-flight engine over one ``runner_class`` runner of the model, for equivalence_test."""
+    runner = functools.cache(lambda: runner_class(ready_tests._load(MODEL, dtype, "cpu").model))
+
+    def factory(backend, config):
+        return inflight_engine(
+            runner(), decode_batch_size=config.batch_size, prefill_batch_size=config.prefill_batch_size,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_seq_len=config.max_seq_len,
+            eos_token_id=backend.eos_token_id,
+        )  # fmt: skip
+
+    factory.__name__ = f"inflight_over_{runner_class.__name__}"
+    return factory
+
+
 def try_mutant(mutant: Mutant, dtype: str, through: str) -> tuple[str, str]:
     """(the table's cell, the failure's first lines) of a ready test with defaults on ``mutant``.
 
     ``through``: "runner" (``runner_equivalence_test``: perfsuite's static, in-flight and paged schedulers with each
     scenario's own pool, over the mutant's runner or, for an engine mutant, perfsuite's) or "engine"
-    (``equivalence_test`` of the engine mutant's registered engine, built from the scenario's ``EngineConfig``).
+    (``equivalence_test``: of the engine mutant's registered engine, or of perfsuite's in-flight engine over the
+    runner mutant, built from the scenario's ``EngineConfig``).
     """
     calls = []
     original = ready_tests._check_within
@@ -238,6 +256,8 @@ def try_mutant(mutant: Mutant, dtype: str, through: str) -> tuple[str, str]:
         runner = mutant.runner or ModelRunner
         if through == "runner":
             test = runner_equivalence_test(lambda loaded: runner(loaded.model), dtype=dtype)
+        elif mutant.runner is not None:
+            test = equivalence_test(inflight_over(mutant.runner, dtype), dtype=dtype)
         else:
             test = equivalence_test(mutant.engine, dtype=dtype)
         with mutant.patch() if mutant.patch else contextlib.nullcontext():
@@ -301,14 +321,15 @@ def main() -> None:
             say(f"  {name} {dtype}: {tally.detail()}  [{time.perf_counter() - started:.0f} s]")
         rows.append((f"false failures: {name}", cells))
     for mutant in MUTANTS:
-        for through in ("runner", "engine") if mutant.level == "engine" else ("runner",):
+        for through in ("runner", "engine"):
             cells = {}
             for dtype in dtypes:
                 cell, first = try_mutant(mutant, dtype, through)
                 cells[dtype] = cell
                 details.append(f"{mutant.name} through the {through} test, {dtype}: {cell}\n{first}")
                 say(f"  {mutant.name} ({through} test) {dtype}: {cell}  [{time.perf_counter() - started:.0f} s]")
-            test = "runner_equivalence_test" if through == "runner" else f'equivalence_test("{mutant.engine}")'
+            engine = f'"{mutant.engine}"' if mutant.engine else "in-flight over it"
+            test = "runner_equivalence_test" if through == "runner" else f"equivalence_test({engine})"
             rows.append((f"mutant ({mutant.level}): {mutant.name}: {mutant.bug}; {test}", cells))
     say("")
     width = max(len(label) for label, _ in rows)
@@ -320,8 +341,9 @@ def main() -> None:
     for dtype in dtypes:
         caught = {label.split(":")[1] for label, cells in mutant_rows if cells[dtype].startswith("caught")}
         by_runner = sum(cells[dtype].startswith("caught") for label, cells in mutant_rows if "runner_eq" in label)
+        by_engine = sum(cells[dtype].startswith("caught") for label, cells in mutant_rows if "runner_eq" not in label)
         say(f"mutants caught in {dtype}: {len(caught)} of {len(MUTANTS)} by a ready test, {by_runner} of "
-            f"{len(MUTANTS)} by runner_equivalence_test")
+            f"{len(MUTANTS)} by runner_equivalence_test, {by_engine} of {len(MUTANTS)} by equivalence_test")
     say(f"took {time.perf_counter() - started:.0f} s")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(out.getvalue() + "\n# details\n" + "\n\n".join(details) + "\n")
