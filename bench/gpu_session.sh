@@ -7,7 +7,9 @@
 #    float32 and bfloat16; graphs are captured at build and go with their engines; the CUDA copy probe;
 # 2. bench/decode_graphs.py: a decode step packed, static and as a CUDA graph, slot cache and paged pool;
 # 3. the shipped suite (smoke profile, SmolLM2-135M's shapes with random weights) with --perf-decode-mode packed
-#    and cuda-graph, each once.
+#    and cuda-graph, each once;
+# 4. bench/roofline.py: prefill MFU and decode MBU of static, in-flight and paged at B=1, 8, 32 for random-llama-1b
+#    in bfloat16, packed and CUDA-graph decode (the goal: decode MBU >= 60% with CUDA graphs at B=1).
 # Each part has its own time limit, so one that hangs leaves the others their time. Run it from the repository
 # root: without an installed perfsuite, the checkout is put on PYTHONPATH and its plugin registered with -p.
 set -u
@@ -31,4 +33,8 @@ for mode in packed cuda-graph; do
     timeout 75 $python -m pytest "${plugin[@]}" --pyargs perfsuite.suites --perf --perf-device cuda --perf-model random-smollm2-135m \
         --perf-profile smoke --perf-decode-mode "$mode" --perf-history none -p no:cacheprovider -q \
         --perf-report-dir "/tmp/suite-$mode" 2>&1 | tail -40 | tee "$out/suite_$mode.log"
+done
+for mode in packed cuda-graph; do
+    timeout 150 $python bench/roofline.py --model random-llama-1b --dtype bfloat16 --device cuda --decode-mode "$mode" \
+        --prompt 512 --output 64 2>&1 | tee "$out/roofline_$mode.log"
 done

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 
-class ScheduledChunk(Protocol):
+class Chunk(Protocol):
     """What the count reads of ``perfsuite.engine.types.ScheduledChunk`` (types.py imports this module)."""
 
     num_tokens: int
@@ -153,7 +153,7 @@ class StepWork:
         return self.prefill.plus(self.decode)
 
 
-def chunk_work(chunk: ScheduledChunk, shape: ModelShape) -> Work:
+def chunk_work(chunk: Chunk, shape: ModelShape) -> Work:
     """One chunk's own work: its tokens through the layers, its attention, its lm head row, its keys and values.
 
     Not the layers' weights, which a step reads once for all its chunks (``step_work``).
@@ -176,7 +176,7 @@ def chunk_work(chunk: ScheduledChunk, shape: ModelShape) -> Work:
     )
 
 
-def step_work(chunks: Iterable[ScheduledChunk], shape: ModelShape) -> StepWork:
+def step_work(chunks: Iterable[Chunk], shape: ModelShape) -> StepWork:
     """The work of a step of ``chunks``; padding rows are not work."""
     real = [chunk for chunk in chunks if not chunk.is_padding]
     prefill, decode = Work(), Work()
