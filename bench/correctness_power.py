@@ -2,6 +2,7 @@
 
     python bench/correctness_power.py [--examples 200] [--long-examples 10] [--calibration-examples 60]
                                       [--dtypes float64,bfloat16] [--threads 1] [--log PATH]
+                                      [--model tiny-random] [--no-mutants]
 
 One run, three parts, on tiny-random on the CPU:
 
@@ -59,7 +60,7 @@ from perfsuite.measure.environment import cpu_model  # noqa: E402
 from perfsuite.testing import check_engine, equivalence_test, runner_equivalence_test  # noqa: E402
 from perfsuite.testing import ready_tests  # noqa: E402
 from perfsuite.testing.drive import drive  # noqa: E402
-from perfsuite.testing.verdict import FLOAT_FORMATS, LogitTolerance, ulp  # noqa: E402
+from perfsuite.testing.verdict import FLOAT_FORMATS, ULPS_BY_DTYPE, LogitTolerance, ulp  # noqa: E402
 
 MODEL = "tiny-random"
 LOW_PRECISION = ("bfloat16", "float16", "float32")  # calibrated: float64 allows exact ties only
@@ -277,6 +278,7 @@ def try_mutant(mutant: Mutant, dtype: str, through: str) -> tuple[str, str]:
 
 
 def main() -> None:
+    global MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=200, help="small examples per engine and dtype (default 200)")
     parser.add_argument("--long-examples", type=int, default=10, help="long examples per engine and dtype (default 10)")
@@ -285,8 +287,11 @@ def main() -> None:
     parser.add_argument("--calibrate", default="bfloat16,float16,float32",
                         help="dtypes to calibrate, comma-separated (default bfloat16,float16,float32)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--model", default=MODEL, help=f"the model (default {MODEL})")
+    parser.add_argument("--no-mutants", action="store_true", help="calibration and false failures only")
     parser.add_argument("--log", type=Path, default=None, help="where to write the log (default bench/results/...)")
     args = parser.parse_args()
+    MODEL = args.model
     torch.set_num_threads(args.threads)
     dtypes = [d for d in args.dtypes.split(",") if d]
     for dtype in dtypes + args.calibrate.split(","):
@@ -303,6 +308,7 @@ def main() -> None:
     say(f"# bench/correctness_power.py {' '.join(sys.argv[1:])}")
     say(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {platform.python_version()}, "
         f"torch {torch.__version__}, {args.threads} thread(s), model {MODEL}")  # fmt: skip
+    say(f"# tolerances: {', '.join(f'{d} {u:g} ulps' for d, u in ULPS_BY_DTYPE.items())}")
     say("calibration (correct arrangements against the reference one format wider):")
     for dtype in [d for d in args.calibrate.split(",") if d]:
         if dtype in LOW_PRECISION:
@@ -320,7 +326,7 @@ def main() -> None:
             details += tally.failures[:3]
             say(f"  {name} {dtype}: {tally.detail()}  [{time.perf_counter() - started:.0f} s]")
         rows.append((f"false failures: {name}", cells))
-    for mutant in MUTANTS:
+    for mutant in () if args.no_mutants else MUTANTS:
         for through in ("runner", "engine"):
             cells = {}
             for dtype in dtypes:
@@ -344,6 +350,8 @@ def main() -> None:
         by_engine = sum(cells[dtype].startswith("caught") for label, cells in mutant_rows if "runner_eq" not in label)
         say(f"mutants caught in {dtype}: {len(caught)} of {len(MUTANTS)} by a ready test, {by_runner} of "
             f"{len(MUTANTS)} by runner_equivalence_test, {by_engine} of {len(MUTANTS)} by equivalence_test")
+        if args.no_mutants:
+            break
     say(f"took {time.perf_counter() - started:.0f} s")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(out.getvalue() + "\n# details\n" + "\n\n".join(details) + "\n")
