@@ -18,6 +18,7 @@ from perfsuite.cli import main
 from perfsuite.judge.catalogue import METRICS, PROBE
 from perfsuite.history.store import HistoryStore
 from perfsuite.judge.results import Results, read_results, write_results
+from perfsuite.measure.utilization import UTILIZATION_KEYS
 from perfsuite.report.plots import SVG_NAMESPACE_URIS
 from perfsuite.report.render import render_report, write_report
 from report_fixtures import ENVIRONMENT, VERDICT_TESTS, earlier_run, fake_results, with_test_samples, with_verdicts
@@ -222,11 +223,18 @@ def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
     assert poisson and all(t.arrival_rate == 50.0 for t in poisson)
     static_padding = [t.counters.num_padding_tokens for t in tests if t.engine_name == "static"]
     assert any(static_padding), "uneven lengths leave static slots idle"
+    for test in tests:  # every engine test's MFU, MBU and rates, per repeat, over this session's measured peaks
+        assert all(len(test.samples[key]) == 3 and min(test.samples[key]) > 0 for key in UTILIZATION_KEYS)
+        assert test.counters.weight_bytes_read > 0 and test.counters.decode_flops > 0
+    peaks = read_results(pytester.path / "reports" / "results.json").peaks
+    assert peaks.flops_per_second > 0 and peaks.bytes_per_second > 0
 
+    result.stdout.fnmatch_lines(["How close to the machine's measured roofs*", "test *prefill MFU*decode MBU*"])
     result.stdout.fnmatch_lines(["*; results in */reports/results.json", "report: */reports/report.html"])
     reports = pytester.path / "reports"
     written = (reports / "report.html").read_text()
     assert 'id="verdict-table"' in written and 'id="timeline-figure"' in written
+    assert "<svg" in written.split('id="roofline"')[1].split("</section>")[0], "the roofline is drawn"
     with HistoryStore.open(reports / "history.sqlite") as store:  # kept in the run history, not in history/
         assert [len(session.tests) for session in store.sessions()] == [8]
     assert not (reports / "history").exists()
