@@ -10,6 +10,10 @@
 #    and cuda-graph, each once;
 # 4. bench/roofline.py: prefill MFU and decode MBU of static, in-flight and paged at B=1, 8, 32 for random-llama-1b
 #    in bfloat16, packed and CUDA-graph decode (the goal: decode MBU >= 60% with CUDA graphs at B=1).
+# 5. the bitwise lane on CUDA (tests/test_bitwise_lane.py -m gpu): the normal runner must fail it (SmolLM2's shapes,
+#    random weights, bfloat16). The batch-invariant runner is refused on CUDA today (ModelRunner raises: torch has
+#    no batch-invariant eager operators, check_batch_invariance), so this step expects that refusal, not a pass,
+#    until torch ships them; then its test fails and is to be replaced by "the invariant runner passes on CUDA".
 # Each part has its own time limit, so one that hangs leaves the others their time. Run it from the repository
 # root: without an installed perfsuite, the checkout is put on PYTHONPATH and its plugin registered with -p.
 set -u
@@ -38,3 +42,5 @@ for mode in packed cuda-graph; do
     timeout 150 $python bench/roofline.py --model random-llama-1b --dtype bfloat16 --device cuda --decode-mode "$mode" \
         --prompt 512 --output 64 2>&1 | tee "$out/roofline_$mode.log"
 done
+timeout 150 $python -m pytest -q -p no:cacheprovider -m gpu -rs --durations=5 tests/test_bitwise_lane.py 2>&1 \
+    | tee "$out/bitwise_lane.log"

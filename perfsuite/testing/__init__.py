@@ -43,13 +43,18 @@ The pieces, for tests of your own::
   ``ulp`` are the verdict's pure pieces, ``long_scenarios`` the long strategy;
 - ``CachedReference`` / ``cached_reference(loaded)``: the unbatched oracle,
   memoised; ``drive(engine, scenario)``: a step-driven run;
-  ``near_tie_tolerance(dtype)`` and ``FLOAT32_NEAR_TIE``.
+  ``near_tie_tolerance(dtype)`` and ``FLOAT32_NEAR_TIE``;
+- the bitwise lane (``bitwise=True`` on either ready test;
+  ``perfsuite.testing.bitwise``): ``compositions(vocab_size, ...)``, a needle
+  among companions, each request's tokens and log-probabilities the same bits
+  as alone; ``NoLogprobs`` when an engine gives none.
 
 Importing this package imports Hypothesis but not torch; the model is
 loaded when a test first needs it.
 """
 
 from perfsuite.correctness import Divergence, GreedyCheck
+from perfsuite.testing.bitwise import Composition, NoLogprobs, compositions
 from perfsuite.testing.checks import EngineBuilder, RunnerCheck, ScheduledRun, check_engine, check_runner
 from perfsuite.testing.drive import drive
 from perfsuite.testing.ready_tests import equivalence_test, runner_equivalence_test
@@ -64,6 +69,9 @@ from perfsuite.testing.scenarios import Scenario, long_scenarios, scenarios, sha
 from perfsuite.testing.verdict import ULPS_BY_DTYPE, LogitTolerance, TokenCheck, WrongToken, check_tokens, ulp
 
 __all__ = [
+    "Composition",
+    "NoLogprobs",
+    "compositions",
     "FLOAT32_NEAR_TIE",
     "ULPS_BY_DTYPE",
     "LogitTolerance",

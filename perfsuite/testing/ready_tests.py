@@ -30,6 +30,7 @@ that wants other settings registers its own profile in ``conftest.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from hypothesis import strategies as st
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
 from perfsuite.adapters.registry import checked_engine, load_factory
+from perfsuite.testing import bitwise as bitwise_lane
 from perfsuite.testing.checks import check_engine, check_runner
 from perfsuite.testing.reference import CachedReference, cached_reference
 from perfsuite.testing.scenarios import Scenario, long_scenarios, scenarios
@@ -73,10 +75,12 @@ def equivalence_test(
     max_seq_len: int | None = None,
     seconds_per_step: float = 0.0,
     ulps: float | None = None,
-    max_examples: int = DEFAULT_MAX_EXAMPLES,
+    max_examples: int | None = None,
     max_seconds_per_example: float | None = None,
     near_tie_tolerance: object = _REMOVED,
     max_near_ties: object = _REMOVED,
+    bitwise: bool = False,
+    batch_invariant: bool = False,
 ) -> Callable[[], None]:
     """A test that ``engine`` serves drawn scenarios exactly as unbatched greedy decoding of ``model`` would.
 
@@ -128,10 +132,26 @@ def equivalence_test(
     test fails at once, with the scenario and "no answer in N s", without
     shrinking; the hung call cannot be stopped and is abandoned, still
     running, in a daemon thread (with the engine it holds) until the process exits.
+
+    ``bitwise=True`` is the bitwise lane (``perfsuite.testing.bitwise``):
+    drawn ``compositions`` (a needle among companions), every request's
+    tokens and log-probabilities (``RequestRecord.output_logprobs``) the same
+    bits as the request served alone by the same engine; ``max_examples``
+    defaults to ``bitwise.DEFAULT_MAX_EXAMPLES`` there, ``ulps``,
+    ``max_seq_len`` and ``seconds_per_step`` are refused. The backend the
+    factory gets then holds ``ModelRunner(logprobs=True)``, batch invariant
+    with ``batch_invariant=True`` (which the lane alone takes), and the
+    ``EngineConfig`` says so.
     """
     _refuse_near_tie_arguments(near_tie_tolerance, max_near_ties)
     limit = resolve_max_seconds(max_seconds_per_example)
     model_under_test = _ModelUnderTest(model, dtype, device, endpoint)
+    if bitwise:
+        _refuse_per_token_arguments(ulps=ulps, max_seq_len=max_seq_len, seconds_per_step=seconds_per_step or None)
+        return _bitwise_engine_test(engine, model_under_test, batch_invariant, strategy, max_examples, limit)
+    if batch_invariant:
+        raise ValueError("batch_invariant=True builds the runner the bitwise lane checks: pass bitwise=True with it")
+    max_examples = DEFAULT_MAX_EXAMPLES if max_examples is None else max_examples
     tolerance = LogitTolerance.for_dtype(dtype, ulps)
     long_strategy = None
     if strategy is None:
@@ -161,10 +181,11 @@ def runner_equivalence_test(
     strategy: SearchStrategy[Scenario] | None = None,
     max_seq_len: int | None = None,
     ulps: float | None = None,
-    max_examples: int = DEFAULT_MAX_EXAMPLES,
+    max_examples: int | None = None,
     max_seconds_per_example: float | None = None,
     near_tie_tolerance: object = _REMOVED,
     max_near_ties: object = _REMOVED,
+    bitwise: bool = False,
 ) -> Callable[[], None]:
     """A test that a model runner, under perfsuite's static, in-flight and paged schedulers, decodes greedily.
 
@@ -173,10 +194,19 @@ def runner_equivalence_test(
     by step (arrivals by step), through every scheduler. The other arguments
     are ``equivalence_test``'s; past ``max_seconds_per_example`` the runner,
     shared by every scenario, is left to the abandoned call, and the test ends.
+
+    ``bitwise=True``: the bitwise lane over the runner under the same
+    schedulers (each request's bits in a batch against its bits served alone
+    by the same scheduler); the runner must keep ``last_logprobs``
+    (``ModelRunner(logprobs=True)``), or the test is refused.
     """
     _refuse_near_tie_arguments(near_tie_tolerance, max_near_ties)
     limit = resolve_max_seconds(max_seconds_per_example)
     model_under_test = _ModelUnderTest(model, dtype, device, None)
+    if bitwise:
+        _refuse_per_token_arguments(ulps=ulps, max_seq_len=max_seq_len)
+        return _bitwise_runner_test(make_runner, model_under_test, strategy, max_examples, limit)
+    max_examples = DEFAULT_MAX_EXAMPLES if max_examples is None else max_examples
     tolerance = LogitTolerance.for_dtype(dtype, ulps)
     long_strategy = None
     if strategy is None:
@@ -207,6 +237,54 @@ def _refuse_near_tie_arguments(near_tie_tolerance: object, max_near_ties: object
         )
 
 
+def _refuse_per_token_arguments(**given: object) -> None:
+    names = [name for name, value in given.items() if value is not None]
+    if names:
+        raise TypeError(f"{', '.join(names)}: not taken by the bitwise lane (bitwise=True), which compares exact bits "
+                        "at its own max_seq_len (bitwise.MAX_SEQ_LEN), every request arriving by step")
+
+
+def _bitwise_engine_test(
+    engine: str | EngineFactory,
+    model_under_test: _ModelUnderTest,
+    batch_invariant: bool,
+    strategy: SearchStrategy[bitwise_lane.Composition] | None,
+    max_examples: int | None,
+    limit: float,
+) -> Callable[[], None]:
+    name = _engine_name(engine)
+    factory = functools.cache(lambda: load_factory(engine) if isinstance(engine, str) else engine)
+    lane = functools.cache(
+        lambda: bitwise_lane.EngineLane(
+            name, functools.partial(_build, name, factory(), model_under_test.logprobs_backend(batch_invariant)),
+            batch_invariant,
+        )
+    )  # fmt: skip
+    strategy = model_under_test.compositions() if strategy is None else strategy
+    return _bitwise_test(lane, strategy, max_examples, name, limit)
+
+
+def _bitwise_runner_test(
+    make_runner: Callable[[LoadedModel], Runner],
+    model_under_test: _ModelUnderTest,
+    strategy: SearchStrategy[bitwise_lane.Composition] | None,
+    max_examples: int | None,
+    limit: float,
+) -> Callable[[], None]:
+    loaded = model_under_test.loaded
+    lane = functools.cache(lambda: bitwise_lane.RunnerLane(make_runner(loaded()), loaded().eos_token_id))
+    label = getattr(make_runner, "__name__", "runner")
+    strategy = model_under_test.compositions() if strategy is None else strategy
+    return _bitwise_test(lane, strategy, max_examples, label, limit)
+
+
+def _bitwise_test(lane, strategy, max_examples: int | None, label: str, limit: float) -> Callable[[], None]:
+    name = re.sub(r"\W", "_", f"{label}_same_bits_in_a_batch_as_alone")
+    max_examples = bitwise_lane.DEFAULT_MAX_EXAMPLES if max_examples is None else max_examples
+    check_one = lambda composition: lane().check(composition)  # noqa: E731
+    return _hypothesis_test(check_one, strategy, max_examples, name, label, limit, lane)
+
+
 class _ModelUnderTest:
     """The model a ready test compares against, loaded on first use and shared by every test of the process."""
 
@@ -231,6 +309,16 @@ class _ModelUnderTest:
         """``long_scenarios`` over the same tokens: more requests than the pool holds."""
         return st.deferred(lambda: long_scenarios(_vocab_size(self.backend()), self.backend().special_token_ids))
 
+    def compositions(self) -> SearchStrategy[bitwise_lane.Composition]:
+        """The bitwise lane's ``compositions`` over the same tokens."""
+        return st.deferred(
+            lambda: bitwise_lane.compositions(_vocab_size(self.backend()), self.backend().special_token_ids)
+        )
+
+    def logprobs_backend(self, batch_invariant: bool) -> Backend:
+        """The backend with a runner that keeps log-probabilities (batch invariant if asked), for the bitwise lane."""
+        return _logprobs_backend(*self._key, self._endpoint, batch_invariant)
+
 
 @functools.cache
 def _load(model: str, dtype: str, device: str) -> LoadedModel:
@@ -242,6 +330,14 @@ def _load(model: str, dtype: str, device: str) -> LoadedModel:
 @functools.cache
 def _backend(model: str, dtype: str, device: str, endpoint: str | None) -> Backend:
     return Backend.from_loaded(_load(model, dtype, device), endpoint=endpoint)
+
+
+@functools.cache
+def _logprobs_backend(model: str, dtype: str, device: str, endpoint: str | None, batch_invariant: bool) -> Backend:
+    from perfsuite.engine.model_runner import ModelRunner
+
+    runner = ModelRunner(_load(model, dtype, device).model, batch_invariant=batch_invariant, logprobs=True)
+    return dataclasses.replace(_backend(model, dtype, device, endpoint), runner=runner)
 
 
 @functools.cache
