@@ -8,7 +8,8 @@ edges (``BATCH_SIZES``), with a token budget that may split prompts
 (prefix-cache hits where the engine caches prefixes), and a paged pool that
 may be too small for all of them (preemption and recompute). Every request
 of the composition is then served alone by the same engine (a batch of one,
-no token budget, an ample pool, the same block size and ``max_seq_len``) and
+no token budget, an ample pool, the same block size and ``max_seq_len``: the
+strategy's longest request, so a request alone is served once a test) and
 its tokens and log-probabilities must be the same bits: ``==`` on token ids
 and on the float's bit pattern, never a tolerance. It is vLLM's
 batch-invariance check (a needle alone against batches of N) for any engine.
@@ -52,7 +53,6 @@ BATCH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17)
 DEFAULT_MAX_EXAMPLES = 12
 MAX_PROMPT_LEN = 12
 MAX_NEW_TOKENS = 4
-MAX_SEQ_LEN = MAX_PROMPT_LEN + MAX_NEW_TOKENS  # the same for every composition, so a request alone is served once
 NUM_COMPANION_PROMPTS = 32  # companions come from a fixed family, so their runs alone are reused across examples
 
 Served = tuple[tuple[int, ...], tuple[float, ...]]  # a request's output tokens and their log-probabilities
@@ -73,6 +73,7 @@ class Composition:
     scenario: Scenario
     needle_id: str
     knobs: tuple[str, ...]  # what this composition presses on, in words
+    max_seq_len: int  # the strategy's longest request, not this one's: a request alone is served once per strategy
 
     @property
     def requests(self) -> tuple[Request, ...]:
@@ -92,7 +93,7 @@ class Composition:
             arrival_steps=(0,),
             batch_size=1,
             prefill_batch_size=1,
-            max_num_batched_tokens=MAX_SEQ_LEN,
+            max_num_batched_tokens=self.max_seq_len,
             kv_block_size=self.scenario.kv_block_size,
             prefix_caching=True,  # so the alone runs include the prefix-caching engine's own
         )
@@ -105,35 +106,45 @@ def compositions(
     avoid_token_ids: Collection[int] = (),
     batch_sizes: Sequence[int] = BATCH_SIZES,
     kv_block_sizes: Sequence[int] = DEFAULT_KV_BLOCK_SIZES,
+    max_prompt_len: int = MAX_PROMPT_LEN,
 ) -> Composition:
-    """A needle (a drawn prompt of 1..``MAX_PROMPT_LEN`` tokens, 1..``MAX_NEW_TOKENS`` new ones) among companions.
+    """A needle (a drawn prompt of 1..``max_prompt_len`` tokens, 1..``MAX_NEW_TOKENS`` new ones) among companions.
 
     The batch (needle included) is one of ``batch_sizes``; the needle sits at
     a drawn place among the companions and arrives at step 0..3 (the step
     drive of ``runner_equivalence_test``; ``BatchingEngine.run`` gets them
-    all at once). Knobs, each drawn: a token budget of 1..``MAX_PROMPT_LEN``
+    all at once). Knobs, each drawn: a token budget of 1..``max_prompt_len``
     that splits prompts (else one that never does); the companions starting
     with the needle's first tokens, served with prefix caching; a paged pool
     of the longest request and at most one block more, so requests are
     preempted and recomputed (else as much as the slot engines' cache).
+
+    A prefix is cached in whole blocks, and a request prefilled in the same
+    step as its sharer finds nothing cached yet: the hits come from blocks of
+    1, 2 or 4 tokens under a token budget (the runner lane). An engine of
+    16-token blocks (a registered ``paged-prefix``) cannot hit with the
+    default 12-token prompts; a larger ``max_prompt_len`` makes it possible,
+    not frequent.
     """
+    max_seq_len = max_prompt_len + MAX_NEW_TOKENS
     allowed = [token for token in range(vocab_size) if token not in frozenset(avoid_token_ids)]
     batch = draw(st.sampled_from(list(batch_sizes)))
-    needle_prompt = tuple(draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=MAX_PROMPT_LEN)))
+    needle_prompt = tuple(draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=max_prompt_len)))
     needle = Request("needle", needle_prompt, SamplingParams(draw(st.integers(1, MAX_NEW_TOKENS)), ignore_eos=True))
     knobs = [f"batch of {batch}"]
     shared = draw(st.integers(0, len(needle_prompt))) if batch > 1 and draw(st.booleans()) else 0
     if shared:
         knobs.append(f"companions start with the needle's first {shared} token(s) (served with prefix caching too)")
     companions = [
-        _companion(index, draw(st.integers(0, NUM_COMPANION_PROMPTS - 1)), needle_prompt[:shared], allowed)
+        _companion(index, draw(st.integers(0, NUM_COMPANION_PROMPTS - 1)), needle_prompt[:shared], allowed,
+                   max_prompt_len)  # fmt: skip
         for index in range(batch - 1)
     ]
     place = draw(st.integers(0, len(companions)))
     requests = (*companions[:place], needle, *companions[place:])
-    budget = MAX_SEQ_LEN * batch
+    budget = max_seq_len * batch
     if draw(st.booleans()):
-        budget = draw(st.integers(1, MAX_PROMPT_LEN))
+        budget = draw(st.integers(1, max_prompt_len))
         knobs.append(f"a budget of {budget} tokens a step (chunked prefill)")
     block_size = draw(st.sampled_from(list(kv_block_sizes)))
     num_kv_blocks = None
@@ -154,13 +165,15 @@ def compositions(
         paged_batch_size=batch,
         prefix_caching=shared > 0,
     )
-    return Composition(scenario, needle.request_id, tuple(knobs))
+    return Composition(scenario, needle.request_id, tuple(knobs), max_seq_len)
 
 
-def _companion(index: int, family: int, prefix: tuple[int, ...], allowed: Sequence[int]) -> Request:
+def _companion(
+    index: int, family: int, prefix: tuple[int, ...], allowed: Sequence[int], max_prompt_len: int
+) -> Request:
     """Companion ``family`` of a fixed family: 1..8 tokens of its own after ``prefix``, 1..4 new tokens."""
     own = tuple(allowed[(7 * family + 3 * j + 1) % len(allowed)] for j in range(1 + family % 8))
-    prompt = (prefix + own)[:MAX_PROMPT_LEN]
+    prompt = (prefix + own)[:max_prompt_len]
     return Request(f"c{index}", prompt, SamplingParams(1 + family % MAX_NEW_TOKENS, ignore_eos=True))
 
 
@@ -258,8 +271,8 @@ def assert_same_bits(
         )
 
 
-def _request_key(request: Request) -> tuple:
-    return (request.prompt_token_ids, request.sampling_params)
+def _alone_key(composition: Composition, request: Request) -> tuple:
+    return (request.prompt_token_ids, request.sampling_params, composition.max_seq_len)
 
 
 class EngineLane:
@@ -268,33 +281,39 @@ class EngineLane:
     def __init__(self, name: str, build: Callable[[EngineConfig], BatchingEngine], batch_invariant: bool) -> None:
         self._name, self._build, self._batch_invariant = name, build, batch_invariant
         self._alone: dict[tuple, Served] = {}
+        self.batched_runs: list[tuple[str, EngineCounters]] = []  # what the compositions pressed on, for a summary
 
     def check(self, composition: Composition) -> None:
-        config = self._config(composition.scenario)
-        batched = {self._name: self._serve(config, composition.requests)}
+        config = self._config(composition.scenario, composition.max_seq_len)
+        batched = {self._name: self._serve(config, composition.requests, self.batched_runs)}
         assert_same_bits(composition, batched, lambda _, request: self._served_alone(composition, request))
 
     def _served_alone(self, composition: Composition, request: Request) -> Served:
-        key = _request_key(request)
+        key = _alone_key(composition, request)
         if key not in self._alone:
             scenario = composition.alone(request)
-            self._alone[key] = self._serve(self._config(scenario), scenario.requests)[request.request_id]
+            config = self._config(scenario, composition.max_seq_len)
+            self._alone[key] = self._serve(config, scenario.requests)[request.request_id]
         return self._alone[key]
 
-    def _config(self, scenario: Scenario) -> EngineConfig:
+    def _config(self, scenario: Scenario, max_seq_len: int) -> EngineConfig:
         from perfsuite.adapters.protocol import EngineConfig
 
-        knobs = scenario.engine_config(MAX_SEQ_LEN)
+        knobs = scenario.engine_config(max_seq_len)
         return EngineConfig(
-            knobs.batch_size, MAX_SEQ_LEN, knobs.prefill_batch_size, knobs.max_num_batched_tokens,
+            knobs.batch_size, max_seq_len, knobs.prefill_batch_size, knobs.max_num_batched_tokens,
             knobs.num_kv_blocks, batch_invariant=self._batch_invariant,
         )  # fmt: skip
 
-    def _serve(self, config: EngineConfig, requests: tuple[Request, ...]) -> dict[str, Served]:
+    def _serve(
+        self, config: EngineConfig, requests: tuple[Request, ...], runs: list | None = None
+    ) -> dict[str, Served]:
         result = self._build(config).run(requests)
         problems = validate_run_result(requests, result)
         if problems:
             raise InvalidRunResult(self._name, problems)
+        if runs is not None:
+            runs.append((self._name, result.counters))
         return served_of(self._name, requests, result)
 
 
@@ -307,18 +326,20 @@ class RunnerLane:
         self.batched_runs: list[tuple[str, EngineCounters]] = []  # what the compositions pressed on, for a summary
 
     def check(self, composition: Composition) -> None:
-        batched = dict(self._serve(composition.scenario, self.batched_runs))
+        batched = dict(self._serve(composition.scenario, composition.max_seq_len, self.batched_runs))
         assert_same_bits(composition, batched, lambda engine, request: self._served_alone(composition, request)[engine])
 
     def _served_alone(self, composition: Composition, request: Request) -> dict[str, Served]:
-        key = (_request_key(request), composition.scenario.kv_block_size)
+        key = (*_alone_key(composition, request), composition.scenario.kv_block_size)
         if key not in self._alone:
-            self._alone[key] = {name: outputs[request.request_id]
-                                for name, outputs in self._serve(composition.alone(request))}  # fmt: skip
+            alone = self._serve(composition.alone(request), composition.max_seq_len)
+            self._alone[key] = {name: outputs[request.request_id] for name, outputs in alone}
         return self._alone[key]
 
-    def _serve(self, scenario: Scenario, runs: list | None = None) -> Iterator[tuple[str, dict[str, Served]]]:
-        for engine in scenario.engines(self._runner, self._eos_token_id, MAX_SEQ_LEN):
+    def _serve(
+        self, scenario: Scenario, max_seq_len: int, runs: list | None = None
+    ) -> Iterator[tuple[str, dict[str, Served]]]:
+        for engine in scenario.engines(self._runner, self._eos_token_id, max_seq_len):
             drive(engine, scenario)
             result = engine.result(0.0, 1.0)
             if runs is not None:

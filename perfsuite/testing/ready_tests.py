@@ -241,7 +241,7 @@ def _refuse_per_token_arguments(**given: object) -> None:
     names = [name for name, value in given.items() if value is not None]
     if names:
         raise TypeError(f"{', '.join(names)}: not taken by the bitwise lane (bitwise=True), which compares exact bits "
-                        "at its own max_seq_len (bitwise.MAX_SEQ_LEN), every request arriving by step")
+                        "at its strategy's max_seq_len (a composition's), every request arriving by step")
 
 
 def _bitwise_engine_test(
