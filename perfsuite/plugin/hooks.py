@@ -340,7 +340,9 @@ def _perf_environment(perf_session, perf_backend):
         perf_session.environment = perf_session.cluster.describe().environment
     else:
         perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
-        perf_session.peaks = _measured_peaks(perf_backend.device, options.dtype)
+        # A backend without the machine probe (a fake that sleeps) follows no machine: nothing to divide by.
+        if perf_backend.probe is not None:
+            perf_session.peaks = _measured_peaks(perf_backend.device, options.dtype)
     perf_session.commit = git_commit(perf_session.rootdir)
     return perf_session.environment
 
