@@ -97,7 +97,7 @@ def equivalence_test(
     speed, so a failure may not replay and Hypothesis can hardly shrink it
     (on a busy 2-core machine, a slot bug at 2 ms a step still had five
     requests of up to 24 prompt tokens after five minutes of shrinking;
-    served at once, it shrank to three to five one-token prompts in one to
+    served at once, it shrank to three to six one-token prompts in one to
     two minutes).
 
     For ``openai-http``, ``endpoint`` is the server's base URL; the server
