@@ -3,6 +3,7 @@
     python bench/correctness_power.py [--examples 200] [--long-examples 10] [--calibration-examples 60]
                                       [--dtypes float64,bfloat16] [--threads 1] [--log PATH]
                                       [--model tiny-random] [--no-mutants]
+                                      [--engines inflight,paged,outside] [--mutants NAME,...] [--through runner,engine]
 
 One run, three parts, on tiny-random on the CPU:
 
@@ -29,6 +30,9 @@ One run, three parts, on tiny-random on the CPU:
    or not, and at which example.
 
 Prints one table, and writes it with the calibration and every failure to --log.
+A part of it: ``--calibrate ""`` skips the calibration, ``--engines`` picks the
+false-failure engines ("" none), ``--mutants`` the mutants by name ("" none)
+and ``--through`` the ready tests they go through; give such a run its own --log.
 """
 
 from __future__ import annotations
@@ -289,9 +293,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--model", default=MODEL, help=f"the model (default {MODEL})")
     parser.add_argument("--no-mutants", action="store_true", help="calibration and false failures only")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help=f"false-failure engines, comma-separated, '' for none (default {','.join(ENGINES)})")
+    parser.add_argument("--mutants", default=None,
+                        help="mutants by name, comma-separated, '' for none (default all: "
+                             f"{','.join(m.name for m in MUTANTS)})")
+    parser.add_argument("--through", default="runner,engine",
+                        help="the ready tests a mutant goes through: runner, engine or both (default runner,engine)")
     parser.add_argument("--log", type=Path, default=None, help="where to write the log (default bench/results/...)")
     args = parser.parse_args()
     MODEL = args.model
+    engines = [name for name in args.engines.split(",") if name]
+    for name in engines:
+        if name not in ENGINES:
+            parser.error(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
+    mutants = list(MUTANTS)
+    if args.mutants is not None:
+        by_name = {m.name: m for m in MUTANTS}
+        unknown = [name for name in args.mutants.split(",") if name and name not in by_name]
+        if unknown:
+            parser.error(f"unknown mutant(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
+        mutants = [by_name[name] for name in args.mutants.split(",") if name]
+    if args.no_mutants:
+        mutants = []
+    throughs = [t for t in args.through.split(",") if t]
+    if not set(throughs) <= {"runner", "engine"}:
+        parser.error(f"--through takes runner, engine or both, not {args.through!r}")
     torch.set_num_threads(args.threads)
     dtypes = [d for d in args.dtypes.split(",") if d]
     for dtype in dtypes + args.calibrate.split(","):
@@ -317,7 +344,7 @@ def main() -> None:
             say(f"  tolerance in use: {LogitTolerance.for_dtype(dtype).describe()}")
     rows: list[tuple[str, dict[str, str]]] = []
     details: list[str] = []
-    for name in ENGINES:
+    for name in engines:
         cells = {}
         for dtype in dtypes:
             tally = false_failures(name, dtype, args.examples, args.long_examples)
@@ -326,8 +353,8 @@ def main() -> None:
             details += tally.failures[:3]
             say(f"  {name} {dtype}: {tally.detail()}  [{time.perf_counter() - started:.0f} s]")
         rows.append((f"false failures: {name}", cells))
-    for mutant in () if args.no_mutants else MUTANTS:
-        for through in ("runner", "engine"):
+    for mutant in mutants:
+        for through in throughs:
             cells = {}
             for dtype in dtypes:
                 cell, first = try_mutant(mutant, dtype, through)
@@ -338,7 +365,7 @@ def main() -> None:
             test = "runner_equivalence_test" if through == "runner" else f"equivalence_test({engine})"
             rows.append((f"mutant ({mutant.level}): {mutant.name}: {mutant.bug}; {test}", cells))
     say("")
-    width = max(len(label) for label, _ in rows)
+    width = max((len(label) for label, _ in rows), default=0)
     say(f"| {'':{width}} | " + " | ".join(f"{d:28}" for d in dtypes) + " |")
     say(f"|{'-' * (width + 2)}|" + "|".join("-" * 30 for _ in dtypes) + "|")
     for label, cells in rows:
@@ -348,8 +375,10 @@ def main() -> None:
         caught = {label.split(":")[1] for label, cells in mutant_rows if cells[dtype].startswith("caught")}
         by_runner = sum(cells[dtype].startswith("caught") for label, cells in mutant_rows if "runner_eq" in label)
         by_engine = sum(cells[dtype].startswith("caught") for label, cells in mutant_rows if "runner_eq" not in label)
-        say(f"mutants caught in {dtype}: {len(caught)} of {len(MUTANTS)} by a ready test, {by_runner} of "
-            f"{len(MUTANTS)} by runner_equivalence_test, {by_engine} of {len(MUTANTS)} by equivalence_test")
+        tried = len(mutants)
+        say(f"mutants caught in {dtype}: {len(caught)} of {tried} by a ready test, {by_runner} of "
+            f"{tried if 'runner' in throughs else 0} by runner_equivalence_test, {by_engine} of "
+            f"{tried if 'engine' in throughs else 0} by equivalence_test")
     say(f"took {time.perf_counter() - started:.0f} s")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(out.getvalue() + "\n# details\n" + "\n\n".join(details) + "\n")

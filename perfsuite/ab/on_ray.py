@@ -79,7 +79,8 @@ class PairActor:
         request = wire.loads(wire.PairRequest, text)
         knobs = request.engine
         spec = EngineSpec(knobs.name, knobs.batch_size, knobs.max_seq_len, knobs.prefill_batch_size,
-                          knobs.max_num_batched_tokens, knobs.num_kv_blocks)  # fmt: skip
+                          knobs.max_num_batched_tokens, knobs.num_kv_blocks,
+                          kv_block_size=knobs.kv_block_size)  # fmt: skip
         try:
             built = self._runner.build(spec)
             paired = self._runner.run_pairs(spec, request.requests, request.max_concurrency, request.warmup_runs,

@@ -110,6 +110,7 @@ class Build:
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None  # an older tree's Build lacks it: decoding fills the default
+    kv_block_size: int | None = None  # likewise; unset, it is not sent, so an older tree's worker decodes the Build
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,12 +188,15 @@ class EngineSpec:
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None
+    kv_block_size: int | None = None
 
     @property
     def engine_id(self) -> str:
         knobs = (self.batch_size, self.max_seq_len, self.prefill_batch_size, self.max_num_batched_tokens)
-        if self.num_kv_blocks is not None:
+        if self.num_kv_blocks is not None or self.kv_block_size is not None:
             knobs += (self.num_kv_blocks,)
+        if self.kv_block_size is not None:
+            knobs += (f"block={self.kv_block_size}",)
         return f"{self.engine}:" + ",".join(map(str, knobs))
 
 
@@ -222,7 +225,8 @@ class SideRunner:
         worker = self.worker()
         if spec.engine_id not in self._built:
             message = wire.Build(spec.engine_id, spec.engine, spec.batch_size, spec.max_seq_len,
-                                 spec.prefill_batch_size, spec.max_num_batched_tokens, spec.num_kv_blocks)  # fmt: skip
+                                 spec.prefill_batch_size, spec.max_num_batched_tokens, spec.num_kv_blocks,
+                                 spec.kv_block_size)  # fmt: skip
             self._built[spec.engine_id] = worker.request(message, wire.Built, self._timeout, f"build {spec.engine}")
         return self._built[spec.engine_id]
 

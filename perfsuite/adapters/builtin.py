@@ -35,6 +35,8 @@ def build_inflight(backend: Backend, config: EngineConfig) -> Engine:
 
 
 def build_paged(backend: Backend, config: EngineConfig, enable_prefix_caching: bool = False) -> Engine:
+    """The paged engine over ``num_kv_blocks`` blocks of ``kv_block_size`` tokens (unset: ``DEFAULT_KV_BLOCK_SIZE``)."""
+    block_size = {} if config.kv_block_size is None else {"kv_block_size": config.kv_block_size}
     return paged_engine(
         runner_for(backend, config),
         decode_batch_size=config.batch_size,
@@ -44,6 +46,7 @@ def build_paged(backend: Backend, config: EngineConfig, enable_prefix_caching: b
         max_seq_len=config.max_seq_len,
         eos_token_id=backend.eos_token_id,
         enable_prefix_caching=enable_prefix_caching,
+        **block_size,
     )
 
 

@@ -157,6 +157,10 @@ class EngineConfig:
     prompt + output any request of the session needs. ``batch_invariant``
     asks perfsuite's engines for a request's same bits whatever else is in its
     batch: their backend's runner must be built so (``ModelRunner(batch_invariant=True)``).
+    ``kv_block_size`` is the tokens a paged engine's KV block holds, the unit
+    ``num_kv_blocks`` counts in; None: the engine's own (perfsuite's paged
+    engines: 16). An engine without blocks, or one that cannot change its
+    block size, may ignore it.
     """
 
     batch_size: int
@@ -165,6 +169,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # the most tokens one step computes (vLLM's name)
     num_kv_blocks: int | None = None  # the paged engine's KV pool; None: batch_size x max_seq_len tokens of it
     batch_invariant: bool = False
+    kv_block_size: int | None = None  # tokens a KV block holds; None: the engine's default (perfsuite's: 16)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -173,6 +178,8 @@ class EngineConfig:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}; or leave it unset")
+        if self.kv_block_size is not None and self.kv_block_size < 1:
+            raise ValueError(f"kv_block_size must be >= 1, got {self.kv_block_size}; or leave it unset")
 
     def identity(self) -> dict[str, int | None]:
         """The knobs as a stored run's identity records them.
@@ -187,7 +194,8 @@ class EngineConfig:
         return knobs
 
 
-_KNOBS_ADDED_LATER = {"num_kv_blocks": None, "batch_invariant": False}  # each with the value it is left out at
+# each knob added after baselines were stored, with the value it is left out at
+_KNOBS_ADDED_LATER = {"num_kv_blocks": None, "batch_invariant": False, "kv_block_size": None}
 
 
 EngineFactory = Callable[[Backend, EngineConfig], BatchingEngine]

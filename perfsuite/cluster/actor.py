@@ -124,7 +124,8 @@ class MeasureActor:
 
         if knobs not in self._engines:
             config = EngineConfig(knobs.batch_size, knobs.max_seq_len, knobs.prefill_batch_size,
-                                  knobs.max_num_batched_tokens, knobs.num_kv_blocks)  # fmt: skip
+                                  knobs.max_num_batched_tokens, knobs.num_kv_blocks,
+                                  kv_block_size=knobs.kv_block_size)  # fmt: skip
             self._engines[knobs] = build_engine(knobs.name, self._backend, config)
         return self._engines[knobs]
 

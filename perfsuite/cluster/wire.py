@@ -87,6 +87,7 @@ class EngineKnobs:
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None
+    kv_block_size: int | None = None  # None (the engine's default) is not sent, so an older node decodes it
 
 
 @dataclass(frozen=True, slots=True)

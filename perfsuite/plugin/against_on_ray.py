@@ -95,6 +95,7 @@ def measure_pairs(
     """One test's pairs on a node of the cluster; ``ClusterError`` naming the node when they cannot be had."""
     config = engine.config
     knobs = wire.EngineKnobs(engine.name, config.batch_size, config.max_seq_len, config.prefill_batch_size,
-                             config.max_num_batched_tokens, config.num_kv_blocks)  # fmt: skip
+                             config.max_num_batched_tokens, config.num_kv_blocks,
+                             kv_block_size=config.kv_block_size)  # fmt: skip
     request = wire.PairRequest(test_id, knobs, tuple(requests), max_concurrency, warmup_runs, num_pairs, threads)
     return pool.measure_pairs(request)

@@ -121,10 +121,11 @@ def compositions(
 
     A prefix is cached in whole blocks, and a request prefilled in the same
     step as its sharer finds nothing cached yet: the hits come from blocks of
-    1, 2 or 4 tokens under a token budget (the runner lane). An engine of
-    16-token blocks (a registered ``paged-prefix``) cannot hit with the
-    default 12-token prompts; a larger ``max_prompt_len`` makes it possible,
-    not frequent.
+    1, 2 or 4 tokens under a token budget. A registered engine is handed the
+    composition's block size (``EngineConfig.kv_block_size``), which perfsuite's
+    ``paged-prefix`` honours; an engine that keeps 16-token blocks cannot hit
+    with the default 12-token prompts (a larger ``max_prompt_len`` makes it
+    possible, not frequent).
     """
     max_seq_len = max_prompt_len + MAX_NEW_TOKENS
     allowed = [token for token in range(vocab_size) if token not in frozenset(avoid_token_ids)]
@@ -302,7 +303,7 @@ class EngineLane:
         knobs = scenario.engine_config(max_seq_len)
         return EngineConfig(
             knobs.batch_size, max_seq_len, knobs.prefill_batch_size, knobs.max_num_batched_tokens,
-            knobs.num_kv_blocks, batch_invariant=self._batch_invariant,
+            knobs.num_kv_blocks, batch_invariant=self._batch_invariant, kv_block_size=knobs.kv_block_size,
         )  # fmt: skip
 
     def _serve(

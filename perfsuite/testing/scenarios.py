@@ -71,10 +71,16 @@ class Scenario:
         )
 
     def engine_config(self, max_seq_len: int) -> EngineConfig:
-        """The knobs as a registered engine's factory takes them (``num_kv_blocks`` counts the engine's blocks)."""
+        """The knobs as a registered engine's factory takes them.
+
+        The pool is ``num_kv_blocks`` blocks of ``kv_block_size`` tokens, the
+        scenario's own, so a paged engine that honours ``kv_block_size`` (perfsuite's
+        does) gets the pool the scenario meant and preempts where it should.
+        """
         return EngineConfig(
-            self.batch_size, max_seq_len, self.prefill_batch_size, self.max_num_batched_tokens, self.num_kv_blocks
-        )
+            self.batch_size, max_seq_len, self.prefill_batch_size, self.max_num_batched_tokens, self.num_kv_blocks,
+            kv_block_size=self.kv_block_size,
+        )  # fmt: skip
 
     def engines(self, runner: Runner, eos_token_id: int | None, max_seq_len: int) -> Iterator[Engine]:
         """perfsuite's static, in-flight and paged engines over ``runner`` (and ``paged-prefix``), with its knobs."""
@@ -152,8 +158,10 @@ def scenarios(
     Its blocks are drawn from ``kv_block_sizes``: small ones, since admission
     keeps a watermark of one free block per running request plus one, and a
     pool of a few 16-token blocks would almost never admit a second request.
-    ``Scenario.engine_config`` hands the pool to a registered engine in that
-    engine's own blocks: give the block size your engine uses to press on it.
+    ``Scenario.engine_config`` hands the pool to a registered engine with its
+    block size (``EngineConfig.kv_block_size``); perfsuite's paged factories
+    honour it, an engine that ignores it counts ``num_kv_blocks`` in its own
+    blocks (a larger pool that seldom preempts).
 
     ``avoid_token_ids`` (a tokenizer's special tokens, say) are never drawn
     into a prompt; the prompts of perfsuite's own tests use every id.
