@@ -7,16 +7,14 @@ count) fails; through the runner's schedulers and through engine factories.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-from hypothesis import Phase, settings
 
 from perfsuite.adapters.builtin import build_inflight, build_paged
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.testing import bitwise, equivalence_test, ready_tests, runner_equivalence_test
 from perfsuite.testing.bitwise import BitwiseDifference, NoLogprobs, first_difference
+from generate_only import not_shrunk
 from smollm2 import load_smollm2_or_skip
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; runs on GPU runners only")
@@ -29,19 +27,6 @@ def invariant_runner(loaded):
 
 def normal_runner(loaded):
     return ModelRunner(loaded.model, logprobs=True)
-
-
-@contextlib.contextmanager
-def not_shrunk():
-    """Ready tests made here run the active profile's generated examples but shrink no failure (the inverse test
-    needs the failure, not its shrinking); the ready test reads the profile when it is made."""
-    previous = settings.get_current_profile_name()
-    settings.register_profile("generate-only", parent=settings.get_profile(previous), phases=[Phase.generate])
-    settings.load_profile("generate-only")
-    try:
-        yield
-    finally:
-        settings.load_profile(previous)
 
 
 def test_the_invariant_runner_passes_the_lane_over_compositions_that_press_on_every_knob(monkeypatch):

@@ -7,14 +7,14 @@ bfloat16, with two of bench/correctness_mutants.py's batching bugs.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
-from hypothesis import Phase, given, settings
+from hypothesis import given, settings
 
 from bench_modules import load_bench
+from generate_only import not_shrunk
 from perfsuite.engine import Request, SamplingParams
 from perfsuite.models import load_model
 from perfsuite.testing import (
@@ -188,19 +188,6 @@ def test_perfsuites_inflight_engine_passes_the_ready_test_in_bfloat16_with_defau
 @pytest.fixture
 def mutants():
     return load_bench("correctness_mutants")
-
-
-@contextlib.contextmanager
-def not_shrunk():
-    """Ready tests made here run the active profile's generated examples but shrink no failure (a mutant's test
-    needs the failure, not its shrinking); the ready test reads the profile when it is made."""
-    previous = settings.get_current_profile_name()
-    settings.register_profile("generate-only", parent=settings.get_profile(previous), phases=[Phase.generate])
-    settings.load_profile("generate-only")
-    try:
-        yield
-    finally:
-        settings.load_profile(previous)
 
 
 def test_the_ready_test_catches_a_slot_handed_out_while_held_after_the_pool_wraps_in_bfloat16(mutants):
