@@ -10,15 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfsuite.argtypes import (
-    argument_type,
-    engine_names,
-    fraction,
-    integer_at_least,
-    positive_int,
-    probability,
-    thread_count,
-)
 from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
 from perfsuite.adapters.http_options import (
     APIS,
@@ -28,6 +19,15 @@ from perfsuite.adapters.http_options import (
     api_key_from_environment,
     check_endpoint,
     endpoint_url,
+)
+from perfsuite.argtypes import (
+    argument_type,
+    engine_names,
+    fraction,
+    integer_at_least,
+    positive_int,
+    probability,
+    thread_count,
 )
 from perfsuite.engine import RunResult
 from perfsuite.history import DEFAULT_LOCATION
@@ -66,16 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
     run.add_argument("--token-budget", type=positive_int, help="in-flight: max tokens per step (default: no limit)")
-    run.add_argument("--num-requests", type=integer_at_least(1, "a positive integer", MAX_NUM_REQUESTS,
-                     ": the workload is built before it runs"), help="requests in the default workload (32)")
+    run.add_argument(
+        "--num-requests",
+        type=integer_at_least(1, "a positive integer", MAX_NUM_REQUESTS, ": the workload is built before it runs"),
+        help="requests in the default workload (32)",
+    )
     run.add_argument("--min-new-tokens", type=positive_int, help="shortest output of the default workload (8)")
     run.add_argument("--max-new-tokens", type=positive_int, help="longest output of the default workload (128)")
     run.add_argument(
-        "--workload", type=argument_type(parse_workload_option), metavar="KIND:KEY=VALUE,...",
+        "--workload",
+        type=argument_type(parse_workload_option),
+        metavar="KIND:KEY=VALUE,...",
         help="instead of the default workload: shared_prefix:groups=8,prompts=8,prefix=256,suffix=32,output=32; "
         "multi_turn:sessions=4,turns=3,prompt=64,message=32,output=32,think_time=0; "
         "trace:FILE[,block_size=512,time_scale=1,max_requests=N] (docs/workloads.md)",
-    )  # fmt: skip
+    )
     run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
@@ -93,18 +98,33 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
     """How ``--engines openai-http`` reaches its server: the pytest options ``--perf-endpoint`` and neighbours."""
     group = run.add_argument_group("openai-http", "for --engines openai-http: the server to measure")
-    group.add_argument("--endpoint", type=argument_type(endpoint_url), help="base URL of an OpenAI-compatible "
-                       "server, e.g. http://127.0.0.1:8000 (required by openai-http)")  # fmt: skip
+    group.add_argument(
+        "--endpoint",
+        type=argument_type(endpoint_url),
+        help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (required by openai-http)",
+    )
     group.add_argument("--server-model", help="the served model to ask for (default: the only one served)")
-    group.add_argument("--api-key", help="sent as Authorization: Bearer (default: $PERFSUITE_API_KEY, "
-                       "else $OPENAI_API_KEY)")  # fmt: skip
-    group.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
-                       help="prompts as token_ids, text, or auto: ids unless the server refuses them (auto)")
-    group.add_argument("--eos-control", choices=EOS_CONTROLS, default="both",
-                       help="how a request is asked to run to its length: ignore_eos, min_tokens or both (both)")
+    group.add_argument(
+        "--api-key", help="sent as Authorization: Bearer (default: $PERFSUITE_API_KEY, else $OPENAI_API_KEY)"
+    )
+    group.add_argument(
+        "--prompt-format",
+        choices=PROMPT_FORMATS,
+        default="auto",
+        help="prompts as token_ids, text, or auto: ids unless the server refuses them (auto)",
+    )
+    group.add_argument(
+        "--eos-control",
+        choices=EOS_CONTROLS,
+        default="both",
+        help="how a request is asked to run to its length: ignore_eos, min_tokens or both (both)",
+    )
     group.add_argument("--api", choices=APIS, default="completions", help="completions or chat (completions)")
-    group.add_argument("--send-request-ids", action="store_true",
-                       help="send perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)")
+    group.add_argument(
+        "--send-request-ids",
+        action="store_true",
+        help="send perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)",
+    )
 
 
 def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -115,12 +135,20 @@ def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error(_in_run_flags(str(error)))
     if args.endpoint and "openai-http" not in args.engines:
         parser.error(f"--endpoint is used only by --engines openai-http; add it to --engines {','.join(args.engines)}")
-    default_workload_flags = [flag for flag, value in (("--num-requests", args.num_requests),
-                              ("--min-new-tokens", args.min_new_tokens), ("--max-new-tokens", args.max_new_tokens))
-                              if value is not None]  # fmt: skip
+    default_workload_flags = [
+        flag
+        for flag, value in (
+            ("--num-requests", args.num_requests),
+            ("--min-new-tokens", args.min_new_tokens),
+            ("--max-new-tokens", args.max_new_tokens),
+        )
+        if value is not None
+    ]
     if args.workload is not None and default_workload_flags:
-        parser.error(f"{', '.join(default_workload_flags)} size the default workload, which --workload replaces; "
-                     "set those sizes in --workload's KEY=VALUE list")  # fmt: skip
+        parser.error(
+            f"{', '.join(default_workload_flags)} size the default workload, which --workload replaces; "
+            "set those sizes in --workload's KEY=VALUE list"
+        )
 
 
 def _http_client_options(args: argparse.Namespace) -> HttpClientOptions:
@@ -184,10 +212,11 @@ def _add_report_commands(commands) -> None:
     )
     compare.add_argument("--min-effect", type=fraction, help="smallest change that counts, 0.1 = 10%% (default: NEW's)")
     compare.add_argument(
-        "--strict", action="store_true",
+        "--strict",
+        action="store_true",
         help="exit status 1 when fewer than all comparisons were judged (a test not in OLD or of another "
         "configuration, noisy, inconclusive), as pytest's --perf-strict",
-    )  # fmt: skip
+    )
 
 
 def _add_serve_command(commands) -> None:
@@ -200,15 +229,23 @@ def _add_serve_command(commands) -> None:
     )
     serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory ({DEFAULT_MODEL})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    serve.add_argument("--port", type=integer_at_least(0, "a TCP port", MAX_PORT), default=8000,
-                       help="0 for any free (8000)")
-    serve.add_argument("--engine", default="inflight", help="inflight, paged, or paged-prefix: paged with prefix "
-                       "caching, whose hits usage.prompt_tokens_details.cached_tokens and /metrics show (inflight)")
+    serve.add_argument(
+        "--port", type=integer_at_least(0, "a TCP port", MAX_PORT), default=8000, help="0 for any free (8000)"
+    )
+    serve.add_argument(
+        "--engine",
+        default="inflight",
+        help="inflight, paged, or paged-prefix: paged with prefix "
+        "caching, whose hits usage.prompt_tokens_details.cached_tokens and /metrics show (inflight)",
+    )
     serve.add_argument("--batch-size", type=positive_int, default=8, help="decode batch (8)")
     serve.add_argument("--max-seq-len", type=positive_int, help="prompt + output tokens (min(2048, context))")
     serve.add_argument("--max-open-requests", type=positive_int, default=256, help="more get HTTP 429 (256)")
-    serve.add_argument("--served-model-name", help="the model name in /v1/models and requests; requests naming "
-                       "another get 404 (default: the model's short name)")  # fmt: skip
+    serve.add_argument(
+        "--served-model-name",
+        help="the model name in /v1/models and requests; requests naming "
+        "another get 404 (default: the model's short name)",
+    )
     serve.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
     serve.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
@@ -252,8 +289,12 @@ def _add_history_command(commands) -> None:
         "imported (exit status 2).",
     )
     importing.add_argument("paths", nargs="+", type=Path, metavar="FILE_OR_DIR", help="results files or folders")
-    importing.add_argument("--store", default=DEFAULT_LOCATION, metavar="LOCATION",
-                           help=f"a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})")
+    importing.add_argument(
+        "--store",
+        default=DEFAULT_LOCATION,
+        metavar="LOCATION",
+        help=f"a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})",
+    )
     show = actions.add_parser(
         "show",
         help="list each series (or those of tests matching -k): its runs and its change points",
@@ -262,10 +303,18 @@ def _add_history_command(commands) -> None:
         "improvement).",
     )
     source = show.add_mutually_exclusive_group()
-    source.add_argument("--store", default=DEFAULT_LOCATION, metavar="LOCATION",
-                        help=f"the history store, a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})")
-    source.add_argument("--results-dir", type=Path, metavar="DIR",
-                        help="instead of the store: a directory of results.json files (reports/history)")
+    source.add_argument(
+        "--store",
+        default=DEFAULT_LOCATION,
+        metavar="LOCATION",
+        help=f"the history store, a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})",
+    )
+    source.add_argument(
+        "--results-dir",
+        type=Path,
+        metavar="DIR",
+        help="instead of the store: a directory of results.json files (reports/history)",
+    )
     show.add_argument("-k", dest="keyword", metavar="SUBSTRING", help="only tests whose id contains SUBSTRING")
     show.add_argument("--metric", choices=sorted(SERIES_METRICS), help="only this metric (default: every one)")
 
@@ -276,8 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         _check_run_arguments(args.command_parser, args)
     commands = {
-        "run": _run, "report": _report, "compare": _compare, "serve": _serve, "init": _init, "history": _history,
-    }  # fmt: skip
+        "run": _run,
+        "report": _report,
+        "compare": _compare,
+        "serve": _serve,
+        "init": _init,
+        "history": _history,
+    }
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
@@ -302,8 +356,10 @@ def _init(args: argparse.Namespace) -> int:
 
     for path in write_project(args.directory, args.engine, args.perfsuite_source):
         print(f"wrote {path}")
-    print(f"next: register {args.engine!r} (conftest.py says how), then `pytest --perf --perf-model tiny-random "
-          "--perf-profile smoke` and `pytest tests/test_equivalence.py`")
+    print(
+        f"next: register {args.engine!r} (conftest.py says how), then `pytest --perf --perf-model tiny-random "
+        "--perf-profile smoke` and `pytest tests/test_equivalence.py`"
+    )
     return 0
 
 
@@ -327,8 +383,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from perfsuite.judge.results import ResultsFileError, read_history, read_results
     from perfsuite.report.render import render_report
-    from perfsuite.judge.results import Results, ResultsFileError, read_history, read_results
 
     results = read_results(args.results)
     history: list[Results] = []
@@ -345,9 +401,9 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from perfsuite.judge.compare import judged_tally, policy_of, rejudge
+    from perfsuite.judge.results import read_results
     from perfsuite.report.render import render_report
     from perfsuite.report.verdict_table import overall_verdict, verdict_table
-    from perfsuite.judge.results import read_results
 
     old, new = read_results(args.old), read_results(args.new)
     judged = rejudge(old, new, policy_of(new, args.alpha, args.min_effect), old_name=str(args.old))
@@ -365,8 +421,10 @@ def _compare(args: argparse.Namespace) -> int:
         _write_output(args.output, render_report(judged))
     tally = judged_tally(judged)
     if args.strict and not tally.all_judged:
-        print(f"perfsuite compare --strict: {tally.num_planned - tally.num_judged} of {tally.num_planned} "
-              "comparisons were not judged: exit status 1")  # fmt: skip
+        print(
+            f"perfsuite compare --strict: {tally.num_planned - tally.num_judged} of {tally.num_planned} "
+            "comparisons were not judged: exit status 1"
+        )
     print(tally.line())
     return 1 if verdict == "regressed" or (args.strict and not tally.all_judged) else 0
 
@@ -386,8 +444,10 @@ def _history_show(args: argparse.Namespace) -> int:
     series = [s for s in build_series(sessions, metrics=metrics) if not args.keyword or args.keyword in s.key.test_id]
     if not series:
         wanted = f"of tests matching -k {args.keyword!r}" if args.keyword else "of any test"
-        raise ValueError(f"no series {wanted} in the {len(sessions)} sessions of {args.results_dir or args.store}; "
-                         "`perfsuite history show` without -k lists every one")  # fmt: skip
+        raise ValueError(
+            f"no series {wanted} in the {len(sessions)} sessions of {args.results_dir or args.store}; "
+            "`perfsuite history show` without -k lists every one"
+        )
     print(history_listing([detect(s) for s in series]))
     return 0
 
@@ -557,10 +617,18 @@ def _check_server(endpoint: str, options: HttpClientOptions) -> None:
 
 
 HEADERS = (
-    "engine", "tok/s", "req/s",
-    "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s", "E2E p99 s",
-    "forward passes", "padded slot-tokens",
-)  # fmt: skip
+    "engine",
+    "tok/s",
+    "req/s",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "E2E p50 s",
+    "E2E p99 s",
+    "forward passes",
+    "padded slot-tokens",
+)
 
 
 def _row(result: RunResult, metrics: RunMetrics) -> list[object]:

@@ -92,9 +92,7 @@ def find_divergences(
         raise AssertionError(f"{engine_name}: requests {missing} produced no output: a request was lost")
     divergences = []
     for request_id, want in expected.items():
-        divergence = first_divergence(
-            engine_name, request_id, want, actual[request_id], margins.get(request_id, ())
-        )
+        divergence = first_divergence(engine_name, request_id, want, actual[request_id], margins.get(request_id, ()))
         if divergence is not None:
             divergences.append(divergence)
     return divergences

@@ -49,8 +49,15 @@ class PairActor:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self._trees = Trees(setup.ref, setup.reference_commit, current, reference, setup.current_commit, folder,
-                            perfsuite_in_trees=setup.perfsuite_in_trees)  # fmt: skip
+        self._trees = Trees(
+            setup.ref,
+            setup.reference_commit,
+            current,
+            reference,
+            setup.current_commit,
+            folder,
+            perfsuite_in_trees=setup.perfsuite_in_trees,
+        )
         spec = setup.model
         load = ab_wire.Load(spec.model, spec.device, spec.dtype, spec.decode_mode)
         self._runner = ABRunner(self._trees, load, setup.timeout, workers_per_side=setup.workers_per_side)
@@ -65,10 +72,14 @@ class PairActor:
             except WorkerError as error:
                 return wire.dumps(wire.PairFailed("", self._node, str(error)))
             self._described = wire.Described(
-                node=self._node, environment=self._environment(loaded.device), device=loaded.device,
-                max_context=loaded.max_context, eos_token_id=loaded.eos_token_id, vocab_size=loaded.vocab_size,
+                node=self._node,
+                environment=self._environment(loaded.device),
+                device=loaded.device,
+                max_context=loaded.max_context,
+                eos_token_id=loaded.eos_token_id,
+                vocab_size=loaded.vocab_size,
                 special_token_ids=tuple(loaded.special_token_ids),
-            )  # fmt: skip
+            )
         return wire.dumps(self._described)
 
     def tokenize(self, text: str) -> str:
@@ -78,13 +89,20 @@ class PairActor:
     def run_pairs(self, text: str) -> str:
         request = wire.loads(wire.PairRequest, text)
         knobs = request.engine
-        spec = EngineSpec(knobs.name, knobs.batch_size, knobs.max_seq_len, knobs.prefill_batch_size,
-                          knobs.max_num_batched_tokens, knobs.num_kv_blocks,
-                          kv_block_size=knobs.kv_block_size)  # fmt: skip
+        spec = EngineSpec(
+            knobs.name,
+            knobs.batch_size,
+            knobs.max_seq_len,
+            knobs.prefill_batch_size,
+            knobs.max_num_batched_tokens,
+            knobs.num_kv_blocks,
+            kv_block_size=knobs.kv_block_size,
+        )
         try:
             built = self._runner.build(spec)
-            paired = self._runner.run_pairs(spec, request.requests, request.max_concurrency, request.warmup_runs,
-                                            request.num_pairs, request.threads)  # fmt: skip
+            paired = self._runner.run_pairs(
+                spec, request.requests, request.max_concurrency, request.warmup_runs, request.num_pairs, request.threads
+            )
         except WorkerError as error:
             return wire.dumps(wire.PairFailed(request.test_id, self._node, str(error)))
         return wire.dumps(self._result(request.test_id, paired, all(side.runs_in_process for side in built)))
@@ -99,10 +117,18 @@ class PairActor:
     def _result(self, test_id: str, paired: PairedRuns, runs_in_process: bool) -> wire.PairResult:
         assert self._described is not None, "describe() starts the workers before the first test"
         return wire.PairResult(
-            test_id=test_id, node=self._node, environment=self._described.environment, reference=paired.reference,
-            current=paired.current, order=paired.order, workers=paired.workers, reference_busy=paired.reference_busy,
-            current_busy=paired.current_busy, num_threads=paired.num_threads, runs_in_process=runs_in_process,
-        )  # fmt: skip
+            test_id=test_id,
+            node=self._node,
+            environment=self._described.environment,
+            reference=paired.reference,
+            current=paired.current,
+            order=paired.order,
+            workers=paired.workers,
+            reference_busy=paired.reference_busy,
+            current_busy=paired.current_busy,
+            num_threads=paired.num_threads,
+            runs_in_process=runs_in_process,
+        )
 
     def _environment(self, device: str):
         from perfsuite.measure.environment import capture_environment
@@ -113,5 +139,12 @@ class PairActor:
 
 def paired_runs(result: wire.PairResult) -> PairedRuns:
     """The controller's view of a node's pairs: what a local ``ABRunner.run_pairs`` returns."""
-    return PairedRuns(result.reference, result.current, result.order, result.workers, result.reference_busy,
-                      result.current_busy, result.num_threads)  # fmt: skip
+    return PairedRuns(
+        result.reference,
+        result.current,
+        result.order,
+        result.workers,
+        result.reference_busy,
+        result.current_busy,
+        result.num_threads,
+    )

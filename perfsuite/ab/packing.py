@@ -62,9 +62,10 @@ def tree_files(folder: Path) -> list[str]:
     if listed is None:
         return sorted(_walked(folder))
     return sorted(
-        path for path in listed
+        path
+        for path in listed
         if ((folder / path).is_file() or (folder / path).is_symlink()) and "__pycache__" not in path.split("/")
-    )  # fmt: skip
+    )
 
 
 def pack_tree(folder: Path) -> PackedTree:
@@ -108,14 +109,18 @@ def unpack_tree(archive: bytes, into: Path) -> Path:
 def _git_listed(folder: Path) -> list[str] | None:
     """What git sees of ``folder`` (tracked and untracked, not ignored); None when it is in no git work tree."""
     try:
-        inside = subprocess.run(["git", "-C", str(folder), "rev-parse", "--is-inside-work-tree"],
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        inside = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return None
-    listed = subprocess.run(["git", "-C", str(folder), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, timeout=300)  # fmt: skip
+    listed = subprocess.run(
+        ["git", "-C", str(folder), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        timeout=300,
+    )
     if listed.returncode != 0:
         stderr = listed.stderr.decode(errors="replace").strip()
         raise PackingError(f"git ls-files in {folder} failed: {stderr}")

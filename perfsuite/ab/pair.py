@@ -40,7 +40,6 @@ from functools import partial
 from pathlib import Path
 
 import perfsuite
-
 from perfsuite.ab import wire
 from perfsuite.ab.trees import Trees
 from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
@@ -124,7 +123,8 @@ class ABRunner:
         def sides(label: str, description: str, tree) -> tuple[SideRunner, ...]:
             numbers = range(1, workers_per_side + 1) if workers_per_side > 1 else (None,)
             return tuple(
-                SideRunner(Side(label, description, tree, number, installed), load, timeout, start) for number in numbers
+                SideRunner(Side(label, description, tree, number, installed), load, timeout, start)
+                for number in numbers
             )
 
         self.currents = sides(CURRENT, "the current tree", trees.current)
@@ -198,8 +198,9 @@ class ABRunner:
         busy = {label: _busy_shares(readings) for label, readings in uses.items()}
         if len(busy[REFERENCE]) != num_pairs or len(busy[CURRENT]) != num_pairs:
             busy = {REFERENCE: (), CURRENT: ()}  # a reading failed: none rather than some misaligned
-        return PairedRuns(tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order, workers,
-                          busy[REFERENCE], busy[CURRENT], threads)  # fmt: skip
+        return PairedRuns(
+            tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order, workers, busy[REFERENCE], busy[CURRENT], threads
+        )
 
     def choose_threads(self) -> int | None:
         """One thread per core other work leaves free, read while every worker is idle; None off the CPU."""

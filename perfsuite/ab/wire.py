@@ -163,9 +163,22 @@ class Shutdown:
 
 MESSAGES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Hello, Load, Loaded, Tokenize, Tokens, Build, Built, Run, RunDone, SetThreads, ThreadsSet, Failed,
-                Shutdown)
-}  # fmt: skip
+    for cls in (
+        Hello,
+        Load,
+        Loaded,
+        Tokenize,
+        Tokens,
+        Build,
+        Built,
+        Run,
+        RunDone,
+        SetThreads,
+        ThreadsSet,
+        Failed,
+        Shutdown,
+    )
+}
 
 
 def write_message(stream: IO[str], message: Any) -> None:

@@ -58,7 +58,7 @@ class Worker:
 
     def __init__(self, side: Side, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
         self.side = side
-        self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed by close())
         self._process = subprocess.Popen(
             [python, str(WORKER_SCRIPT), "--tree", str(side.tree)],
             stdin=subprocess.PIPE,
@@ -149,7 +149,9 @@ class Worker:
             failed = f"{message.error_type}: {message.message}{traceback}"
             raise WorkerError(f"worker {self.side} failed to {what}: {failed}")
         if not isinstance(message, answer):
-            raise WorkerError(f"worker {self.side} answered {what} with {type(message).__name__}, not {answer.__name__}")
+            raise WorkerError(
+                f"worker {self.side} answered {what} with {type(message).__name__}, not {answer.__name__}"
+            )
         return message
 
     def _died(self, what: str) -> WorkerError:
@@ -224,9 +226,16 @@ class SideRunner:
     def build(self, spec: EngineSpec) -> wire.Built:
         worker = self.worker()
         if spec.engine_id not in self._built:
-            message = wire.Build(spec.engine_id, spec.engine, spec.batch_size, spec.max_seq_len,
-                                 spec.prefill_batch_size, spec.max_num_batched_tokens, spec.num_kv_blocks,
-                                 spec.kv_block_size)  # fmt: skip
+            message = wire.Build(
+                spec.engine_id,
+                spec.engine,
+                spec.batch_size,
+                spec.max_seq_len,
+                spec.prefill_batch_size,
+                spec.max_num_batched_tokens,
+                spec.num_kv_blocks,
+                spec.kv_block_size,
+            )
             self._built[spec.engine_id] = worker.request(message, wire.Built, self._timeout, f"build {spec.engine}")
         return self._built[spec.engine_id]
 
@@ -267,4 +276,3 @@ class SideRunner:
     def _send_threads(self, worker: Worker) -> int:
         message = wire.SetThreads(self._threads)
         return worker.request(message, wire.ThreadsSet, self._timeout, f"set {self._threads} threads").num_threads
-

@@ -12,10 +12,10 @@ from perfsuite.adapters.registry import (
 )
 
 __all__ = [
-    "Backend",
-    "BatchingEngine",
     "DEFAULT_ENGINES",
     "ENTRY_POINT_GROUP",
+    "Backend",
+    "BatchingEngine",
     "EngineConfig",
     "EngineFactory",
     "UnknownEngineError",

@@ -19,7 +19,10 @@ def runner_for(backend: Backend, config: EngineConfig):
 
 def build_static(backend: Backend, config: EngineConfig) -> Engine:
     return static_engine(
-        runner_for(backend, config), batch_size=config.batch_size, max_seq_len=config.max_seq_len, eos_token_id=backend.eos_token_id
+        runner_for(backend, config),
+        batch_size=config.batch_size,
+        max_seq_len=config.max_seq_len,
+        eos_token_id=backend.eos_token_id,
     )
 
 

@@ -292,7 +292,7 @@ class OpenAIHttpEngine:
     async def _run_within_timeout(self, requests, on_step, max_concurrency, start_at=None):
         try:
             return await asyncio.wait_for(self._run(requests, on_step, max_concurrency, start_at), self._run_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise OpenAIHttpError(
                 f"the run of {len(requests)} requests against {self.base_url} did not finish "
                 f"within {self._run_timeout_s:g} s"
@@ -314,8 +314,9 @@ class OpenAIHttpEngine:
             start = time.perf_counter() if start_at is None else start_at
             if start > time.perf_counter():
                 await asyncio.sleep(start - time.perf_counter())
-            received = await _send_all(client, requests, payloads, start, num_clients,
-                                       closed_loop=max_concurrency is not None)  # fmt: skip
+            received = await _send_all(
+                client, requests, payloads, start, num_clients, closed_loop=max_concurrency is not None
+            )
             end = time.perf_counter()
         return received, start, end
 
@@ -333,8 +334,9 @@ class OpenAIHttpEngine:
         builder: PayloadBuilder,
         on_step: Callable[[list[StepOutput]], None] | None,
     ) -> _Client:
-        return _Client(session, self.base_url + builder.path, builder, self._options.send_request_ids, on_step,
-                       self._tokenize_text)  # fmt: skip
+        return _Client(
+            session, self.base_url + builder.path, builder, self._options.send_request_ids, on_step, self._tokenize_text
+        )
 
     def _payload_builder(self, prompt_format: str | None = None) -> PayloadBuilder:
         if prompt_format is None:
@@ -475,7 +477,7 @@ class _Client:
         where = f"request {request.request_id!r} to {self._url}"
         try:
             state = await self._stream(request, payload)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise OpenAIHttpError(f"{where}: no complete response within the request timeout") from None
         except aiohttp.ClientConnectionError as error:
             raise OpenAIHttpError(

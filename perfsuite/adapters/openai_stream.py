@@ -207,6 +207,7 @@ def _record(
         scheduled_time=received.send_times.scheduled if received.send_times else None,
         send_ready_time=received.send_times.ready if received.send_times else None,
         sent_time=received.send_times.sent if received.send_times else None,
-        num_cached_tokens=None if received.num_cached_tokens is None
+        num_cached_tokens=None
+        if received.num_cached_tokens is None
         else min(received.num_cached_tokens, request.num_prompt_tokens),
     )

@@ -12,8 +12,8 @@ registered by name (see ``perfsuite.adapters.registry``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 

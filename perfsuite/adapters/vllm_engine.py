@@ -261,7 +261,9 @@ class _Serving:
         """One request's new tokens from a step, stamped with vLLM's time for that step."""
         record = self.unfinished.get(output.request_id)
         if record is None:
-            raise VLLMEngineError(f"vllm: a step returned output for request {output.request_id!r}, which is not running")
+            raise VLLMEngineError(
+                f"vllm: a step returned output for request {output.request_id!r}, which is not running"
+            )
         completion = output.outputs[0]
         new_tokens = list(completion.token_ids)
         step_outputs = []

@@ -12,6 +12,7 @@ but not re-run: the controller's verdict calls it noisy.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import socket
 
@@ -40,11 +41,15 @@ class MeasureActor:
         backend = self._backend
         return wire.dumps(
             wire.Described(
-                node=self._node, environment=self._environment, device=backend.device,
-                max_context=backend.max_context, eos_token_id=backend.eos_token_id, vocab_size=backend.vocab_size,
+                node=self._node,
+                environment=self._environment,
+                device=backend.device,
+                max_context=backend.max_context,
+                eos_token_id=backend.eos_token_id,
+                vocab_size=backend.vocab_size,
                 special_token_ids=tuple(backend.special_token_ids),
             )
-        )  # fmt: skip
+        )
 
     def tokenize(self, text: str) -> str:
         message = wire.loads(wire.Tokenize, text)
@@ -71,13 +76,17 @@ class MeasureActor:
             readings.append(self._backend.probe(device))
         return wire.dumps(
             wire.MeasureResult(
-                test_id=request.test_id, node=self._node, environment=self._environment, runs=tuple(runs),
-                probes=bracketed(readings), busy_shares=tuple(u.busy_share for u in uses if u is not None),
+                test_id=request.test_id,
+                node=self._node,
+                environment=self._environment,
+                runs=tuple(runs),
+                probes=bracketed(readings),
+                busy_shares=tuple(u.busy_share for u in uses if u is not None),
                 noisy=contention_reason(uses, request.busy_threshold),
                 device_memory=tuple(peaks) if all(p is not None for p in peaks) else (),
                 runs_in_process=getattr(engine, "runs_in_process", True),
             )
-        )  # fmt: skip
+        )
 
     def measure_capacity(self, text: str) -> str:
         """A capacity test's every run on this node: warm-ups, the start, then each search between two probes."""
@@ -95,11 +104,17 @@ class MeasureActor:
         def run(sent, max_concurrency):
             return timed_run(engine, sent, device, max_concurrency=max_concurrency)
 
-        runs = CapacityRuns(run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state,
-                            request.choices)  # fmt: skip
+        runs = CapacityRuns(
+            run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state, request.choices
+        )
         search = runs.prepare(request.warmup_runs)
-        found = wire.CapacityResult(request.test_id, self._node, self._environment, search,
-                                    runs_in_process=getattr(engine, "runs_in_process", True))  # fmt: skip
+        found = wire.CapacityResult(
+            request.test_id,
+            self._node,
+            self._environment,
+            search,
+            runs_in_process=getattr(engine, "runs_in_process", True),
+        )
         readings, searches, at_capacity, uses = [self._backend.probe(device)], [], [], []
         for _ in range(request.repeats):
             with CpuMeter() as meter:
@@ -113,26 +128,34 @@ class MeasureActor:
             readings.append(self._backend.probe(device))
         return wire.dumps(
             dataclasses.replace(
-                found, searches=tuple(searches), at_capacity=tuple(at_capacity), probes=bracketed(readings),
+                found,
+                searches=tuple(searches),
+                at_capacity=tuple(at_capacity),
+                probes=bracketed(readings),
                 busy_shares=tuple(u.busy_share for u in uses if u is not None),
                 noisy=contention_reason(uses, request.busy_threshold),
             )
-        )  # fmt: skip
+        )
 
     def _engine(self, knobs: wire.EngineKnobs):
         from perfsuite.adapters import EngineConfig, build_engine
 
         if knobs not in self._engines:
-            config = EngineConfig(knobs.batch_size, knobs.max_seq_len, knobs.prefill_batch_size,
-                                  knobs.max_num_batched_tokens, knobs.num_kv_blocks,
-                                  kv_block_size=knobs.kv_block_size)  # fmt: skip
+            config = EngineConfig(
+                knobs.batch_size,
+                knobs.max_seq_len,
+                knobs.prefill_batch_size,
+                knobs.max_num_batched_tokens,
+                knobs.num_kv_blocks,
+                kv_block_size=knobs.kv_block_size,
+            )
             self._engines[knobs] = build_engine(knobs.name, self._backend, config)
         return self._engines[knobs]
 
 
 def bracketed(readings: list[float]) -> tuple[float, ...]:
     """One probe per run: the geometric mean of the readings just before and just after it (as the recorder's)."""
-    return tuple(math.sqrt(before * after) for before, after in zip(readings, readings[1:]))
+    return tuple(math.sqrt(before * after) for before, after in itertools.pairwise(readings))
 
 
 def this_node() -> wire.NodeInfo:

@@ -55,9 +55,12 @@ class ClientShardActor:
 
         if batch_size not in self._engines:
             self._engines[batch_size] = OpenAIHttpEngine(
-                self._spec.endpoint, batch_size, _no_tokenizer, options=self._spec.options,
+                self._spec.endpoint,
+                batch_size,
+                _no_tokenizer,
+                options=self._spec.options,
                 probe_prompt_ids=probe_prompt_ids,
-            )  # fmt: skip
+            )
         return self._engines[batch_size]
 
 

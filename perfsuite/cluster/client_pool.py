@@ -93,10 +93,15 @@ class ClientShards:
             slowest = max((offset.error_bound_s for offset in offsets.values()), default=0.0)
             start = time.perf_counter() + START_MARGIN_S + 8 * slowest
             runs = {
-                shard: self._actor(shard).run.remote(wire.dumps(wire.ShardRun(
-                    test_id, shard, per_shard_batch, share, offsets[shard].to_shard(start), max_concurrency)))
+                shard: self._actor(shard).run.remote(
+                    wire.dumps(
+                        wire.ShardRun(
+                            test_id, shard, per_shard_batch, share, offsets[shard].to_shard(start), max_concurrency
+                        )
+                    )
+                )
                 for shard, share in shares
-            }  # fmt: skip
+            }
             answers = self._wait_all(runs, start - time.perf_counter() + self.timeout, f"run its share of {test_id}")
         except BaseException:  # a failure, a hang, Ctrl-C: no shard of an abandoned run may go on sending
             for shard, _ in shares:
@@ -113,7 +118,7 @@ class ClientShards:
         for actor in self._actors.values():
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - an actor on a node that is gone
+            except Exception:
                 pass
         self._actors.clear()
 
@@ -143,8 +148,9 @@ class ClientShards:
         import time
 
         deadline = time.monotonic() + timeout
-        return {shard: self._get(ref, shard, max(0.0, deadline - time.monotonic()), what)
-                for shard, ref in refs.items()}  # fmt: skip
+        return {
+            shard: self._get(ref, shard, max(0.0, deadline - time.monotonic()), what) for shard, ref in refs.items()
+        }
 
     def _get(self, ref, shard: int, timeout: float, what: str) -> str:
         import ray
@@ -175,8 +181,10 @@ class ClientShards:
         if shard not in self._actors:
             nodes = _client_nodes()
             if not nodes:
-                raise ClusterError("no live node of the cluster has a CPU to run a client shard on; add one with "
-                                   "`ray start --address=HEAD:6379 --num-cpus 1`")  # fmt: skip
+                raise ClusterError(
+                    "no live node of the cluster has a CPU to run a client shard on; add one with "
+                    "`ray start --address=HEAD:6379 --num-cpus 1`"
+                )
             node = nodes[shard % len(nodes)]
             remote = ray.remote(ClientShardActor).options(
                 num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)
@@ -192,7 +200,7 @@ class ClientShards:
         if actor is not None:
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone with its node
+            except Exception:
                 pass
 
 

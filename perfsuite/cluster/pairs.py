@@ -96,9 +96,11 @@ class PairPool(RayPool):
         if self._archive_refs is None:
             self._archive_refs = tuple(ray.put(archive) for archive in self._archives)
         remote = ray.remote(self._actor_class).options(
-            num_cpus=self.requirement.num_cpus, num_gpus=self.requirement.num_gpus, max_restarts=0,
+            num_cpus=self.requirement.num_cpus,
+            num_gpus=self.requirement.num_gpus,
+            max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-        )  # fmt: skip
+        )
         return remote.remote(wire.dumps(self.setup), *self._archive_refs)
 
     def _reserve(self, node: wire.NodeInfo):
@@ -107,8 +109,9 @@ class PairPool(RayPool):
         from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group, placement_group_table
 
-        group = placement_group([self.requirement.bundle()], strategy="STRICT_PACK",
-                                bundle_label_selector=[{NODE_ID_LABEL: node.node_id}])  # fmt: skip
+        group = placement_group(
+            [self.requirement.bundle()], strategy="STRICT_PACK", bundle_label_selector=[{NODE_ID_LABEL: node.node_id}]
+        )
         self._groups[node.node_id] = group
         try:
             ray.get(group.ready(), timeout=RESERVE_SECONDS)
@@ -122,8 +125,10 @@ class PairPool(RayPool):
         placed = placement_group_table(group).get("bundles_to_node_id", {}).get(0)
         if placed != node.node_id:  # a Ray that ignores the label selector would place it anywhere
             self._remove_group(node.node_id)
-            raise ClusterError(f"--perf-ray {self.address}: the placement group for node {node} landed on node "
-                               f"{placed}; this Ray cannot pin a group to a node: install ray>=2.50")  # fmt: skip
+            raise ClusterError(
+                f"--perf-ray {self.address}: the placement group for node {node} landed on node "
+                f"{placed}; this Ray cannot pin a group to a node: install ray>=2.50"
+            )
         return group
 
     def _drop(self, node: wire.NodeInfo, kill: bool) -> None:
@@ -137,7 +142,7 @@ class PairPool(RayPool):
         for actor in self._actors.values():
             try:
                 closing.append(actor.close.remote())
-            except Exception:  # noqa: BLE001 - an actor on a node that is gone: nothing to close
+            except Exception:
                 pass
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=CLOSE_SECONDS)  # a dead one is ready too (its error)
@@ -153,5 +158,5 @@ class PairPool(RayPool):
         if group is not None:
             try:
                 remove_placement_group(group)
-            except Exception:  # noqa: BLE001 - its node is gone, and the group with it
+            except Exception:
                 pass

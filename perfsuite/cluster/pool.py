@@ -129,7 +129,7 @@ class RayPool:
             self._probe()
         try:
             ray.init(address=address, **options)
-        except Exception as error:  # noqa: BLE001 - Ray's are many (ConnectionError, AuthenticationError, ...)
+        except Exception as error:
             self._remove_temp_dir()
             raise ClusterError(
                 f"--perf-ray {self.address}: cannot join the Ray cluster: {_short(error)}. Start one with "
@@ -198,8 +198,9 @@ class RayPool:
         except _ActorDied as died:
             others = [node for node in self._usable_nodes(must_have_one=False) if node.node_id != first.node_id]
             if not others:
-                raise ClusterError(f"{died}; no other node of the cluster has {self.requirement.describe()} free "
-                                   "to retry it on") from None  # fmt: skip
+                raise ClusterError(
+                    f"{died}; no other node of the cluster has {self.requirement.describe()} free to retry it on"
+                ) from None
             try:
                 return Delivered(measure_on(others[0]), retried_after=str(died))
             except _ActorDied as again:
@@ -223,7 +224,7 @@ class RayPool:
         for actor in self._actors.values():
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - an actor on a node that is gone: nothing left to kill
+            except Exception:
                 pass
         self._actors.clear()
 
@@ -256,10 +257,12 @@ class RayPool:
         alive = [n for n in ray.nodes() if n.get("Alive")]
         free = _free_resources()
         usable = [
-            _node_info(n) for n in alive
-            if n["NodeID"] not in self._dead and self.requirement.fits(n.get("Resources", {}))
+            _node_info(n)
+            for n in alive
+            if n["NodeID"] not in self._dead
+            and self.requirement.fits(n.get("Resources", {}))
             and (n["NodeID"] in self._actors or free is None or self.requirement.fits(free.get(n["NodeID"], {})))
-        ]  # fmt: skip
+        ]
         if not usable and must_have_one:
             raise ClusterError(self._no_resources_message(alive))
         for node in usable:
@@ -293,9 +296,11 @@ class RayPool:
         from perfsuite.cluster.actor import MeasureActor
 
         remote = ray.remote(MeasureActor).options(
-            num_cpus=self.requirement.num_cpus, num_gpus=self.requirement.num_gpus, max_restarts=0,
+            num_cpus=self.requirement.num_cpus,
+            num_gpus=self.requirement.num_gpus,
+            max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        )  # fmt: skip
+        )
         return remote.remote(wire.dumps(self.spec))
 
     def _get(self, ref, node: wire.NodeInfo, timeout: float, what: str) -> str:
@@ -327,7 +332,7 @@ class RayPool:
         if actor is not None and kill:
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone with its node
+            except Exception:
                 pass
 
     def _remove_temp_dir(self) -> None:
@@ -348,7 +353,7 @@ def _dialled(address: str) -> tuple[str, int] | None:
             target = canonicalize_bootstrap_address(address) or ""
         except ImportError:
             target = "" if address == AUTO else address
-        except Exception:  # noqa: BLE001 - no cluster found, a malformed address: ray.init says which, at once
+        except Exception:
             return None
     host, _, port = target.rpartition(":")
     return (host.strip("[]"), int(port)) if host and port.isdigit() else None
@@ -360,7 +365,7 @@ def _free_resources() -> dict[str, dict[str, float]] | None:
         from ray._private.state import available_resources_per_node  # GCS only: no dashboard needed
 
         return available_resources_per_node()
-    except Exception:  # noqa: BLE001 - a private API: a Ray without it schedules as before
+    except Exception:
         return None
 
 

@@ -222,8 +222,22 @@ class PairFailed:
 
 MESSAGES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ModelSpec, NodeInfo, Described, Tokenize, Tokens, EngineKnobs, MeasureRequest, MeasureResult,
-                CapacityRequest, CapacityResult, PairSetup, PairRequest, PairResult, PairFailed)  # fmt: skip
+    for cls in (
+        ModelSpec,
+        NodeInfo,
+        Described,
+        Tokenize,
+        Tokens,
+        EngineKnobs,
+        MeasureRequest,
+        MeasureResult,
+        CapacityRequest,
+        CapacityResult,
+        PairSetup,
+        PairRequest,
+        PairResult,
+        PairFailed,
+    )
 }
 
 
@@ -279,9 +293,7 @@ class ShardResult:
     served_model: ServedModel
 
 
-MESSAGES.update(
-    {cls.__name__: cls for cls in (HttpClientSpec, ClockReading, ShardPrepare, ShardRun, ShardResult)}
-)
+MESSAGES.update({cls.__name__: cls for cls in (HttpClientSpec, ClockReading, ShardPrepare, ShardRun, ShardResult)})
 
 
 def dumps(message: Any) -> str:
@@ -292,8 +304,7 @@ def dumps(message: Any) -> str:
         body = encode(message)
     except CodecError as error:
         raise ClusterWireError(f"{name}: {error}") from None
-    return json.dumps({_TYPE_KEY: name, _VERSION_KEY: PROTOCOL_VERSION, **body}, allow_nan=False,
-                      separators=(",", ":"))  # fmt: skip
+    return json.dumps({_TYPE_KEY: name, _VERSION_KEY: PROTOCOL_VERSION, **body}, allow_nan=False, separators=(",", ":"))
 
 
 def loads(expected: type, text: str) -> Any:

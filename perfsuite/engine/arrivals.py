@@ -200,8 +200,13 @@ class RecordBuilder:
     @classmethod
     def admitted(cls, admission: Admission) -> RecordBuilder:
         """The record of a request the ``ArrivalQueue`` let in, with its send times."""
-        return cls(admission.request, admission.arrival_time, scheduled_time=admission.scheduled_time,
-                   send_ready_time=admission.send_ready_time, sent_time=admission.sent_time)  # fmt: skip
+        return cls(
+            admission.request,
+            admission.arrival_time,
+            scheduled_time=admission.scheduled_time,
+            send_ready_time=admission.send_ready_time,
+            sent_time=admission.sent_time,
+        )
 
     @property
     def is_finished(self) -> bool:
@@ -261,6 +266,7 @@ class RecordBuilder:
             sent_time=self.sent_time,
             num_cached_tokens=self.num_cached_tokens,
             # all or nothing: a record's log-probabilities line up with its tokens
-            output_logprobs=tuple(self.logprobs) if self.token_ids and len(self.logprobs) == len(self.token_ids)
+            output_logprobs=tuple(self.logprobs)
+            if self.token_ids and len(self.logprobs) == len(self.token_ids)
             else None,
         )

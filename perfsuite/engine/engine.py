@@ -32,7 +32,6 @@ from perfsuite.engine.types import (
 )
 from perfsuite.engine.work import ModelShape, step_work
 
-
 # Tokens per KV block of the paged engine (vLLM's default on GPU).
 DEFAULT_KV_BLOCK_SIZE = 16
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 
-
 _INITIAL_STATE = 17
 
 
@@ -116,8 +115,9 @@ class FakePagedKVCache:
 class FakeRunner:
     """``kv_layout`` (and ``device``) make it stand in for a model of that shape in the engines' memory check."""
 
-    def __init__(self, vocab_size: int = 97, on_execute=None, kv_layout: KVLayout | None = None,
-                 device: str = "cpu") -> None:  # fmt: skip
+    def __init__(
+        self, vocab_size: int = 97, on_execute=None, kv_layout: KVLayout | None = None, device: str = "cpu"
+    ) -> None:
         self.vocab_size = vocab_size
         self.kv_layout = kv_layout
         self.device = device

@@ -213,9 +213,13 @@ def meminfo_available(text: str) -> int | None:
 # (limit, usage, stat, the stat's reclaimable file cache): cgroup v2, then v1, as a container sees its own.
 _CGROUP_FILES = (
     ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
-    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-     "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"),
-)  # fmt: skip
+    (
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        "/sys/fs/cgroup/memory/memory.stat",
+        "total_inactive_file",
+    ),
+)
 
 
 def cgroup_room(read: Callable[[str], str | None] = _read_text) -> int | None:

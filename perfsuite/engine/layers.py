@@ -165,8 +165,10 @@ def grouped_query_attention(
     if mask.shape[2] != group * q_len:
         mask = tile_mask(mask, group)
     out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)  # [rows, kv_heads, group * q_len, d]
-    return out.view(rows, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4).reshape(
-        rows, q_len, num_heads, head_dim
+    return (
+        out.view(rows, num_kv_heads, group, q_len, head_dim)
+        .permute(0, 3, 1, 2, 4)
+        .reshape(rows, q_len, num_heads, head_dim)
     )
 
 
@@ -246,7 +248,13 @@ class Decoder:
 
     @classmethod
     def from_hf(
-        cls, model, device: torch.device, dtype: torch.dtype, *, pack_weights: bool = True, batch_invariant: bool = False
+        cls,
+        model,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        pack_weights: bool = True,
+        batch_invariant: bool = False,
     ) -> Decoder:
         """The weights of a Hugging Face ``LlamaForCausalLM``, moved to ``device`` as ``dtype``.
 
@@ -305,8 +313,7 @@ class Decoder:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if not 2 <= max_seq_len <= self.max_context:
             raise ValueError(
-                f"max_seq_len must be in 2..{self.max_context} (the model's max_position_embeddings), "
-                f"got {max_seq_len}"
+                f"max_seq_len must be in 2..{self.max_context} (the model's max_position_embeddings), got {max_seq_len}"
             )
         shape = (len(self.layers), num_slots, self.heads.num_kv_heads, max_seq_len, self.heads.head_dim)
         return KVCache(

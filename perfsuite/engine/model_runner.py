@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from perfsuite.engine.kv_memory import KVLayout
 from perfsuite.engine.layers import Attend, Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
@@ -177,9 +176,7 @@ class ModelRunner:
             problem = check_batch_invariance(device, dtype, paged_attention)
             if problem is not None:
                 raise ValueError(f"batch-invariant mode is not available here: {problem}")
-        self.decoder = Decoder.from_hf(
-            model, device, dtype, pack_weights=pack_weights, batch_invariant=batch_invariant
-        )
+        self.decoder = Decoder.from_hf(model, device, dtype, pack_weights=pack_weights, batch_invariant=batch_invariant)
         # What the engine counts each step's FLOPs and bytes by (perfsuite.engine.work).
         self.model_shape = ModelShape.from_config(model.config, self.decoder.dtype.itemsize)
         self.num_forward_passes = 0
@@ -203,8 +200,9 @@ class ModelRunner:
         if not self._wants_paged_attention:
             return Unavailable("turned off (paged_attention=False)")
         if not PagedAttention.supports(self.decoder.embed):
-            return Unavailable(f"the kernel is for float32 and float64 on the CPU, not {self.decoder.dtype} on "
-                               f"{self.device.type}")  # fmt: skip
+            return Unavailable(
+                f"the kernel is for float32 and float64 on the CPU, not {self.decoder.dtype} on {self.device.type}"
+            )
         return load_paged_attention()
 
     @property
@@ -248,10 +246,12 @@ class ModelRunner:
         if self.static_decode is None:
             return kv_cache
         step = PagedDecodeStep(
-            self.decoder, kv_cache, max_num_seqs=max_num_seqs,
+            self.decoder,
+            kv_cache,
+            max_num_seqs=max_num_seqs,
             max_blocks_per_seq=min(-(-max_seq_len // kv_cache.block_size), kv_cache.num_blocks),
             use_cuda_graph=self.static_decode.use_cuda_graph,
-        )  # fmt: skip
+        )
         return dataclasses.replace(kv_cache, decode_step=step)
 
     # -- one step -----------------------------------------------------------
@@ -354,9 +354,16 @@ class ModelRunner:
         return attend
 
     def _attend(
-        self, group: _AttentionGroup, mask: torch.Tensor, layer_index: int, kv_cache, q, k_cache, v_cache,
+        self,
+        group: _AttentionGroup,
+        mask: torch.Tensor,
+        layer_index: int,
+        kv_cache,
+        q,
+        k_cache,
+        v_cache,
         in_place: PagedAttention | None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """``group``'s queries over its rows' keys and values: a slot cache's views; a paged pool's blocks, read
         in place by ``in_place`` for a decode group where it is given, else gathered (``keys_of_rows``)."""
         group_q = q if group.token_index is None else q[group.token_index]  # [group_tokens, heads, head_dim]
@@ -405,8 +412,11 @@ class ModelRunner:
             per_token = self._plan_per_token(chunks, positions, indices, block_size)
             tensors = indices.upload(self.device)
             tables, lengths = (tensors[handle] for handle in per_token[1:])
-            return _Batch(*(tensors[handle] for handle in handles), groups=(),
-                          per_token=_PerTokenKeys(tables.view(-1, per_token[0]), lengths))  # fmt: skip
+            return _Batch(
+                *(tensors[handle] for handle in handles),
+                groups=(),
+                per_token=_PerTokenKeys(tables.view(-1, per_token[0]), lengths),
+            )
         plans = [
             self._plan_group(group_chunks, indices, block_size)
             for group_chunks in (decode_chunks, prefill_chunks)
@@ -426,8 +436,10 @@ class ModelRunner:
             num_kv_heads = self.decoder.heads.num_kv_heads
             tables = [
                 chunk.slot * num_kv_heads + kv_head
-                for chunk in chunks for _ in range(chunk.num_tokens) for kv_head in range(num_kv_heads)
-            ]  # fmt: skip
+                for chunk in chunks
+                for _ in range(chunk.num_tokens)
+                for kv_head in range(num_kv_heads)
+            ]
             lengths = [position + 1 for position in positions for _ in range(num_kv_heads)]
             return 1, indices.add(tables), indices.add(lengths)
         width = max(len(chunk.block_table) for chunk in chunks)

@@ -41,8 +41,11 @@ FLAG_SETS = (  # (compile flags, libraries)
     (FAST, ("-lm",)),
     (("-O3", "-fopenmp"), ("-lm",)),
 )
-_STATUS = {1: "a row's key count is below 1 or past its block table", 2: "a block id is outside the pool",
-           3: "out of memory for a row's scores"}  # fmt: skip
+_STATUS = {
+    1: "a row's key count is below 1 or past its block table",
+    2: "a block id is outside the pool",
+    3: "out of memory for a row's scores",
+}
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 BUILD_FIX = "install a C compiler (gcc or clang) or set CC to one that works"
 
@@ -70,8 +73,24 @@ class PagedAttention:
             function.restype = ctypes.c_int
             scalar = ctypes.c_float if dtype == torch.float32 else ctypes.c_double
             pointer, size = ctypes.c_void_p, ctypes.c_int64
-            function.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer,
-                                 size, size, size, size, size, size, size, scalar, ctypes.c_int]  # fmt: skip
+            function.argtypes = [
+                pointer,
+                size,
+                pointer,
+                pointer,
+                pointer,
+                pointer,
+                pointer,
+                size,
+                size,
+                size,
+                size,
+                size,
+                size,
+                size,
+                scalar,
+                ctypes.c_int,
+            ]
             self._functions[dtype] = function
 
     @staticmethod
@@ -116,10 +135,23 @@ class PagedAttention:
             )
         out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
         status = self._functions[q.dtype](
-            q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(),
-            lengths.data_ptr(), out.data_ptr(), rows, num_heads, num_kv_heads, head_dim, block_size,
-            block_tables.shape[1], num_blocks, head_dim**-0.5, torch.get_num_threads(),
-        )  # fmt: skip
+            q.data_ptr(),
+            q.stride(0),
+            keys.data_ptr(),
+            values.data_ptr(),
+            block_tables.data_ptr(),
+            lengths.data_ptr(),
+            out.data_ptr(),
+            rows,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            block_tables.shape[1],
+            num_blocks,
+            head_dim**-0.5,
+            torch.get_num_threads(),
+        )
         if status:
             raise ValueError(
                 f"paged decode attention refused its input: {_STATUS.get(status, f'status {status}')} "
@@ -152,8 +184,7 @@ def build(compiler: str) -> PagedAttention | Unavailable:
         library = Path(directory) / "paged_attention.so"
         for compile_flags, libraries in FLAG_SETS:
             flags = " ".join(compile_flags)
-            command = [*command_line, *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library),
-                       *libraries]  # fmt: skip
+            command = [*command_line, *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library), *libraries]
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
             except OSError as error:

@@ -287,5 +287,6 @@ class PrefixLookups:
 
 def _num_recomputed(chunk: ScheduledChunk, sequence: Sequence) -> int:
     """Tokens of ``chunk`` that the sequence had computed before it was preempted."""
-    return max(0, min(chunk.start_position + chunk.num_tokens, sequence.num_previously_computed_tokens)
-               - chunk.start_position)  # fmt: skip
+    return max(
+        0, min(chunk.start_position + chunk.num_tokens, sequence.num_previously_computed_tokens) - chunk.start_position
+    )

@@ -48,7 +48,6 @@ class ReferenceDecoder:
             input_ids = torch.tensor([[token]], device=self.model.device)
 
 
-
 # The reference computes the engine's weights one format wider, as LayerCast does (weights kept in the low
 # precision, arithmetic in float32): its logits are then close to exact for those weights, ties in the engine's
 # dtype are broken by the true values, and the tolerance covers one side's rounding (the engine's), not two.

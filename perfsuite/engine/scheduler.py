@@ -184,7 +184,7 @@ class Scheduler(abc.ABC):
         if sequence in self.running:
             self.running.remove(sequence)
 
-    def _on_computed(self, sequence: Sequence) -> None:
+    def _on_computed(self, sequence: Sequence) -> None:  # noqa: B027 (an optional hook)
         """A step computed more of ``sequence``'s tokens (the paged engine caches its full blocks then)."""
 
     @abc.abstractmethod

@@ -46,7 +46,7 @@ class _LeasedKVCache(KVCache):
 class _CapturedStep:
     """A decode step captured over one KV cache's tensors, and who last took them."""
 
-    __slots__ = ("graph", "inputs", "next_tokens", "keys", "values", "_tenant")
+    __slots__ = ("_tenant", "graph", "inputs", "keys", "next_tokens", "values")
 
     def __init__(self, graph, inputs: torch.Tensor, next_tokens: torch.Tensor, kv_cache: KVCache) -> None:
         self.graph = graph  # torch.cuda.CUDAGraph
@@ -216,7 +216,9 @@ class StaticDecodeStep:
             self._store(k_cache, rows, positions, is_scheduled, k)
             self._store(v_cache, rows, positions, is_scheduled, v)
             # Query heads folded per KV head, not enable_gqa with a mask (the math kernel on CUDA, K/V repeated)
-            attended = grouped_query_attention(q.unsqueeze(1), k_cache, v_cache, mask)  # [num_slots, 1, heads, head_dim]
+            attended = grouped_query_attention(
+                q.unsqueeze(1), k_cache, v_cache, mask
+            )  # [num_slots, 1, heads, head_dim]
             return attended.squeeze(1)
 
         hidden = self.decoder.forward(token_ids, positions, attend)  # [num_slots, hidden]

@@ -63,8 +63,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(
-                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}; "
-                "ask for at least one new token"
+                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}; ask for at least one new token"
             )
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise ValueError(
@@ -423,12 +422,15 @@ class EngineCounters:
         """What one run's counters grew by since ``earlier`` (of the same run); the peaks as they are now."""
         return self._fieldwise(earlier, operator.sub, lambda now, _: now)
 
-    def _fieldwise(self, other: EngineCounters, count: Callable[[int, int], int],
-                   peak: Callable[[int, int], int]) -> EngineCounters:  # fmt: skip
-        return EngineCounters(**{
-            f.name: (peak if f.name.startswith("peak_") else count)(getattr(self, f.name), getattr(other, f.name))
-            for f in fields(self)
-        })  # fmt: skip
+    def _fieldwise(
+        self, other: EngineCounters, count: Callable[[int, int], int], peak: Callable[[int, int], int]
+    ) -> EngineCounters:
+        return EngineCounters(
+            **{
+                f.name: (peak if f.name.startswith("peak_") else count)(getattr(self, f.name), getattr(other, f.name))
+                for f in fields(self)
+            }
+        )
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:

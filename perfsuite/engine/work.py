@@ -42,6 +42,7 @@ class Chunk(Protocol):
     is_prefill: bool
     is_padding: bool
 
+
 NORM_FLOPS_PER_ELEMENT = 4
 
 
@@ -109,9 +110,11 @@ class ModelShape:
         """Parameters of the model (a tied lm head is the embedding, counted once)."""
         head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         return (
-            self.vocab_size * self.hidden_size + head + self.hidden_size
+            self.vocab_size * self.hidden_size
+            + head
+            + self.hidden_size
             + self.num_layers * self.layer_weight_bytes // self.dtype_bytes
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +141,14 @@ class Work:
 
 
 def _values(work: Work) -> tuple[int, ...]:
-    return (work.matmul_flops, work.norm_flops, work.weight_bytes_read, work.kv_bytes_read, work.kv_bytes_written,
-            work.num_tokens)  # fmt: skip
+    return (
+        work.matmul_flops,
+        work.norm_flops,
+        work.weight_bytes_read,
+        work.kv_bytes_read,
+        work.kv_bytes_written,
+        work.num_tokens,
+    )
 
 
 @dataclass(frozen=True, slots=True)

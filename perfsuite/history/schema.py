@@ -89,4 +89,4 @@ def _add_configuration_keys(connection: sa.Connection) -> None:
 
 # MIGRATIONS[i] brings a store of version i + 1 to version i + 2, inside the transaction that opens it.
 MIGRATIONS: tuple[Callable[[sa.Connection], None], ...] = (_add_configuration_keys,)
-assert SCHEMA_VERSION == 1 + len(MIGRATIONS), "each schema version after the first has its migration"
+assert 1 + len(MIGRATIONS) == SCHEMA_VERSION, "each schema version after the first has its migration"

@@ -224,6 +224,7 @@ def _results_files(paths: Iterable[Path], problems: list[str]) -> Iterator[Path]
 
 # -- opening: the tables, their version and migrations --------------------------------------------------------------
 
+
 def _prepare(connection: sa.Connection, shown: str) -> None:
     """Create the tables in an empty database, migrate an older layout, refuse anything else."""
     if connection.dialect.name == "postgresql":  # two jobs opening a new database at once: one creates, one waits
@@ -297,13 +298,21 @@ def _engine(location: Location) -> sa.Engine:
 
 
 # The store is tested on these; SQLAlchemy may open others, each with its own driver.
-SUPPORTED = "sqlite:///PATH (no driver to install) and postgresql+psycopg://USER@HOST/DB (pip install 'psycopg[binary]')"
+SUPPORTED = (
+    "sqlite:///PATH (no driver to install) and postgresql+psycopg://USER@HOST/DB (pip install 'psycopg[binary]')"
+)
 # The pip package of each driver module SQLAlchemy's dialects import.
 _DRIVER_PACKAGES = {
-    "psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "asyncpg": "asyncpg", "pg8000": "pg8000",
-    "MySQLdb": "mysqlclient", "pymysql": "PyMySQL", "mysql": "mysql-connector-python", "pyodbc": "pyodbc",
+    "psycopg": "'psycopg[binary]'",
+    "psycopg2": "psycopg2-binary",
+    "asyncpg": "asyncpg",
+    "pg8000": "pg8000",
+    "MySQLdb": "mysqlclient",
+    "pymysql": "PyMySQL",
+    "mysql": "mysql-connector-python",
+    "pyodbc": "pyodbc",
     "oracledb": "oracledb",
-}  # fmt: skip
+}
 
 
 def _missing_driver_message(location: Location, error: ImportError) -> str:

@@ -15,9 +15,20 @@ from perfsuite.judge.stats import CounterChange, Direction, compare_counters
 from perfsuite.measure.summaries import BUSY_SHARE, GOODPUT, PROBE
 
 __all__ = [  # PROBE, BUSY_SHARE and GOODPUT are the sample keys measure.summaries writes
-    "ALL_METRICS", "BUSY_SHARE", "CAPACITY", "CAPACITY_METRICS", "GOODPUT", "METRICS", "NORMALISED", "PROBE",
-    "POSITIVE_SAMPLES", "RAW_SERVER_FIGURES", "exact_counter_changes", "normalize_to_machine_speed", "zero_is_measured",
-]  # fmt: skip
+    "ALL_METRICS",
+    "BUSY_SHARE",
+    "CAPACITY",
+    "CAPACITY_METRICS",
+    "GOODPUT",
+    "METRICS",
+    "NORMALISED",
+    "POSITIVE_SAMPLES",
+    "PROBE",
+    "RAW_SERVER_FIGURES",
+    "exact_counter_changes",
+    "normalize_to_machine_speed",
+    "zero_is_measured",
+]
 
 # Per-repeat samples compared against the baseline. Repeats, not requests,
 # are the independent units: requests of one run share its conditions.
@@ -108,5 +119,6 @@ def exact_counter_changes(
     if arrival_rate:
         return []
     skipped = set(unrecorded)
-    return compare_counters(*({k: v for k, v in dataclasses.asdict(side).items() if k not in skipped}
-                              for side in (baseline, current)))  # fmt: skip
+    return compare_counters(
+        *({k: v for k, v in dataclasses.asdict(side).items() if k not in skipped} for side in (baseline, current))
+    )

@@ -43,9 +43,14 @@ def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old
             judged.append(not_compared(test, f"another configuration in {old_name}: not compared"))
         else:
             judgement = judge(
-                test, Reference.of_result(before, old.slo), status=f"compared with {old_name}", slo=new.slo,
-                policy=policy, num_comparisons=len(comparable) * len(metrics), metrics=metrics,
-            )  # fmt: skip
+                test,
+                Reference.of_result(before, old.slo),
+                status=f"compared with {old_name}",
+                slo=new.slo,
+                policy=policy,
+                num_comparisons=len(comparable) * len(metrics),
+                metrics=metrics,
+            )
             judged.append(judgement.result)
             skipped_goodput = skipped_goodput or judgement.goodput_skipped
     tests, _ = adjust_family(judged, policy)

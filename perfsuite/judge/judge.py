@@ -45,8 +45,9 @@ class Reference:
 
     @classmethod
     def of_baseline(cls, baseline: Baseline) -> Reference:
-        return cls(baseline.samples, baseline.counters, baseline.request_samples, baseline.slo,
-                   baseline.unrecorded_counters)  # fmt: skip
+        return cls(
+            baseline.samples, baseline.counters, baseline.request_samples, baseline.slo, baseline.unrecorded_counters
+        )
 
     @classmethod
     def of_result(cls, result: TestResult, slo: str | None) -> Reference:
@@ -129,8 +130,7 @@ def judge_paired(
     """
     current = result.measurement.samples
     comparisons = tuple(
-        compare_paired(name, reference.samples[name], current[name], direction, policy,
-                       num_comparisons=num_comparisons)  # fmt: skip
+        compare_paired(name, reference.samples[name], current[name], direction, policy, num_comparisons=num_comparisons)
         for name, direction in metrics.items()
         if reference.samples.get(name) and current.get(name)
     )
@@ -209,10 +209,13 @@ STORED_TEST = "one-sided Mann-Whitney U on per-repeat samples"
 def sequential_policy(description: PolicyDescription, policy: Policy) -> PolicyDescription:
     """How a comparison of two separate runs (``perfsuite compare``) judged, whatever each run's own session did."""
     return dataclasses.replace(
-        description, alpha=policy.alpha, min_effect=policy.min_effect, test=STORED_TEST,
+        description,
+        alpha=policy.alpha,
+        min_effect=policy.min_effect,
+        test=STORED_TEST,
         normalization=f"in-process engines: {NORMALISED}; servers in another process: {RAW_SERVER_FIGURES}",
         min_detectable_effect=MDE_METHOD,
-    )  # fmt: skip
+    )
 
 
 def describe_policy(policy: Policy, plan: PowerPlan, busy_threshold: float, paired: bool = False) -> PolicyDescription:

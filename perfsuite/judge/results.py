@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite.engine.types import EngineCounters
 from perfsuite.codec import decode, encode
+from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.baselines import counters_from_json, write_json_atomic
 from perfsuite.judge.catalogue import BUSY_SHARE, NORMALISED, RAW_SERVER_FIGURES
 from perfsuite.judge.run_config import RunConfiguration
@@ -57,8 +57,8 @@ from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
 from perfsuite.measure.capacity import CapacityRecord
 from perfsuite.measure.determinism import PromptCompletions, UniqueCompletions
-from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json, environment_problem
+from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.prefix_cache import (
     CachedPrompts,
     PrefixCacheFigures,
@@ -83,12 +83,33 @@ from perfsuite.measure.summaries import (
 )
 
 __all__ = [  # the timeline and summary types are measure's, named here so the report need not reach below the judge
-    "RESULTS_SCHEMA_VERSION", "AgainstDescription", "CapacityRecord", "DeterminismResult", "Judgement",
-    "Measurement", "MemoryUse", "PolicyDescription", "ProbeDescription", "PromptCompletions", "ReferenceSide",
-    "Results", "ResultsFileError", "RunSummary", "RunTimeline", "SizingParameters", "TestResult", "TimelineChunk",
-    "TimelineRequest", "TimelineStep", "UniqueCompletions", "archive_results", "read_history", "read_results",
-    "results_from_json", "write_results",
-]  # fmt: skip
+    "RESULTS_SCHEMA_VERSION",
+    "AgainstDescription",
+    "CapacityRecord",
+    "DeterminismResult",
+    "Judgement",
+    "Measurement",
+    "MemoryUse",
+    "PolicyDescription",
+    "ProbeDescription",
+    "PromptCompletions",
+    "ReferenceSide",
+    "Results",
+    "ResultsFileError",
+    "RunSummary",
+    "RunTimeline",
+    "SizingParameters",
+    "TestResult",
+    "TimelineChunk",
+    "TimelineRequest",
+    "TimelineStep",
+    "UniqueCompletions",
+    "archive_results",
+    "read_history",
+    "read_results",
+    "results_from_json",
+    "write_results",
+]
 
 RESULTS_SCHEMA_VERSION = 5  # 5: the codec's layout; 4: KV cache and memory; 3: A/B; 2: named timeline fields
 CONVERTED_VERSIONS = (1, 2, 3, 4)
@@ -96,9 +117,14 @@ REWRITE_HINT = "re-create it with `pytest --perf` (it writes reports/results.jso
 
 # Counters a version 3 file cannot hold; without them its memory figures would read as an empty cache.
 KV_COUNTERS = (
-    "num_preemptions", "num_recomputed_tokens", "peak_kv_blocks_used", "peak_num_running",
-    "kv_blocks_used_step_sum", "kv_tokens_used_step_sum", "kv_token_capacity_step_sum",
-)  # fmt: skip
+    "num_preemptions",
+    "num_recomputed_tokens",
+    "peak_kv_blocks_used",
+    "peak_num_running",
+    "kv_blocks_used_step_sum",
+    "kv_tokens_used_step_sum",
+    "kv_token_capacity_step_sum",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,29 +279,44 @@ class TestResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TestResult:
         fields = {k: v for k, v in data.items() if k not in READER_KEYS}
-        return decode(cls, {**fields, "measurement": _with_newer_counters_unrecorded(fields["measurement"])},
-                      nan_as_null=True)  # fmt: skip
+        return decode(
+            cls, {**fields, "measurement": _with_newer_counters_unrecorded(fields["measurement"])}, nan_as_null=True
+        )
 
 
 def _with_newer_counters_unrecorded(measurement: Mapping[str, Any]) -> dict[str, Any]:
     """A file written before a counter existed lacks it: name it unrecorded, never read it as a measured 0."""
     stored = measurement.get("counters") or {}
     earlier = tuple(measurement.get("unrecorded_counters") or ())
-    missing = tuple(f.name for f in dataclasses.fields(EngineCounters) if f.name not in stored and f.name not in earlier)
+    missing = tuple(
+        f.name for f in dataclasses.fields(EngineCounters) if f.name not in stored and f.name not in earlier
+    )
     return {**measurement, "unrecorded_counters": [*earlier, *missing]} if missing else dict(measurement)
 
 
 # What results.json writes beside the codec's fields of a test, for readers outside perfsuite; read back from
 # the fields, never from these: vLLM's figures (``RunSummary.vllm_keys``) and each percentile's interval
 # (``RunSummary.interval_keys``), memory, fingerprint, normalization.
-READER_KEYS = frozenset({
-    "request_throughput", "output_throughput", "completed", "total_output_tokens", GOODPUT,
-    *(f"{statistic}_{name}_ms" for name in LATENCIES for statistic in ("mean", "median", "std", "p90", "p99")),
-    *(f"{statistic}_{name}_ms_{part}" for name in LATENCIES for statistic in PERCENTILES
-      for part in ("ci", "supported")),
-    *(f"{name}_num_values" for name in LATENCIES),
-    "memory", "fingerprint", "normalization",
-})  # fmt: skip
+READER_KEYS = frozenset(
+    {
+        "request_throughput",
+        "output_throughput",
+        "completed",
+        "total_output_tokens",
+        GOODPUT,
+        *(f"{statistic}_{name}_ms" for name in LATENCIES for statistic in ("mean", "median", "std", "p90", "p99")),
+        *(
+            f"{statistic}_{name}_ms_{part}"
+            for name in LATENCIES
+            for statistic in PERCENTILES
+            for part in ("ci", "supported")
+        ),
+        *(f"{name}_num_values" for name in LATENCIES),
+        "memory",
+        "fingerprint",
+        "normalization",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,8 +404,11 @@ class Results:
         """The codec's fields, each test's with its readers' keys, and the fingerprints of the session's machines."""
         return {
             "schema_version": RESULTS_SCHEMA_VERSION,
-            **{k: v for k, v in encode(dataclasses.replace(self, tests=(), determinism=None), nan_as_null=True).items()
-               if k != "peaks" or v is not None},
+            **{
+                k: v
+                for k, v in encode(dataclasses.replace(self, tests=(), determinism=None), nan_as_null=True).items()
+                if k != "peaks" or v is not None
+            },
             **({"determinism": [d.to_json() for d in self.determinism]} if self.determinism is not None else {}),
             "fingerprint": self.fingerprint,
             "servers": [{**encode(s, nan_as_null=True), "fingerprint": s.fingerprint()} for s in self.servers],

@@ -227,7 +227,7 @@ def bootstrap_ratio_ci(
     ratios.sort()
     tail = (1 - confidence) / 2
     low = ratios[int(tail * (n_bootstrap - 1))]
-    high = ratios[int(math.ceil((1 - tail) * (n_bootstrap - 1)))]
+    high = ratios[math.ceil((1 - tail) * (n_bootstrap - 1))]
     return low, high
 
 

@@ -305,8 +305,16 @@ def search_capacity(
     def answer(low: float, high: float, stopped: str) -> Capacity:
         by_concurrency = search.by == BY_CONCURRENCY
         rate = passed[low].rate if by_concurrency else low
-        return Capacity(rate, (low, high), tuple(outcomes), stopped, search.target_share, search.tolerance,
-                        num_devices, int(low) if by_concurrency else None)  # fmt: skip
+        return Capacity(
+            rate,
+            (low, high),
+            tuple(outcomes),
+            stopped,
+            search.target_share,
+            search.tolerance,
+            num_devices,
+            int(low) if by_concurrency else None,
+        )
 
     low, high = _bracket(passes, grid, search, outcomes, unloaded if search.by == BY_RATE else None)
     while not grid.is_narrow(low, high):
@@ -351,8 +359,13 @@ def _bracket(
 
 
 def _shown(outcomes: Sequence[ProbeOutcome]) -> str:
-    return ", ".join(_point(o) + f": {o.good_share:.0%} good" + ("" if o.steady else ", queue growing")
-                     + ("" if o.client_kept_up else ", client behind") for o in outcomes)  # fmt: skip
+    return ", ".join(
+        _point(o)
+        + f": {o.good_share:.0%} good"
+        + ("" if o.steady else ", queue growing")
+        + ("" if o.client_kept_up else ", client behind")
+        for o in outcomes
+    )
 
 
 def _point(outcome: ProbeOutcome) -> str:
@@ -474,7 +487,9 @@ class CapacityRecord:
 
     @classmethod
     def of(cls, searches: Sequence[Capacity], slo: SLO, notes: Sequence[str] = ()) -> CapacityRecord:
-        ms = {name: None if getattr(slo, name) is None else 1e3 * getattr(slo, name) for name in ("ttft", "tpot", "e2el")}
+        ms = {
+            name: None if getattr(slo, name) is None else 1e3 * getattr(slo, name) for name in ("ttft", "tpot", "e2el")
+        }
         return cls(tuple(searches), ms["ttft"], ms["tpot"], ms["e2el"], tuple(notes))
 
     def to_json(self) -> dict[str, Any]:
@@ -522,8 +537,9 @@ class CapacityRecord:
             )
             for s in data["searches"]
         )
-        return cls(searches, data["slo_ttft_ms"], data["slo_tpot_ms"], data.get("slo_e2el_ms"),
-                   tuple(data.get("notes", ())))  # fmt: skip
+        return cls(
+            searches, data["slo_ttft_ms"], data["slo_tpot_ms"], data.get("slo_e2el_ms"), tuple(data.get("notes", ()))
+        )
 
 
 def _probe_json(probe: ProbeOutcome) -> dict[str, Any]:

@@ -103,8 +103,14 @@ class CapacityRuns:
     A search that finds no capacity raises ``measure.capacity.CapacityError``.
     """
 
-    def __init__(self, run: RunOnce, requests_at: Callable[[float], Sequence[Request]], slo: SLO,
-                 steady_state: SteadyState, choices: SearchChoices) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run: RunOnce,
+        requests_at: Callable[[float], Sequence[Request]],
+        slo: SLO,
+        steady_state: SteadyState,
+        choices: SearchChoices,
+    ) -> None:
         self._run = run
         self._requests_at = requests_at
         self._slo = slo

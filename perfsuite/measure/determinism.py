@@ -40,8 +40,9 @@ class RunsRequests(Protocol):
 
     name: str
 
-    def run(self, requests: Iterable[Request], on_step: Callable | None = None,
-            max_concurrency: int | None = None) -> RunResult: ...  # fmt: skip
+    def run(
+        self, requests: Iterable[Request], on_step: Callable | None = None, max_concurrency: int | None = None
+    ) -> RunResult: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +101,10 @@ class UniqueCompletions:
     def describe(self) -> str:
         """``max 2 distinct completions over 5 trials; 3 of 4 prompts deterministic``"""
         plural = "s" if self.max_distinct != 1 else ""
-        return (f"max {self.max_distinct} distinct completion{plural} over {self.num_trials} trials; "
-                f"{self.num_deterministic} of {self.num_prompts} prompts deterministic")  # fmt: skip
+        return (
+            f"max {self.max_distinct} distinct completion{plural} over {self.num_trials} trials; "
+            f"{self.num_deterministic} of {self.num_prompts} prompts deterministic"
+        )
 
 
 SUMMARY_KEYS = ("num_prompts", "max_distinct", "mean_distinct", "num_deterministic", "fraction_deterministic")
@@ -125,8 +128,10 @@ def unique_completions(
     seen: list[set[tuple[int, ...]]] = [set() for _ in requests]
     for trial in range(trials):
         for batch in trial_batches(len(requests), trial, seed, max_arrival_offset):
-            sent = [dataclasses.replace(requests[i], arrival_time=offset)
-                    for i, offset in zip(batch.indices, batch.arrival_offsets)]  # fmt: skip
+            sent = [
+                dataclasses.replace(requests[i], arrival_time=offset)
+                for i, offset in zip(batch.indices, batch.arrival_offsets)
+            ]
             outputs = completions_of(engine.name, sent, engine.run(sent), trial)
             for index, request in zip(batch.indices, sent):
                 seen[index].add(outputs[request.request_id])
@@ -176,8 +181,9 @@ def completions_of(engine_name: str, sent: Sequence[Request], result: Any, trial
 
 def _token_ids(where: str, request_id: str, tokens: Any) -> tuple[int, ...]:
     if not isinstance(tokens, (tuple, list)) or not all(type(t) is int for t in tokens):
-        raise ValueError(f"{where}: request {request_id!r}'s output_token_ids are not a sequence of ints: "
-                         f"{tokens!r:.80}")  # fmt: skip
+        raise ValueError(
+            f"{where}: request {request_id!r}'s output_token_ids are not a sequence of ints: {tokens!r:.80}"
+        )
     return tuple(tokens)
 
 

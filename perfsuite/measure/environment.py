@@ -65,9 +65,7 @@ class ServerEnvironment:
 
     def fingerprint(self) -> str:
         length = f"len{self.max_model_len}" if self.max_model_len is not None else "len-unknown"
-        readable = "-".join(
-            slug(part) for part in ("server", self.label or "unlabelled", self.served_model, length)
-        )
+        readable = "-".join(slug(part) for part in ("server", self.label or "unlabelled", self.served_model, length))
         digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
         return f"{readable}-{digest}"
 
@@ -113,8 +111,6 @@ def _environment_class(data: dict[str, Any]) -> type[Environment] | type[ServerE
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
-
-
 
 
 def capture_environment(model: str, dtype: str, device: str) -> Environment:
@@ -168,7 +164,10 @@ def _nvidia_driver() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None

@@ -19,9 +19,14 @@ from typing import Any
 # application clocks are a setting, not a slowdown.
 BENIGN_THROTTLE_REASONS = 0x1 | 0x2  # GpuIdle, ApplicationsClocksSetting
 THROTTLE_REASON_NAMES = {
-    0x4: "software power cap", 0x8: "hardware slowdown", 0x10: "sync boost", 0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown", 0x80: "hardware power brake", 0x100: "display clock setting",
-}  # fmt: skip
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+    0x100: "display clock setting",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +76,9 @@ def disturbance_reason(repeats: list[RepeatTelemetry | None]) -> str | None:
     reasons = [reason for reason in (t.disturbed() for t in measured) if reason]
     if not reasons:
         return None
-    return (f"the GPU was disturbed during {len(reasons)} of {len(measured)} repeats "
-            f"({'; '.join(dict.fromkeys(reasons))})")  # fmt: skip
+    return (
+        f"the GPU was disturbed during {len(reasons)} of {len(measured)} repeats ({'; '.join(dict.fromkeys(reasons))})"
+    )
 
 
 class GpuTelemetry:

@@ -19,6 +19,7 @@ Aborted requests count in ``num_aborted`` but not in latencies or throughput.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
         ttft=ttft,
         tpot=tpot,
         e2e=e2e,
-        itls=tuple(later - earlier for earlier, later in zip(times, times[1:])),
+        itls=tuple(later - earlier for earlier, later in itertools.pairwise(times)),
         num_cached_tokens=record.num_cached_tokens,
     )
 
@@ -185,9 +186,7 @@ class RunMetrics:
 
 
 def run_metrics(result: RunResult) -> RunMetrics:
-    completed = [
-        r for r in result.records if r.finish_reason is not None and r.finish_reason is not FinishReason.ABORT
-    ]
+    completed = [r for r in result.records if r.finish_reason is not None and r.finish_reason is not FinishReason.ABORT]
     per_request = tuple(request_metrics(r) for r in completed)
     num_output_tokens = sum(m.num_output_tokens for m in per_request)
     duration = result.duration

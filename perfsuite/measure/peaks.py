@@ -56,9 +56,14 @@ def datasheet_peaks(device_name: str, dtype: str) -> tuple[float | None, float |
 
 
 def peaks_from_timings(
-    device: str, dtype: str, matmul_seconds: float, matmul_size: int, copy_seconds: float, copy_bytes: int,
+    device: str,
+    dtype: str,
+    matmul_seconds: float,
+    matmul_size: int,
+    copy_seconds: float,
+    copy_bytes: int,
     device_name: str = "",
-) -> MachinePeaks:  # fmt: skip
+) -> MachinePeaks:
     """Peaks from the best timings: a square matmul does 2 n^3 FLOPs, a copy reads and writes its bytes."""
     datasheet_flops, datasheet_bytes = datasheet_peaks(device_name, dtype)
     return MachinePeaks(
@@ -71,8 +76,9 @@ def peaks_from_timings(
     )
 
 
-def best_seconds(operation: Callable[[], object], trials: int, iterations: int,
-                 timer: Callable[[Callable[[], object], int], float]) -> float:  # fmt: skip
+def best_seconds(
+    operation: Callable[[], object], trials: int, iterations: int, timer: Callable[[Callable[[], object], int], float]
+) -> float:
     """The fastest of ``trials`` timings: a peak is what the machine can do, not what it usually does."""
     return min(timer(operation, iterations) for _ in range(trials))
 

@@ -391,8 +391,7 @@ def timeline_of(run: RunResult) -> RunTimeline:
                 end=step.end_time - t0,
                 num_waiting=step.num_waiting,
                 chunks=tuple(
-                    TimelineChunk(c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding)
-                    for c in step.chunks
+                    TimelineChunk(c.slot, c.request_id, c.num_tokens, c.is_prefill, c.is_padding) for c in step.chunks
                 ),
                 num_kv_blocks_used=step.num_kv_blocks_used,
                 num_kv_tokens_used=step.num_kv_tokens_used,
@@ -421,9 +420,7 @@ def _send_lag_of(record: RequestRecord) -> float | None:
     return max(0.0, record.sent_time - record.send_ready_time)
 
 
-def sizing_parameters(
-    requests: Sequence[Request], model: str, precision: str, concurrency: int
-) -> SizingParameters:
+def sizing_parameters(requests: Sequence[Request], model: str, precision: str, concurrency: int) -> SizingParameters:
     return SizingParameters(
         model=model,
         precision=precision,

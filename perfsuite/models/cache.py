@@ -83,7 +83,9 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _write_marker(directory: Path, metadata: dict[str, Any]) -> None:
-    text = json.dumps(metadata, indent=2, sort_keys=True, allow_nan=False)  # standard JSON, like every file perfsuite writes
+    text = json.dumps(
+        metadata, indent=2, sort_keys=True, allow_nan=False
+    )  # standard JSON, like every file perfsuite writes
     (directory / CACHE_MARKER).write_text(text + "\n", encoding="utf-8")
 
 

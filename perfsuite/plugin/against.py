@@ -151,9 +151,15 @@ class WorkerEngine:
     @property
     def spec(self) -> EngineSpec:
         config = self.config
-        return EngineSpec(self.name, config.batch_size, config.max_seq_len, config.prefill_batch_size,
-                          config.max_num_batched_tokens, config.num_kv_blocks,
-                          kv_block_size=config.kv_block_size)  # fmt: skip
+        return EngineSpec(
+            self.name,
+            config.batch_size,
+            config.max_seq_len,
+            config.prefill_batch_size,
+            config.max_num_batched_tokens,
+            config.num_kv_blocks,
+            kv_block_size=config.kv_block_size,
+        )
 
     def run(self, requests, on_step=None, max_concurrency=None):
         raise RuntimeError(

@@ -61,13 +61,22 @@ def start_against_on_cluster(
     trees, reference, current = package_trees(options.against, rootdir, invocation_dir)
     left_out = [f"REF's {path}" for path in reference.left_out] + list(current.left_out)
     spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
-    setup = wire.PairSetup(trees.ref, trees.commit, trees.current_commit, trees.perfsuite_in_trees, spec,
-                           options.against_workers, options.worker_timeout)  # fmt: skip
+    setup = wire.PairSetup(
+        trees.ref,
+        trees.commit,
+        trees.current_commit,
+        trees.perfsuite_in_trees,
+        spec,
+        options.against_workers,
+        options.worker_timeout,
+    )
     pool = connect(PairPool(options.ray, setup, reference.archive, current.archive, PairActor))
     against = Against(trees, None, interrupt_on_sigterm(), options.against_workers)
     if left_out:
-        warnings.append(f"--perf-against {options.against} with --perf-ray: {len(left_out)} symbolic link(s) that "
-                        f"point outside their tree stayed on this machine: {', '.join(left_out[:5])}")  # fmt: skip
+        warnings.append(
+            f"--perf-against {options.against} with --perf-ray: {len(left_out)} symbolic link(s) that "
+            f"point outside their tree stayed on this machine: {', '.join(left_out[:5])}"
+        )
     atexit.register(against.close)
     try:
         pool.describe()
@@ -94,8 +103,14 @@ def measure_pairs(
 ) -> Delivered:
     """One test's pairs on a node of the cluster; ``ClusterError`` naming the node when they cannot be had."""
     config = engine.config
-    knobs = wire.EngineKnobs(engine.name, config.batch_size, config.max_seq_len, config.prefill_batch_size,
-                             config.max_num_batched_tokens, config.num_kv_blocks,
-                             kv_block_size=config.kv_block_size)  # fmt: skip
+    knobs = wire.EngineKnobs(
+        engine.name,
+        config.batch_size,
+        config.max_seq_len,
+        config.prefill_batch_size,
+        config.max_num_batched_tokens,
+        config.num_kv_blocks,
+        kv_block_size=config.kv_block_size,
+    )
     request = wire.PairRequest(test_id, knobs, tuple(requests), max_concurrency, warmup_runs, num_pairs, threads)
     return pool.measure_pairs(request)

@@ -181,25 +181,48 @@ def _measure_on_cluster(
             f"arrival offsets divided by the rate, but requests_at({RATE_CHECKED:g}) is not that: {mismatch}; make "
             "requests_at(rate) with perf_workload_factory(..., rate=rate), or run this test without --perf-ray",
             pytrace=False,
-        )  # fmt: skip
-    request = CapacityRequest(test_id, engine.knobs, requests, options.slo, steady_state, choices,
-                              options.profile.warmup_runs, repeats, options.busy_threshold)  # fmt: skip
+        )
+    request = CapacityRequest(
+        test_id,
+        engine.knobs,
+        requests,
+        options.slo,
+        steady_state,
+        choices,
+        options.profile.warmup_runs,
+        repeats,
+        options.busy_threshold,
+    )
     try:
         delivered = session.cluster.measure(request)
     except ClusterError as error:
         recorder.fail_unrecorded(error)
     result = delivered.result
     if not result.runs_in_process:
-        pytest.fail(f"{test_id}: {engine.name} measures a server in another process; measure it without "
-                    "--perf-ray", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"{test_id}: {engine.name} measures a server in another process; measure it without --perf-ray",
+            pytrace=False,
+        )
     if delivered.retried_after is not None:
         session.warnings.append(f"{test_id}: measured on node {result.node} after {delivered.retried_after}")
     if result.no_capacity is not None:
-        pytest.fail(f"{test_id}: no capacity under SLO {options.slo.label} (on node {result.node}): "
-                    f"{result.no_capacity}", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"{test_id}: no capacity under SLO {options.slo.label} (on node {result.node}): {result.no_capacity}",
+            pytrace=False,
+        )
     measured = Repeats(result.at_capacity, result.probes, result.busy_shares, result.noisy)
-    return _record(recorder, engine, requests, result.search, result.searches, measured, steady_state, repeats,
-                   environment=result.environment, node=str(result.node))  # fmt: skip
+    return _record(
+        recorder,
+        engine,
+        requests,
+        result.search,
+        result.searches,
+        measured,
+        steady_state,
+        repeats,
+        environment=result.environment,
+        node=str(result.node),
+    )
 
 
 def _record(
@@ -225,8 +248,9 @@ def _record(
     parameters = recorder._sizing(engine, requests, None, None)
     configuration = _configuration(recorder, engine, requests, search, slo.label, steady_state, repeats)
     try:
-        result = session.record_capacity(recorder.test_id, measured, record, parameters, configuration,
-                                         environment=environment, node=node)  # fmt: skip
+        result = session.record_capacity(
+            recorder.test_id, measured, record, parameters, configuration, environment=environment, node=node
+        )
     except (OutputError, BaselineError) as error:
         recorder.fail_unrecorded(error)
     recorder.result = result
@@ -247,7 +271,7 @@ def _record(
 
 
 def _configuration(
-    recorder: PerfRecorder,
+    recorder: PerfRecorder,  # noqa: F821 (an import would be a circle; the measurement-path refactor removes this)
     engine: BatchingEngine,
     requests: Sequence[Request],
     search: CapacitySearch,
@@ -257,7 +281,9 @@ def _configuration(
 ) -> RunConfiguration:
     """The recorder's, with what the search was searched against among its knobs (readable when they differ)."""
     base = recorder._configuration(engine, requests, None, None, repeats)
-    steady = f"ramp={steady_state.ramp_share:g},growth={steady_state.queue_growth:g},slack={steady_state.queue_slack_gaps:g}"
+    steady = (
+        f"ramp={steady_state.ramp_share:g},growth={steady_state.queue_growth:g},slack={steady_state.queue_slack_gaps:g}"
+    )
     extra = {"capacity_slo": slo, "capacity_search": search.label, "capacity_steady_state": steady}
     # base's workload digest is of the arrival offsets at 1 req/s, which every probe scales to its rate
     return dataclasses.replace(base, engine_knobs=knobs({**dict(base.engine_knobs), **extra}))

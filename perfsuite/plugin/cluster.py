@@ -103,9 +103,15 @@ class ClusterEngine:
     @property
     def knobs(self) -> wire.EngineKnobs:
         config = self.config
-        return wire.EngineKnobs(self.name, config.batch_size, config.max_seq_len, config.prefill_batch_size,
-                                config.max_num_batched_tokens, config.num_kv_blocks,
-                                kv_block_size=config.kv_block_size)  # fmt: skip
+        return wire.EngineKnobs(
+            self.name,
+            config.batch_size,
+            config.max_seq_len,
+            config.prefill_batch_size,
+            config.max_num_batched_tokens,
+            config.num_kv_blocks,
+            kv_block_size=config.kv_block_size,
+        )
 
     def run(self, requests, on_step=None, max_concurrency=None):
         raise RuntimeError(

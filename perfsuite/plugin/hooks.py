@@ -326,9 +326,13 @@ def perf_backend(request, perf_session):
         return worker_backend(perf_session.against)
     options = perf_session.options
     return Backend.from_loaded(
-        request.getfixturevalue("perf_model"), endpoint=options.endpoint, decode_mode=options.decode_mode,
-        http_options=options.http_client, probe=machine_probe, batch_invariant=options.batch_invariant,
-    )  # fmt: skip
+        request.getfixturevalue("perf_model"),
+        endpoint=options.endpoint,
+        decode_mode=options.decode_mode,
+        http_options=options.http_client,
+        probe=machine_probe,
+        batch_invariant=options.batch_invariant,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -460,8 +464,14 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
             if num_kv_blocks is None:
                 num_kv_blocks = perf_session.options.kv_blocks
             _check_pool_fits(num_kv_blocks, requests)
-        config = EngineConfig(batch_size, max_seq_len, prefill_batch_size, token_budget, num_kv_blocks,
-                              batch_invariant=perf_session.options.batch_invariant)  # fmt: skip
+        config = EngineConfig(
+            batch_size,
+            max_seq_len,
+            prefill_batch_size,
+            token_budget,
+            num_kv_blocks,
+            batch_invariant=perf_session.options.batch_invariant,
+        )
         if perf_session.against is not None:  # both workers build it from its name and knobs
             from perfsuite.plugin.against import WorkerEngine
 

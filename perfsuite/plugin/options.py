@@ -27,12 +27,12 @@ from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, che
 from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, number, one_of, probability
 from perfsuite.engine.types import DECODE_MODES
 from perfsuite.history import DEFAULT_LOCATION
+from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
 from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
 from perfsuite.measure.metrics import SLO
 from perfsuite.plugin.rootdir_check import check_rootdir_unmoved
 from perfsuite.workload.profiles import PROFILES, Profile
-from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
 from perfsuite.workload.sweep import Sweep, load_sweep
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -45,13 +45,22 @@ MAX_WORKER_THREADS = 1024  # per worker; on Ray a node may have more cores than 
 MAX_CLIENT_SHARDS = 256  # each shard is a Ray actor process; the cluster's CPUs bound it again when they start
 MAX_TIMEOUT_S = 86_400.0  # a day: longer is no bound, and inf overflows the clocks the waits are computed on
 
-repeats = integer_at_least(2, "at least 2 repeats, as a comparison needs them", MAX_REPEATS,
-                           ": the exact tests' cost grows with the cube of the repeats")  # fmt: skip
+repeats = integer_at_least(
+    2,
+    "at least 2 repeats, as a comparison needs them",
+    MAX_REPEATS,
+    ": the exact tests' cost grows with the cube of the repeats",
+)
 kv_blocks = integer_at_least(1, "a number of KV blocks")
-worker_count = integer_at_least(1, "at least 1 worker per side", MAX_WORKERS_PER_SIDE,
-                                ": each worker holds a copy of the model")  # fmt: skip
-client_shard_count = integer_at_least(1, "at least 1 client shard (1: the load generator in this process)",
-                                      MAX_CLIENT_SHARDS, ": each shard is a Ray actor process")  # fmt: skip
+worker_count = integer_at_least(
+    1, "at least 1 worker per side", MAX_WORKERS_PER_SIDE, ": each worker holds a copy of the model"
+)
+client_shard_count = integer_at_least(
+    1,
+    "at least 1 client shard (1: the load generator in this process)",
+    MAX_CLIENT_SHARDS,
+    ": each shard is a Ray actor process",
+)
 AUTO_THREADS = "auto"
 
 
@@ -106,8 +115,9 @@ def timeout_seconds(text: str) -> float:
     """Seconds, finite and positive, at most ``MAX_TIMEOUT_S``."""
     value = number(text)
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a day), "
-                                         f"got {text!r}")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a day), got {text!r}"
+        )
     return value
 
 
@@ -134,23 +144,33 @@ def device_name(text: str) -> str:
 # name, help: on/off switches, off unless given; command line only, except those in _SWITCHES_IN_INI
 _SWITCHES = (
     ("perf", "run the tests marked perf"),
-    ("perf_save_baseline",
-     "store this run's samples as the baselines (a normal run never writes a baseline); "
-     "the comparison with the old ones is shown but fails nothing"),
-    ("perf_send_request_ids",
-     "openai-http sends perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)"),
-    ("perf_strict",
-     "fail the session (exit status 1) when fewer than all planned comparisons were judged (no baseline, "
-     "noisy, inconclusive), and make it a usage error, instead of a warning, when the session is too large for a "
-     "lone regression to be flagged; a --perf-save-baseline session records and is not failed for judging nothing"),
-    ("perf_fail_on_change_point",
-     "fail the session when a new change point at the head of a test's run history (--perf-history) is a "
-     "regression (one an earlier session reported fails nothing again); shown either way. Off by default: "
-     "a false rate per series adds up over a session's tests and metrics (docs/change-points.md)"),
-    ("perf_batch_invariant",
-     "run perfsuite's engines (static, inflight, paged, paged-prefix) batch invariant: a request's tokens are the "
-     "same bits whatever else is in its batch (float32 on a CPU; docs/correctness.md). Slower; recorded among the "
-     "engine knobs, so its runs are compared only with each other"),
+    (
+        "perf_save_baseline",
+        "store this run's samples as the baselines (a normal run never writes a baseline); "
+        "the comparison with the old ones is shown but fails nothing",
+    ),
+    (
+        "perf_send_request_ids",
+        "openai-http sends perfsuite's request ids as X-Request-Id (llama.cpp rejects the header)",
+    ),
+    (
+        "perf_strict",
+        "fail the session (exit status 1) when fewer than all planned comparisons were judged (no baseline, "
+        "noisy, inconclusive), and make it a usage error, instead of a warning, when the session is too large for a "
+        "lone regression to be flagged; a --perf-save-baseline session records and is not failed for judging nothing",
+    ),
+    (
+        "perf_fail_on_change_point",
+        "fail the session when a new change point at the head of a test's run history (--perf-history) is a "
+        "regression (one an earlier session reported fails nothing again); shown either way. Off by default: "
+        "a false rate per series adds up over a session's tests and metrics (docs/change-points.md)",
+    ),
+    (
+        "perf_batch_invariant",
+        "run perfsuite's engines (static, inflight, paged, paged-prefix) batch invariant: a request's tokens are the "
+        "same bits whatever else is in its batch (float32 on a CPU; docs/correctness.md). Slower; recorded among the "
+        "engine knobs, so its runs are compared only with each other",
+    ),
 )
 # Switches an ini file may turn on too (true/false): a CI's configuration can make every perf session strict.
 _SWITCHES_IN_INI = ("perf_strict", "perf_fail_on_change_point")
@@ -160,73 +180,149 @@ _HTTP_DEFAULTS = HttpClientOptions()
 
 # name, parse, default, help: each also an ini key of the same name; default as it would be written there
 _OPTIONS = (
-    ("perf_model", str, "smollm2-135m",
-     "model name or local Hugging Face directory (an unknown name, or a path that is no model directory, is a "
-     "usage error)"),
+    (
+        "perf_model",
+        str,
+        "smollm2-135m",
+        "model name or local Hugging Face directory (an unknown name, or a path that is no model directory, is a "
+        "usage error)",
+    ),
     ("perf_device", device_name, "auto", "auto (CUDA when available), cpu, cuda or cuda:N"),
     ("perf_dtype", dtype_name, "float32", "float32, bfloat16, float16 or float64"),
-    ("perf_engines", engine_names, ",".join(DEFAULT_ENGINES),
-     "comma-separated engines to measure: static, inflight, paged, paged-prefix (paged with prefix caching), "
-     "hf-static, hf-cb, openai-http, vllm (where vLLM is installed) or one registered by a conftest.py or an "
-     "entry point"),
-    ("perf_endpoint", argument_type(endpoint_url), None,
-     "base URL (http://HOST:PORT) of an OpenAI-compatible server, needed by --perf-engines openai-http"),
-    ("perf_server_label", server_label, None,
-     "what the server is, e.g. vllm-0.32-cpu: part of the fingerprint its baselines are stored under"),
+    (
+        "perf_engines",
+        engine_names,
+        ",".join(DEFAULT_ENGINES),
+        "comma-separated engines to measure: static, inflight, paged, paged-prefix (paged with prefix caching), "
+        "hf-static, hf-cb, openai-http, vllm (where vLLM is installed) or one registered by a conftest.py or an "
+        "entry point",
+    ),
+    (
+        "perf_endpoint",
+        argument_type(endpoint_url),
+        None,
+        "base URL (http://HOST:PORT) of an OpenAI-compatible server, needed by --perf-engines openai-http",
+    ),
+    (
+        "perf_server_label",
+        server_label,
+        None,
+        "what the server is, e.g. vllm-0.32-cpu: part of the fingerprint its baselines are stored under",
+    ),
     ("perf_server_model", str, None, "the served model openai-http asks for (default: the only one served)"),
-    ("perf_api_key", str, None,
-     "API key openai-http sends as Authorization: Bearer; unset: $PERFSUITE_API_KEY, else $OPENAI_API_KEY"),
-    ("perf_prompt_format", one_of(PROMPT_FORMATS), _HTTP_DEFAULTS.prompt_format,
-     "openai-http prompts as token_ids, text (detokenized; the server re-tokenizes) or auto (ids unless refused)"),
-    ("perf_eos_control", one_of(EOS_CONTROLS), _HTTP_DEFAULTS.eos_control,
-     "how openai-http asks an ignore_eos request to run to max_tokens: ignore_eos, min_tokens or both"),
+    (
+        "perf_api_key",
+        str,
+        None,
+        "API key openai-http sends as Authorization: Bearer; unset: $PERFSUITE_API_KEY, else $OPENAI_API_KEY",
+    ),
+    (
+        "perf_prompt_format",
+        one_of(PROMPT_FORMATS),
+        _HTTP_DEFAULTS.prompt_format,
+        "openai-http prompts as token_ids, text (detokenized; the server re-tokenizes) or auto (ids unless refused)",
+    ),
+    (
+        "perf_eos_control",
+        one_of(EOS_CONTROLS),
+        _HTTP_DEFAULTS.eos_control,
+        "how openai-http asks an ignore_eos request to run to max_tokens: ignore_eos, min_tokens or both",
+    ),
     ("perf_api", one_of(APIS), _HTTP_DEFAULTS.api, "openai-http endpoint: completions or chat (never greedy-equal)"),
     ("perf_decode_mode", decode_mode, "packed", "runner decode path: packed, static or cuda-graph (CUDA only)"),
-    ("perf_kv_blocks", kv_blocks, None,
-     "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (paged and paged-prefix "
-     "only; the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens. "
-     "A pool that --perf-model's KV cache would not fit in 90% of the device's available memory is a usage error"),
+    (
+        "perf_kv_blocks",
+        kv_blocks,
+        None,
+        "KV blocks of 16 tokens in the pool of every paged engine perf_engine_factory builds (paged and paged-prefix "
+        "only; the others have no pool and ignore it). Unset: the engine's default pool, batch size x max_seq_len tokens. "
+        "A pool that --perf-model's KV cache would not fit in 90% of the device's available memory is a usage error",
+    ),
     ("perf_profile", profile_name, "ci", "workload sizes and repeats: smoke, ci or full"),
-    ("perf_repeats", repeats, None,
-     "timed repeats per test (default: the profile's; with --perf-against at least enough pairs that a regression "
-     "can still be flagged in a session this size when pairs against it hold a rank sum of half the pairs)"),
+    (
+        "perf_repeats",
+        repeats,
+        None,
+        "timed repeats per test (default: the profile's; with --perf-against at least enough pairs that a regression "
+        "can still be flagged in a session this size when pairs against it hold a rank sum of half the pairs)",
+    ),
     ("perf_baseline_dir", str, "baselines", "where baselines are stored"),
     ("perf_config", sweep_file, None, "a TOML sweep config to expand into perf tests (examples/sweep.toml)"),
     ("perf_slo", slo_spec, None, "SLOs for goodput, e.g. ttft=500ms,tpot=50ms,e2el=2s (positive, finite)"),
-    ("perf_capacity_by", one_of(SEARCH_KINDS), BY_RATE,
-     "what the capacity tests search: rate (open-loop Poisson arrivals, req/s) or concurrency (closed loop, "
-     "requests in flight); either way the capacity is requests/s"),
+    (
+        "perf_capacity_by",
+        one_of(SEARCH_KINDS),
+        BY_RATE,
+        "what the capacity tests search: rate (open-loop Poisson arrivals, req/s) or concurrency (closed loop, "
+        "requests in flight); either way the capacity is requests/s",
+    ),
     ("perf_alpha", probability, str(Policy().alpha), "significance level, after the Benjamini-Hochberg correction"),
-    ("perf_min_effect", fraction, None,
-     f"smallest change of a median that can fail a test (default: {STORED_MIN_EFFECT:g} against stored baselines, "
-     f"{PAIRED_MIN_EFFECT:g} with --perf-against)"),
-    ("perf_against", str, None,
-     "a git ref (origin/main, HEAD~1, a tag) or a path to another checkout: measure it and the current tree "
-     "side by side, repeats interleaved ABBA, instead of comparing with baselines/; with --perf-ray, both sides of "
-     "each test on one node of the cluster (docs/ray.md)"),
-    ("perf_against_workers", worker_count, "2",
-     "worker processes per side under --perf-against (each holds a copy of the model); pairs rotate over them "
-     "two at a time, so no one process's own speed shifts every pair"),
-    ("perf_against_threads", worker_threads, AUTO_THREADS,
-     "intra-op threads of every --perf-against worker, both sides alike: auto picks, before each test, one per CPU "
-     "core that other work leaves free (on a busy runner, fewer threads than cores beats oversubscribing them), "
-     "or a number"),
-    ("perf_worker_timeout", timeout_seconds, "600",
-     "seconds a --perf-against worker may take to answer one run, or a --perf-ray actor one test's measurement, "
-     "before it is killed as hung"),
-    ("perf_ray", str, None,
-     "run the measurements on Ray actors (docs/ray.md): local starts a cluster in this process, auto joins the "
-     "one `ray start` runs here, or a cluster's address (ray://host:10001, host:6379); needs perfsuite[ray]"),
-    ("perf_client_shards", client_shard_count, "1",
-     "with --perf-ray and --perf-engines openai-http: split each open-loop schedule over this many client actors "
-     "on the cluster's nodes, round robin by request, each on the schedule's times (docs/ray.md, Client shards); "
-     "1: the client runs in the pytest process, without Ray"),
+    (
+        "perf_min_effect",
+        fraction,
+        None,
+        f"smallest change of a median that can fail a test (default: {STORED_MIN_EFFECT:g} against stored baselines, "
+        f"{PAIRED_MIN_EFFECT:g} with --perf-against)",
+    ),
+    (
+        "perf_against",
+        str,
+        None,
+        "a git ref (origin/main, HEAD~1, a tag) or a path to another checkout: measure it and the current tree "
+        "side by side, repeats interleaved ABBA, instead of comparing with baselines/; with --perf-ray, both sides of "
+        "each test on one node of the cluster (docs/ray.md)",
+    ),
+    (
+        "perf_against_workers",
+        worker_count,
+        "2",
+        "worker processes per side under --perf-against (each holds a copy of the model); pairs rotate over them "
+        "two at a time, so no one process's own speed shifts every pair",
+    ),
+    (
+        "perf_against_threads",
+        worker_threads,
+        AUTO_THREADS,
+        "intra-op threads of every --perf-against worker, both sides alike: auto picks, before each test, one per CPU "
+        "core that other work leaves free (on a busy runner, fewer threads than cores beats oversubscribing them), "
+        "or a number",
+    ),
+    (
+        "perf_worker_timeout",
+        timeout_seconds,
+        "600",
+        "seconds a --perf-against worker may take to answer one run, or a --perf-ray actor one test's measurement, "
+        "before it is killed as hung",
+    ),
+    (
+        "perf_ray",
+        str,
+        None,
+        "run the measurements on Ray actors (docs/ray.md): local starts a cluster in this process, auto joins the "
+        "one `ray start` runs here, or a cluster's address (ray://host:10001, host:6379); needs perfsuite[ray]",
+    ),
+    (
+        "perf_client_shards",
+        client_shard_count,
+        "1",
+        "with --perf-ray and --perf-engines openai-http: split each open-loop schedule over this many client actors "
+        "on the cluster's nodes, round robin by request, each on the schedule's times (docs/ray.md, Client shards); "
+        "1: the client runs in the pytest process, without Ray",
+    ),
     ("perf_report_dir", str, "reports", "where results.json (and the report) are written"),
-    ("perf_history", history_location, DEFAULT_LOCATION,
-     "the run history every --perf session (baseline recordings too) is appended to: a SQLite file (relative to the "
-     "rootdir) or a database URL such as postgresql+psycopg://user@host/db (docs/history.md); none: keep none"),
-    ("perf_busy_threshold", probability, str(DEFAULT_THRESHOLD),
-     "share of the machine's CPU that other work may use during a repeat before the test is noisy: inconclusive"),
+    (
+        "perf_history",
+        history_location,
+        DEFAULT_LOCATION,
+        "the run history every --perf session (baseline recordings too) is appended to: a SQLite file (relative to the "
+        "rootdir) or a database URL such as postgresql+psycopg://user@host/db (docs/history.md); none: keep none",
+    ),
+    (
+        "perf_busy_threshold",
+        probability,
+        str(DEFAULT_THRESHOLD),
+        "share of the machine's CPU that other work may use during a repeat before the test is noisy: inconclusive",
+    ),
 )
 
 
@@ -497,11 +593,14 @@ def _check_batch_invariant(values: dict) -> None:
         ("perf_ray", values["perf_ray"], "the --perf-ray actors build their runners without it"),
     ):
         if value is not None:
-            raise pytest.UsageError(f"--perf-batch-invariant with --{option.replace('_', '-')}: {where} (not yet "
-                                    "supported); measure batch-invariant runs in a session of their own")  # fmt: skip
+            raise pytest.UsageError(
+                f"--perf-batch-invariant with --{option.replace('_', '-')}: {where} (not yet "
+                "supported); measure batch-invariant runs in a session of their own"
+            )
     if values["perf_decode_mode"] != "packed":
-        raise pytest.UsageError(f"--perf-batch-invariant runs the packed decode path, not --perf-decode-mode "
-                                f"{values['perf_decode_mode']}")  # fmt: skip
+        raise pytest.UsageError(
+            f"--perf-batch-invariant runs the packed decode path, not --perf-decode-mode {values['perf_decode_mode']}"
+        )
     if values["perf_dtype"] != "float32" or values["perf_device"].startswith("cuda"):
         raise pytest.UsageError(
             f"--perf-batch-invariant needs float32 on a CPU (--perf-dtype float32 --perf-device cpu), not "

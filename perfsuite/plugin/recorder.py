@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, check_serves_follow_ups
+from perfsuite.engine import Request, RunResult
+from perfsuite.judge.baselines import BaselineError, OutputError
+from perfsuite.judge.results import TestResult
+from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.measure.determinism import (
     DEFAULT_MAX_ARRIVAL_OFFSET,
@@ -29,16 +33,11 @@ from perfsuite.measure.determinism import (
     UniqueCompletions,
     unique_completions,
 )
-from perfsuite.engine import Request, RunResult
-from perfsuite.measure.environment import server_environment
+from perfsuite.measure.environment import ServerEnvironment, server_environment
 from perfsuite.measure.send_lag import shards_client_bound_reason
-from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
-from perfsuite.judge.results import TestResult
 from perfsuite.measure.summaries import Repeats, SizingParameters, sizing_parameters, summarise
 from perfsuite.plugin.options import AUTO_THREADS
 from perfsuite.plugin.session import SERVER_DECODE_MODE, SERVER_PRECISION, PerfSession
-from perfsuite.judge.baselines import BaselineError, OutputError
-from perfsuite.measure.environment import ServerEnvironment
 
 if TYPE_CHECKING:
     from perfsuite.cluster.wire import PairResult
@@ -119,8 +118,9 @@ class PerfRecorder:
         except (OutputError, BaselineError) as error:
             self.fail_unrecorded(error)
         if options.save_baseline and measured.noisy:
-            pytest.fail(f"{self.test_id}: baseline not saved: {measured.noisy}; record it on a quiet machine",
-                        pytrace=False)
+            pytest.fail(
+                f"{self.test_id}: baseline not saved: {measured.noisy}; record it on a quiet machine", pytrace=False
+            )
         recorded = self.result.measurement
         self.benchmark.extra_info.update(
             {
@@ -145,8 +145,9 @@ class PerfRecorder:
         self.session.note_unrecorded(self.test_id, str(error))
         raise pytest.fail.Exception(str(error), pytrace=False) from None
 
-    def measure_capacity(self, engine: BatchingEngine, requests_at: Callable[[float], Sequence[Request]],
-                         **search) -> TestResult:  # fmt: skip
+    def measure_capacity(
+        self, engine: BatchingEngine, requests_at: Callable[[float], Sequence[Request]], **search
+    ) -> TestResult:
         """R searches for the highest rate at which ``--perf-slo`` holds (``perfsuite.plugin.capacity``).
 
         ``requests_at(rate)``: the probe's requests, Poisson arrivals at ``rate``
@@ -176,9 +177,12 @@ class PerfRecorder:
         timed, and a test that only measures this plans no comparison.
         """
         if self.session.against is not None or self.session.cluster is not None:
-            pytest.fail(f"{self.test_id}: perf.measure_determinism runs the engine in this process; under "
-                        "--perf-against or --perf-ray engines are built elsewhere: measure it in a session "
-                        "without them", pytrace=False)  # fmt: skip
+            pytest.fail(
+                f"{self.test_id}: perf.measure_determinism runs the engine in this process; under "
+                "--perf-against or --perf-ray engines are built elsewhere: measure it in a session "
+                "without them",
+                pytrace=False,
+            )
         try:
             completions = unique_completions(engine, requests, trials, seed=seed, max_arrival_offset=max_arrival_offset)
         except ValueError as error:
@@ -200,7 +204,9 @@ class PerfRecorder:
         from perfsuite.plugin.against import WorkerEngine
 
         session, options = self.session, self.session.options
-        self._require_factory_engine(engine, WorkerEngine, "--perf-against", "the workers build it by name in each tree")
+        self._require_factory_engine(
+            engine, WorkerEngine, "--perf-against", "the workers build it by name in each tree"
+        )
         threads = None if options.against_threads == AUTO_THREADS else options.against_threads
         node = environment = None
         if session.cluster is not None:  # --perf-ray: both sides on one node of the cluster
@@ -213,29 +219,42 @@ class PerfRecorder:
             runner = session.against.runner
             try:
                 built = runner.build(engine.spec)
-                paired = runner.run_pairs(engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats,
-                                          threads)  # fmt: skip
+                paired = runner.run_pairs(
+                    engine.spec, requests, max_concurrency, options.profile.warmup_runs, repeats, threads
+                )
             except WorkerError as error:
                 pytest.fail(f"{self.test_id}: --perf-against {options.against}: {error}", pytrace=False)
             in_process = all(side.runs_in_process for side in built)
         if not in_process:
-            pytest.fail(f"{self.test_id}: {engine.name} runs in another process, the same for both sides: "
-                        "--perf-against measures in-process engines", pytrace=False)  # fmt: skip
+            pytest.fail(
+                f"{self.test_id}: {engine.name} runs in another process, the same for both sides: "
+                "--perf-against measures in-process engines",
+                pytrace=False,
+            )
         unequal = different_output_lengths(paired)
         if unequal:
             pytest.fail(
                 f"{self.test_id}: the runs made different numbers of tokens, so their speeds cannot be compared "
-                f"(a side that does less looks faster): {'; '.join(unequal[:5])}", pytrace=False,
-            )  # fmt: skip
+                f"(a side that does less looks faster): {'; '.join(unequal[:5])}",
+                pytrace=False,
+            )
         metrics, slo = session.compared_metrics, options.slo
         current = summarise(Repeats(paired.current, busy_shares=paired.current_busy), metrics, slo)
         reference = summarise(Repeats(paired.reference, busy_shares=paired.reference_busy), metrics, slo)
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
         parameters = self._sizing(engine, requests, max_concurrency, None)
         self.result = session.record_paired(
-            self.test_id, current, reference, paired.order, parameters, configuration, arrival_rate,
-            num_threads=paired.num_threads, environment=environment, node=node,
-        )  # fmt: skip
+            self.test_id,
+            current,
+            reference,
+            paired.order,
+            parameters,
+            configuration,
+            arrival_rate,
+            num_threads=paired.num_threads,
+            environment=environment,
+            node=node,
+        )
         return self.result
 
     def _pairs_on_cluster(
@@ -253,8 +272,16 @@ class PerfRecorder:
 
         session, options = self.session, self.session.options
         try:
-            delivered = measure_pairs(session.cluster, self.test_id, engine, requests, max_concurrency,
-                                      options.profile.warmup_runs, repeats, threads)  # fmt: skip
+            delivered = measure_pairs(
+                session.cluster,
+                self.test_id,
+                engine,
+                requests,
+                max_concurrency,
+                options.profile.warmup_runs,
+                repeats,
+                threads,
+            )
         except ClusterError as error:
             self.fail_unrecorded(ClusterError(f"--perf-against {options.against}: {error}"))
         result = delivered.result
@@ -279,29 +306,46 @@ class PerfRecorder:
         self._require_factory_engine(engine, ClusterEngine, "--perf-ray", "an actor builds it by name on its node")
         if session.client_shards is not None and not engine.runs_in_process:
             return self._measure_with_client_shards(engine, requests, max_concurrency, arrival_rate, repeats)
-        request = MeasureRequest(self.test_id, engine.knobs, tuple(requests), max_concurrency,
-                                 options.profile.warmup_runs, repeats, options.busy_threshold)  # fmt: skip
+        request = MeasureRequest(
+            self.test_id,
+            engine.knobs,
+            tuple(requests),
+            max_concurrency,
+            options.profile.warmup_runs,
+            repeats,
+            options.busy_threshold,
+        )
         try:
             measured = session.cluster.measure(request)
         except ClusterError as error:
             self.fail_unrecorded(error)
         result = measured.result
         if not result.runs_in_process:  # a sweep case's openai-http: the server's fingerprint, not the node's
-            pytest.fail(f"{self.test_id}: {engine.name} measures a server in another process; measure it without "
-                        "--perf-ray", pytrace=False)  # fmt: skip
+            pytest.fail(
+                f"{self.test_id}: {engine.name} measures a server in another process; measure it without --perf-ray",
+                pytrace=False,
+            )
         if measured.retried_after is not None:
             session.warnings.append(f"{self.test_id}: measured on node {result.node} after {measured.retried_after}")
         runs = Repeats(result.runs, result.probes, result.busy_shares, result.noisy, device_memory=result.device_memory)
         parameters = self._sizing(engine, requests, max_concurrency, None)
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
         try:
-            self.result = session.record(self.test_id, runs, parameters, configuration, arrival_rate,
-                                         environment=result.environment, node=str(result.node))  # fmt: skip
+            self.result = session.record(
+                self.test_id,
+                runs,
+                parameters,
+                configuration,
+                arrival_rate,
+                environment=result.environment,
+                node=str(result.node),
+            )
         except (OutputError, BaselineError) as error:
             self.fail_unrecorded(error)
         if options.save_baseline and runs.noisy:
-            pytest.fail(f"{self.test_id}: baseline not saved: {runs.noisy}; record it on a quiet machine",
-                        pytrace=False)  # fmt: skip
+            pytest.fail(
+                f"{self.test_id}: baseline not saved: {runs.noisy}; record it on a quiet machine", pytrace=False
+            )
         return self.result
 
     def _measure_with_client_shards(
@@ -331,12 +375,20 @@ class PerfRecorder:
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
         # Sent by N clients on other hosts, not one: judged only against runs sent the same way
         sent_by = {"client_shards": len(sharded[-1].shards)}
-        configuration = dataclasses.replace(configuration, engine_knobs=knobs({**dict(configuration.engine_knobs),
-                                                                               **sent_by}))  # fmt: skip
+        configuration = dataclasses.replace(
+            configuration, engine_knobs=knobs({**dict(configuration.engine_knobs), **sent_by})
+        )
         nodes = ", ".join(sorted({str(part.node) for part in sharded[-1].shards}))
         try:
-            self.result = session.record(self.test_id, runs, parameters, configuration, arrival_rate,
-                                         environment=server, node=f"client shards on {nodes}")  # fmt: skip
+            self.result = session.record(
+                self.test_id,
+                runs,
+                parameters,
+                configuration,
+                arrival_rate,
+                environment=server,
+                node=f"client shards on {nodes}",
+            )
         except (OutputError, BaselineError) as error:
             self.fail_unrecorded(error)
         return self.result
@@ -346,8 +398,9 @@ class PerfRecorder:
         if not isinstance(engine, stand_in):
             pytest.fail(
                 f"{self.test_id}: under {option} the engine must come from perf_engine_factory ({why}); "
-                f"this test built {engine.name!r} itself", pytrace=False,
-            )  # fmt: skip
+                f"this test built {engine.name!r} itself",
+                pytrace=False,
+            )
 
     def assert_no_regression(self) -> None:
         if self.result is None:
@@ -401,8 +454,12 @@ class PerfRecorder:
                 probes.take()
                 one_run()
             probes.take()  # after the last run
-            disturbed = [i for i, use in enumerate(uses) if (use is not None and use.is_busy(threshold))
-                         or (telemetry[i] is not None and telemetry[i].disturbed())]  # fmt: skip
+            disturbed = [
+                i
+                for i, use in enumerate(uses)
+                if (use is not None and use.is_busy(threshold))
+                or (telemetry[i] is not None and telemetry[i].disturbed())
+            ]
             for index in disturbed[: repeats // 2]:
                 probes.take()
                 one_run()  # the machine is quiet again: this repeat takes the disturbed one's place
@@ -412,11 +469,23 @@ class PerfRecorder:
                 probes.move_last_to(index)
         except _BusyForGood:
             reason = contention_reason(uses, threshold)
-            return Repeats(tuple(runs), probes.per_run(), _shares(uses), f"{reason}; the other repeats were not run",
-                           device_memory=_peaks(peaks), energy_per_token=_energy(runs, telemetry))  # fmt: skip
+            return Repeats(
+                tuple(runs),
+                probes.per_run(),
+                _shares(uses),
+                f"{reason}; the other repeats were not run",
+                device_memory=_peaks(peaks),
+                energy_per_token=_energy(runs, telemetry),
+            )
         noisy = "; ".join(filter(None, (contention_reason(uses, threshold), disturbance_reason(telemetry)))) or None
-        return Repeats(tuple(runs), probes.per_run(), _shares(uses), noisy, device_memory=_peaks(peaks),
-                       energy_per_token=_energy(runs, telemetry))  # fmt: skip
+        return Repeats(
+            tuple(runs),
+            probes.per_run(),
+            _shares(uses),
+            noisy,
+            device_memory=_peaks(peaks),
+            energy_per_token=_energy(runs, telemetry),
+        )
 
     def _sizing(
         self,
@@ -450,8 +519,10 @@ class PerfRecorder:
             engine_knobs["attention"] = attention
         fallback = getattr(engine, "attention_fallback", None)
         if fallback is not None:
-            warning = (f"paged decode gathered the KV blocks instead of attending in place (slower; recorded as "
-                       f"attention=gather, compared only with runs that gathered too): {fallback}")  # fmt: skip
+            warning = (
+                f"paged decode gathered the KV blocks instead of attending in place (slower; recorded as "
+                f"attention=gather, compared only with runs that gathered too): {fallback}"
+            )
             if warning not in self.session.warnings:  # one line a session, not one a test
                 self.session.warnings.append(warning)
         return RunConfiguration(
@@ -529,8 +600,10 @@ def _shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:
 
 def _energy(runs, telemetry) -> tuple[float, ...]:
     """Joules per output token of each repeat, from NVML's energy counter; none unless every repeat has one."""
-    energies = [None if t is None else t.energy_per_token(sum(r.num_output_tokens for r in run.records))
-                for run, t in zip(runs, telemetry)]  # fmt: skip
+    energies = [
+        None if t is None else t.energy_per_token(sum(r.num_output_tokens for r in run.records))
+        for run, t in zip(runs, telemetry)
+    ]
     return tuple(energies) if energies and all(e is not None for e in energies) else ()
 
 

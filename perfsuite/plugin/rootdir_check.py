@@ -15,6 +15,7 @@ does not take for a path. Where the path changes nothing, nothing is said.
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import shlex
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ def values_taken_for_paths(args: Sequence[str], flags: Sequence[str], invocation
     """(flag, value) for each of ``flags`` given as two arguments whose value is a path that exists."""
     return [
         (flag, value)
-        for flag, value in zip(args, args[1:])
+        for flag, value in itertools.pairwise(args)
         if flag in flags and not value.startswith("-") and (invocation_dir / value).exists()
     ]
 

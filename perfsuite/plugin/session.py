@@ -59,9 +59,9 @@ from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, sum
 from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
-    from perfsuite.history.head import HeadCheck
     from perfsuite.cluster.client_pool import ClientShards
     from perfsuite.cluster.pool import RayPool
+    from perfsuite.history.head import HeadCheck
     from perfsuite.plugin.against import Against
 
 __all__ = ["SERVER_DECODE_MODE", "SERVER_PRECISION", "PerfSession", "Repeats"]
@@ -194,8 +194,7 @@ class PerfSession:
         """
         environment = environment or self.environment
         assert environment is not None, "capture the environment before recording"
-        measurement = Measurement.of(measured, parameters, configuration, capacity.requests_per_second,
-                                     environment)  # fmt: skip
+        measurement = Measurement.of(measured, parameters, configuration, capacity.requests_per_second, environment)
         result = TestResult(test_id, measurement, capacity=capacity, node=node)
         if measured.noisy:
             self.warnings.append(f"{test_id}: noisy, judges nothing: {measured.noisy}")
@@ -285,9 +284,14 @@ class PerfSession:
             return not_compared(result, OTHER_CONFIGURATION)
         policy = self.options.policy
         judgement = judge(
-            result, Reference.of_baseline(baseline), status="compared", slo=self.slo_label, policy=policy,
-            num_comparisons=self.num_planned_comparisons, metrics=metrics or self.compared_metrics,
-        )  # fmt: skip
+            result,
+            Reference.of_baseline(baseline),
+            status="compared",
+            slo=self.slo_label,
+            policy=policy,
+            num_comparisons=self.num_planned_comparisons,
+            metrics=metrics or self.compared_metrics,
+        )
         if judgement.goodput_skipped:
             self.warnings.append(
                 f"{result.test_id}: the baseline's goodput counts SLO {baseline.slo}, this run's {self.slo_label}; "
@@ -473,8 +477,9 @@ class PerfSession:
             profile=options.profile.name,
             repeats=self.repeats,
             decode_mode=options.decode_mode,
-            policy=describe_policy(options.policy, self.plan_power(), options.busy_threshold,
-                                   paired=self.against is not None),  # fmt: skip
+            policy=describe_policy(
+                options.policy, self.plan_power(), options.busy_threshold, paired=self.against is not None
+            ),
             probe=describe_probe(on_cuda),
             slo=self.slo_label,
             tests=tuple(self.results),
@@ -495,4 +500,4 @@ def _shown_path(path: Path, rootdir: Path) -> str:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

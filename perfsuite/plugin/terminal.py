@@ -60,11 +60,17 @@ def write_summary(
     if not ran or not tally.num_planned:
         return
     if perf_session.options.save_baseline:
-        write(f"perfsuite: --perf-save-baseline: judged {tally.num_judged} of {tally.num_planned} planned comparisons "
-              "against the earlier baselines (shown, failing nothing)")  # fmt: skip
+        write(
+            f"perfsuite: --perf-save-baseline: judged {tally.num_judged} of {tally.num_planned} planned comparisons "
+            "against the earlier baselines (shown, failing nothing)"
+        )
     elif perf_session.fails_strict:
-        write(f"perfsuite: --perf-strict fails this session: {tally.num_planned - tally.num_judged} of "
-              f"{tally.num_planned} planned comparisons were not judged", red=True, bold=True)  # fmt: skip
+        write(
+            f"perfsuite: --perf-strict fails this session: {tally.num_planned - tally.num_judged} of "
+            f"{tally.num_planned} planned comparisons were not judged",
+            red=True,
+            bold=True,
+        )
         write(tally.line(), red=True, bold=True)
     else:
         write(tally.line(), **({"green": True} if tally.all_judged else {"yellow": True, "bold": True}))
@@ -79,8 +85,11 @@ def _write_results(
 ) -> None:
     if perf_session.results:
         write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
-        tables = (memory_table(perf_session.results), prefix_cache_table(perf_session.results),
-                  utilization_table(perf_session.results))  # fmt: skip
+        tables = (
+            memory_table(perf_session.results),
+            prefix_cache_table(perf_session.results),
+            utilization_table(perf_session.results),
+        )
         for table in tables:
             if table is not None:
                 write(table)
@@ -100,9 +109,11 @@ def _write_results(
     num_metrics = len(perf_session.compared_metrics)
     if perf_session.against is not None:
         where = "; both sides of each test on one Ray node" if perf_session.cluster is not None else ""
-        write(f"A/B: A = REF {perf_session.against.label}, B = the current tree, side by side; "
-              f"{perf_session.repeats} pairs per test in ABBA order over {options.against_workers} worker(s) a side"
-              f"{where}; no baselines read or written")  # fmt: skip
+        write(
+            f"A/B: A = REF {perf_session.against.label}, B = the current tree, side by side; "
+            f"{perf_session.repeats} pairs per test in ABBA order over {options.against_workers} worker(s) a side"
+            f"{where}; no baselines read or written"
+        )
     write(
         f"profile {options.profile.name}, {perf_session.repeats} repeats, alpha {options.policy.alpha} "
         f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "
@@ -139,4 +150,3 @@ def _where_the_results_are(perf_session: PerfSession, written: WrittenFiles) -> 
     if written.results is not None:
         return f"results in {written.results}"
     return f"nothing written to {perf_session.results_path} (see the error above)"
-

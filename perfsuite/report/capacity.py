@@ -41,8 +41,9 @@ def capacity_facts(test: TestResult) -> list[tuple[str, str]]:
         return []
     values = [s.requests_per_second for s in record.searches]
     first = record.searches[0]
-    capacity = (f"{record.requests_per_second:.3g} req/s per instance, "
-                f"{record.requests_per_second_per_device:.3g} per device")  # fmt: skip
+    capacity = (
+        f"{record.requests_per_second:.3g} req/s per instance, {record.requests_per_second_per_device:.3g} per device"
+    )
     searches = f"{len(values)}: {', '.join(f'{v:.3g}' for v in values)} req/s"
     rule = f">= {first.target_share:.0%} of requests within the SLO, bracket within {first.tolerance:.0%}"
     if record.concurrency is not None:
@@ -71,9 +72,11 @@ def capacity_svg(test: TestResult) -> str | None:
     share.axhline(record.searches[0].target_share, color=SLO_COLOUR, linestyle="--", label="target")
     share.set_ylim(-0.05, 1.05)
     share.set_ylabel("share of requests within SLO")
-    panels = ((share, None, "goodput share"),
-              (figure.add_subplot(1, 3, 2), record.slo_ttft_ms, "TTFT ms"),
-              (figure.add_subplot(1, 3, 3), record.slo_tpot_ms, "TPOT ms"))  # fmt: skip
+    panels = (
+        (share, None, "goodput share"),
+        (figure.add_subplot(1, 3, 2), record.slo_ttft_ms, "TTFT ms"),
+        (figure.add_subplot(1, 3, 3), record.slo_tpot_ms, "TPOT ms"),
+    )
     for axes, slo, title in panels[1:]:
         key = "ttft" if title.startswith("TTFT") else "tpot"
         for percentile, colour in (("p50", P50_COLOUR), ("p90", P90_COLOUR)):

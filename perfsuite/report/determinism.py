@@ -48,8 +48,10 @@ def determinism_rows(results: Sequence[DeterminismResult] | None) -> list[Determ
                 num_prompts=completions.num_prompts,
                 max_distinct=completions.max_distinct,
                 mean_distinct=f"{completions.mean_distinct:.2f}",
-                deterministic=(f"{completions.num_deterministic} of {completions.num_prompts} "
-                               f"({completions.fraction_deterministic:.0%})"),  # fmt: skip
+                deterministic=(
+                    f"{completions.num_deterministic} of {completions.num_prompts} "
+                    f"({completions.fraction_deterministic:.0%})"
+                ),
             )
         )
     return rows

@@ -22,8 +22,9 @@ LINE_STYLES = ("-", "--", ":", "-.")
 DISTRIBUTIONS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E latency"))
 # Drawn over a distribution where the test split it: TTFT of the requests that hit the prefix cache and missed it
 # (the sample keys are measure.prefix_cache's, which the report reads only through results.json).
-CACHE_SPLITS = {"ttft_ms": (("ttft_ms_hit", "prefix cache hit", "#2ca02c"),
-                            ("ttft_ms_miss", "prefix cache miss", "#d62728"))}  # fmt: skip
+CACHE_SPLITS = {
+    "ttft_ms": (("ttft_ms_hit", "prefix cache hit", "#2ca02c"), ("ttft_ms_miss", "prefix cache miss", "#d62728"))
+}
 PADDING_COLOUR = "#b0b0b0"
 EMPTY_COLOUR = "#ececec"
 KV_COLOUR = "#66a61e"
@@ -166,8 +167,17 @@ def history_figure(trends: Sequence[Trend], y_label: str = "median output tokens
         for number, step in enumerate(trend.steps):
             colour = STEP_COLOURS[step.is_regression]
             axes.axvline(step.x, color=colour, linestyle="--", linewidth=1, gid=f"change-point-{index}-{number}")
-            axes.annotate(step.label, (step.x, 1.0), xycoords=("data", "axes fraction"), fontsize=6, color=colour,
-                          ha="left", va="top", xytext=(2, -2), textcoords="offset points")  # fmt: skip
+            axes.annotate(
+                step.label,
+                (step.x, 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=6,
+                color=colour,
+                ha="left",
+                va="top",
+                xytext=(2, -2),
+                textcoords="offset points",
+            )
         axes.set_title(line.label, fontsize=8)
         axes.set_xticks(line.x)
         axes.tick_params(labelsize=7)
@@ -198,8 +208,15 @@ def _draw_pair_ratios(axes: Any, pair: PairRatios, min_effect: float) -> None:
         points = [(i + 1, r) for i, (r, o) in enumerate(zip(pair.ratios, pair.orders)) if o == order]
         if points:
             x, y = zip(*points)
-            axes.plot(x, y, marker, markersize=4, color=colour, label=f"{order[0]} ran first",
-                      gid=f"pair-ratios-{pair.metric}-{order}")  # fmt: skip
+            axes.plot(
+                x,
+                y,
+                marker,
+                markersize=4,
+                color=colour,
+                label=f"{order[0]} ran first",
+                gid=f"pair-ratios-{pair.metric}-{order}",
+            )
     axes.set_xticks(range(1, len(pair.ratios) + 1))
     axes.set_xlabel("pair", fontsize=8)
     axes.set_title(pair.metric, fontsize=9)
@@ -284,11 +301,19 @@ def _draw_preemptions(lanes: Any, kv: Any, timeline: Timeline, scale: float) -> 
     for time, count in timeline.preemptions:
         lanes.axvline(time * scale, color=PREEMPTION_COLOUR, linestyle=":", linewidth=0.8)
         if count > 1:
-            kv.annotate(str(count), (time * scale, 0.97 * top), fontsize=6, color=PREEMPTION_COLOUR,
-                        ha="center", va="bottom")  # fmt: skip
+            kv.annotate(
+                str(count), (time * scale, 0.97 * top), fontsize=6, color=PREEMPTION_COLOUR, ha="center", va="bottom"
+            )
     times = [time * scale for time, _ in timeline.preemptions]
-    kv.plot(times, [0.92 * top] * len(times), "v", color=PREEMPTION_COLOUR, markersize=5, linestyle="none",
-            gid="preemptions")  # fmt: skip
+    kv.plot(
+        times,
+        [0.92 * top] * len(times),
+        "v",
+        color=PREEMPTION_COLOUR,
+        markersize=5,
+        linestyle="none",
+        gid="preemptions",
+    )
 
 
 def _draw_lanes(axes: Any, timeline: Timeline, scale: float) -> None:
@@ -394,13 +419,23 @@ def roofline_figure(points: Sequence[RooflinePoint], peak_flops: float, peak_byt
     intensities = [p.intensity for p in points] + [peak_flops / peak_bytes]
     low, high = min(intensities) / 4, max(intensities) * 4
     ridge = peak_flops / peak_bytes
-    axes.plot([low, ridge, high], [peak_bytes * low, peak_flops, peak_flops], "-", color="#444444",
-              label=f"roofs: {peak_bytes / 1e9:.3g} GB/s, {peak_flops / 1e9:.3g} GFLOP/s")  # fmt: skip
+    axes.plot(
+        [low, ridge, high],
+        [peak_bytes * low, peak_flops, peak_flops],
+        "-",
+        color="#444444",
+        label=f"roofs: {peak_bytes / 1e9:.3g} GB/s, {peak_flops / 1e9:.3g} GFLOP/s",
+    )
     seen: set[tuple[str, str]] = set()
     for point in points:
         key = (point.engine, point.kind)
-        axes.plot([point.intensity], [point.flops_per_second], ROOFLINE_MARKERS.get(point.kind, "^"),
-                  color=ENGINE_COLOURS.get(point.engine), label=None if key in seen else f"{point.engine} {point.kind}")  # fmt: skip
+        axes.plot(
+            [point.intensity],
+            [point.flops_per_second],
+            ROOFLINE_MARKERS.get(point.kind, "^"),
+            color=ENGINE_COLOURS.get(point.engine),
+            label=None if key in seen else f"{point.engine} {point.kind}",
+        )
         seen.add(key)
     axes.set_xscale("log")
     axes.set_yscale("log")

@@ -36,9 +36,9 @@ from perfsuite.judge.results import (
     read_history,
     read_results,
 )
-from perfsuite.report import plots
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import determinism as determinism_view
+from perfsuite.report import plots
 from perfsuite.report import send_lag as send_lag_view
 from perfsuite.report.trend import history_section
 from perfsuite.report.verdict_table import (
@@ -203,13 +203,19 @@ def write_report(report_dir: Path, history: Sequence[Results] | None = None) -> 
 def _environment_facts(results: Results) -> list[tuple[str, str]]:
     environment = results.environment
     labels = (
-        ("device_name", "device"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
-        ("torch_version", "torch"), ("transformers_version", "transformers"),
-        ("cpu_model", "CPU"), ("num_threads", "threads"),
+        ("device_name", "device"),
+        ("driver_version", "driver"),
+        ("cuda_version", "CUDA"),
+        ("torch_version", "torch"),
+        ("transformers_version", "transformers"),
+        ("cpu_model", "CPU"),
+        ("num_threads", "threads"),
         # a server in another process (measure.environment.ServerEnvironment)
-        ("label", "server"), ("served_model", "served model"), ("max_model_len", "max model length"),
+        ("label", "server"),
+        ("served_model", "served model"),
+        ("max_model_len", "max model length"),
         ("owned_by", "served by"),
-    )  # fmt: skip
+    )
     values = [(label, getattr(environment, key, None)) for key, label in labels]
     facts = [(label, str(value)) for label, value in values if value is not None]
     facts.append(("fingerprint", results.fingerprint or "-"))
@@ -223,7 +229,7 @@ def _server_facts(results: Results) -> list[tuple[str, str]]:
         return []
     others = [s for s in servers if s != results.fingerprint]
     facts = [("server fingerprints", ", ".join(others))] if others else []
-    return facts + [("machine probe", "not applied to servers in another process: their figures are as measured")]
+    return [*facts, ("machine probe", "not applied to servers in another process: their figures are as measured")]
 
 
 def _run_facts(results: Results) -> list[tuple[str, str]]:
@@ -277,8 +283,11 @@ def _roofline(results: Results) -> dict[str, Any] | None:
     """The roofline figure and each test's MFU, MBU and rates (medians over repeats); None: nothing measured them."""
     rows, points = [], []
     for test in results.tests:
-        medians = {key: statistics.median(values) for key, values in test.measurement.samples.items()
-                   if key.endswith(UTILIZATION_SUFFIXES) and values}  # fmt: skip
+        medians = {
+            key: statistics.median(values)
+            for key, values in test.measurement.samples.items()
+            if key.endswith(UTILIZATION_SUFFIXES) and values
+        }
         if not medians:
             continue
         engine = test.measurement.engine_name
@@ -294,7 +303,6 @@ def _roofline(results: Results) -> dict[str, Any] | None:
         title = f"{peaks.device}, {peaks.dtype}: each test's prefill and decode under this machine's measured roofs"
         svg = plots.roofline_figure(points, peaks.flops_per_second, peaks.bytes_per_second, title)
     return {"rows": rows, "svg": svg, "peaks": peaks}
-
 
 
 def _throughput_figures(tests: Sequence[TestResult]) -> list[Figure]:
@@ -338,9 +346,7 @@ def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | 
         for test in group
     ]
     names = [_test_name(t.test_id) for t in group]
-    caption = (
-        f"One timed run of {', '.join(names[:-1])} and {names[-1]}: same parameters, only the engine differs."
-    )
+    caption = f"One timed run of {', '.join(names[:-1])} and {names[-1]}: same parameters, only the engine differs."
     if any(t.has_kv for t in timelines):
         caption += (
             " KV blocks: held after each step, against the pool (dashed; a slot engine's slots count as blocks of "
@@ -488,15 +494,27 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         facts.append(("arrival rate", f"{measured.arrival_rate:g} req/s (Poisson)"))
     summary = measured.summary
     shown = (
-        ("output tok/s", summary.output_throughput), ("req/s", summary.request_throughput),
-        ("TTFT p50 ms", _tail(summary, "ttft", "median")), ("TTFT p99 ms", _tail(summary, "ttft", "p99")),
-        ("TPOT p50 ms", _tail(summary, "tpot", "median")), ("TPOT p99 ms", _tail(summary, "tpot", "p99")),
-        ("E2E p50 ms", _tail(summary, "e2el", "median")), ("E2E p99 ms", _tail(summary, "e2el", "p99")),
+        ("output tok/s", summary.output_throughput),
+        ("req/s", summary.request_throughput),
+        ("TTFT p50 ms", _tail(summary, "ttft", "median")),
+        ("TTFT p99 ms", _tail(summary, "ttft", "p99")),
+        ("TPOT p50 ms", _tail(summary, "tpot", "median")),
+        ("TPOT p99 ms", _tail(summary, "tpot", "p99")),
+        ("E2E p50 ms", _tail(summary, "e2el", "median")),
+        ("E2E p99 ms", _tail(summary, "e2el", "p99")),
         ("requests completed", summary.completed),
-    )  # fmt: skip
+    )
     shown_facts = [(label, _format_value(value)) for label, value in shown]
-    return (facts + shown_facts + _memory_facts(test) + _prefix_cache_facts(test) + _machine_facts(test)
-            + _node_facts(test) + send_lag_view.send_lag_facts(test) + capacity_view.capacity_facts(test))  # fmt: skip
+    return (
+        facts
+        + shown_facts
+        + _memory_facts(test)
+        + _prefix_cache_facts(test)
+        + _machine_facts(test)
+        + _node_facts(test)
+        + send_lag_view.send_lag_facts(test)
+        + capacity_view.capacity_facts(test)
+    )
 
 
 def _node_facts(test: TestResult) -> list[tuple[str, str]]:
@@ -562,7 +580,7 @@ def _memory_facts(test: TestResult) -> list[tuple[str, str]]:
             ("KV utilisation", f"{memory.kv_utilisation:.1%} of the held blocks' tokens"),
             ("preemptions", f"{memory.num_preemptions} ({memory.num_recomputed_tokens} tokens recomputed)"),
             ("max concurrent requests", str(memory.peak_num_running)),
-        ]  # fmt: skip
+        ]
     if memory.max_memory_allocated_bytes is not None:
         facts.append(("CUDA peak allocated", f"{memory.max_memory_allocated_bytes / 2**20:,.1f} MiB"))
     return facts
@@ -581,7 +599,7 @@ def _prefix_cache_facts(test: TestResult) -> list[tuple[str, str]]:
         facts += [
             ("TTFT p50 / p90 ms, cache hit", _split_tails(split.hit_p50_ms, split.hit_p90_ms, split.num_hits)),
             ("TTFT p50 / p90 ms, cache miss", _split_tails(split.miss_p50_ms, split.miss_p90_ms, split.num_misses)),
-        ]  # fmt: skip
+        ]
     return facts
 
 
@@ -602,10 +620,7 @@ def _counter_rows(test: TestResult) -> list[CounterRow]:
     for name, current in sorted(dataclasses.asdict(test.measurement.counters).items()):
         recorded = name not in test.measurement.unrecorded_counters
         baseline_recorded = name not in test.judgement.baseline_unrecorded_counters
-        if name in changed:
-            baseline = changed[name]
-        else:
-            baseline = current if compared and recorded and baseline_recorded else None
+        baseline = changed.get(name, current if compared and recorded and baseline_recorded else None)
         rows.append(CounterRow(name, current if recorded else None, baseline, baseline_recorded))
     return rows
 

@@ -21,15 +21,17 @@ def send_lag_facts(test: TestResult) -> list[tuple[str, str]]:
     lag = test.measurement.send_lag
     if lag is None:
         return []
-    facts = [(
-        "send lag p50 / p90 / max",
-        f"{lag.p50_lag_ms:.2g} / {lag.p90_lag_ms:.2g} / {lag.max_lag_ms:.2g} ms "
-        f"(client-bound above {lag.lag_bound_ms:.3g} ms at p90; worst repeat)",
-    )]  # fmt: skip
+    facts = [
+        (
+            "send lag p50 / p90 / max",
+            f"{lag.p50_lag_ms:.2g} / {lag.p90_lag_ms:.2g} / {lag.max_lag_ms:.2g} ms "
+            f"(client-bound above {lag.lag_bound_ms:.3g} ms at p90; worst repeat)",
+        )
+    ]
     if lag.target_rate is not None and lag.achieved_rate is not None:
         facts.append(("offered rate", f"{lag.achieved_rate:.3g} of the {lag.target_rate:.3g} req/s scheduled"))
     verdict = "client-bound: its latencies judge nothing" if lag.is_client_bound else "kept its schedule"
-    return facts + [("load generator", verdict)]
+    return [*facts, ("load generator", verdict)]
 
 
 def send_lag_svg(test: TestResult) -> str | None:

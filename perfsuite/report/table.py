@@ -9,10 +9,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI and the benchmarks import this module for format_table alone: keep it free
     from perfsuite.judge.results import TestResult
 
-PREFIX_CACHE_COLUMNS = ["test", "prefix cache hit rate", "cached / looked-up tokens", "evicted blocks",
-                        "TTFT p50 ms hit / miss (requests)", "from"]  # fmt: skip
-MEMORY_COLUMNS = ["test", "KV blocks peak/mean/pool", "block", "KV util", "preempted (recomputed tok)",
-                  "max running", "CUDA peak"]  # fmt: skip
+PREFIX_CACHE_COLUMNS = [
+    "test",
+    "prefix cache hit rate",
+    "cached / looked-up tokens",
+    "evicted blocks",
+    "TTFT p50 ms hit / miss (requests)",
+    "from",
+]
+MEMORY_COLUMNS = [
+    "test",
+    "KV blocks peak/mean/pool",
+    "block",
+    "KV util",
+    "preempted (recomputed tok)",
+    "max running",
+    "CUDA peak",
+]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -45,8 +58,12 @@ def utilization_table(results: Sequence[TestResult], source: str = "") -> str | 
         samples = result.measurement.samples
         if not any(key in samples for key, _ in UTILIZATION_CELLS):
             continue
-        rows.append([result.test_id.rpartition("::")[2], *(_median_cell(samples.get(key), share)
-                                                           for key, share in UTILIZATION_CELLS)])  # fmt: skip
+        rows.append(
+            [
+                result.test_id.rpartition("::")[2],
+                *(_median_cell(samples.get(key), share) for key, share in UTILIZATION_CELLS),
+            ]
+        )
     if not rows:
         return None
     where = f" in {source}" if source else ""
@@ -79,15 +96,17 @@ def memory_rows(results: Sequence[TestResult]) -> list[list[str]]:
         if memory is None:
             continue
         pool = "-" if memory.num_kv_blocks is None else str(memory.num_kv_blocks)
-        rows.append([
-            result.test_id.rpartition("::")[2],
-            f"{memory.peak_kv_blocks_used}/{memory.mean_kv_blocks_used:.1f}/{pool}",
-            "-" if memory.kv_block_size is None else str(memory.kv_block_size),
-            f"{memory.kv_utilisation:.0%}",
-            f"{memory.num_preemptions} ({memory.num_recomputed_tokens})",
-            str(memory.peak_num_running),
-            format_bytes(memory.max_memory_allocated_bytes),
-        ])  # fmt: skip
+        rows.append(
+            [
+                result.test_id.rpartition("::")[2],
+                f"{memory.peak_kv_blocks_used}/{memory.mean_kv_blocks_used:.1f}/{pool}",
+                "-" if memory.kv_block_size is None else str(memory.kv_block_size),
+                f"{memory.kv_utilisation:.0%}",
+                f"{memory.num_preemptions} ({memory.num_recomputed_tokens})",
+                str(memory.peak_num_running),
+                format_bytes(memory.max_memory_allocated_bytes),
+            ]
+        )
     return rows
 
 
@@ -98,7 +117,7 @@ def format_bytes(value: int | None) -> str:
     if value < 1024:
         return f"{value} B"
     scaled, unit = float(value), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+    for unit in ("KiB", "MiB", "GiB", "TiB"):  # noqa: B007 (the unit reached is used below)
         scaled /= 1024
         if scaled < 1024:
             break
@@ -122,15 +141,18 @@ def prefix_cache_rows(results: Sequence[TestResult]) -> list[list[str]]:
         if figures is None:
             continue
         split = result.ttft_by_cache_hit
-        rows.append([
-            result.test_id.rpartition("::")[2],
-            f"{figures.hit_rate:.1%}",
-            f"{figures.num_hit_tokens:,} / {figures.num_queried_tokens:,}",
-            "-" if figures.num_evicted_blocks is None else str(figures.num_evicted_blocks),
-            "-" if split is None else f"{_ms(split.hit_p50_ms)} / {_ms(split.miss_p50_ms)} "
-                                      f"({split.num_hits} / {split.num_misses})",
-            figures.source.value,
-        ])  # fmt: skip
+        rows.append(
+            [
+                result.test_id.rpartition("::")[2],
+                f"{figures.hit_rate:.1%}",
+                f"{figures.num_hit_tokens:,} / {figures.num_queried_tokens:,}",
+                "-" if figures.num_evicted_blocks is None else str(figures.num_evicted_blocks),
+                "-"
+                if split is None
+                else f"{_ms(split.hit_p50_ms)} / {_ms(split.miss_p50_ms)} ({split.num_hits} / {split.num_misses})",
+                figures.source.value,
+            ]
+        )
     return rows
 
 

@@ -85,7 +85,7 @@ def _runs_up_to(results: Results, history: Sequence[Results], max_runs: int) -> 
     """Stored runs before this one, one per ``created_at`` (this run is archived in history too), then this one."""
     created = results.created_at or ""
     earlier = {run.created_at or "": run for run in history if (run.created_at or "") < created}
-    return [earlier[key] for key in sorted(earlier)][-(max_runs - 1) :] + [results]
+    return [*[earlier[key] for key in sorted(earlier)][-(max_runs - 1) :], results]
 
 
 def _series_of(test: TestResult, all_series: Sequence[Series], results: Results) -> Series | None:

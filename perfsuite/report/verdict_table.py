@@ -86,8 +86,17 @@ class VerdictRow:
     def cells(self) -> VerdictCells:
         if self.kind is not RowKind.COMPARED:
             change = "exact" if self.kind is RowKind.COUNTER_CHANGED else "-"
-            return VerdictCells(self.test_name, self.metric, format_figure(self.baseline),
-                                format_figure(self.current), change, "-", "-", "-", self.status)  # fmt: skip
+            return VerdictCells(
+                self.test_name,
+                self.metric,
+                format_figure(self.baseline),
+                format_figure(self.current),
+                change,
+                "-",
+                "-",
+                "-",
+                self.status,
+            )
         return VerdictCells(
             test=self.test_name,
             metric=self.metric,
@@ -139,18 +148,38 @@ def _rows_of(result: TestResult) -> list[VerdictRow]:
     test_id, status = result.test_id, result.judgement.baseline_status
     rows = [
         VerdictRow(
-            test_id, RowKind.COMPARED, c.metric, c.baseline_median, c.current_median, status, verdict=c.verdict,
-            change_percent=c.change_percent, ci_low=c.ci_low, ci_high=c.ci_high, p_adjusted=c.p_adjusted,
+            test_id,
+            RowKind.COMPARED,
+            c.metric,
+            c.baseline_median,
+            c.current_median,
+            status,
+            verdict=c.verdict,
+            change_percent=c.change_percent,
+            ci_low=c.ci_low,
+            ci_high=c.ci_high,
+            p_adjusted=c.p_adjusted,
             min_detectable_effect=c.min_detectable_effect,
         )
         for c in result.judgement.comparisons
-    ]  # fmt: skip
+    ]
     if not result.judgement.comparisons and result.capacity is not None:
-        rows.append(VerdictRow(test_id, RowKind.CAPACITY, "capacity_under_slo", None,
-                               result.capacity.requests_per_second, status))  # fmt: skip
+        rows.append(
+            VerdictRow(
+                test_id, RowKind.CAPACITY, "capacity_under_slo", None, result.capacity.requests_per_second, status
+            )
+        )
     elif not result.judgement.comparisons:
-        rows.append(VerdictRow(test_id, RowKind.NOT_COMPARED, "output_throughput", None,
-                               result.measurement.summary.output_throughput, status))  # fmt: skip
+        rows.append(
+            VerdictRow(
+                test_id,
+                RowKind.NOT_COMPARED,
+                "output_throughput",
+                None,
+                result.measurement.summary.output_throughput,
+                status,
+            )
+        )
     rows += [
         VerdictRow(test_id, RowKind.COUNTER_CHANGED, change.name, change.baseline, change.current, "counter changed")
         for change in result.judgement.counter_changes

@@ -86,5 +86,7 @@ def write_project(root: Path, engine: str, source: str) -> list[Path]:
     except OSError as error:
         for path in written:  # all or nothing
             path.unlink(missing_ok=True)
-        raise InitError(f"cannot write {error.filename or root}: {error.strerror or error}; nothing was written") from None
+        raise InitError(
+            f"cannot write {error.filename or root}: {error.strerror or error}; nothing was written"
+        ) from None
     return written

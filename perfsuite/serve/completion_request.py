@@ -196,8 +196,7 @@ def _check_known_fields(body: dict, allowed: frozenset[str]) -> None:
             continue
         hint = f"; {name} belongs to {_OTHER_ENDPOINT[name]}" if name in _OTHER_ENDPOINT else ""
         raise invalid_request(
-            f"unknown or unsupported field {name!r}{hint}: remove it. This server accepts "
-            f"{', '.join(sorted(allowed))}",
+            f"unknown or unsupported field {name!r}{hint}: remove it. This server accepts {', '.join(sorted(allowed))}",
             name,
         )
 
@@ -340,9 +339,13 @@ def _asked_max_tokens(body: dict) -> tuple[str, int] | None:
 
 
 def _max_tokens(
-    asked: tuple[str, int] | None, token_ids: tuple[int, ...], where: str, param: str, limits: PromptLimits,
+    asked: tuple[str, int] | None,
+    token_ids: tuple[int, ...],
+    where: str,
+    param: str,
+    limits: PromptLimits,
     default_max_tokens: int | None,
-) -> int:  # fmt: skip
+) -> int:
     room = limits.max_seq_len - len(token_ids)
     if room < 1:
         raise invalid_request(

@@ -46,8 +46,9 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         if self.engine not in SERVE_ENGINES:
-            raise ValueError(f"--engine {self.engine!r} is not one perfsuite serve runs; choose from "
-                             f"{', '.join(SERVE_ENGINES)}")  # fmt: skip
+            raise ValueError(
+                f"--engine {self.engine!r} is not one perfsuite serve runs; choose from {', '.join(SERVE_ENGINES)}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.served_model_name is not None and not self.served_model_name.strip():

@@ -24,9 +24,12 @@ class ServeLimits:
 
     def __post_init__(self) -> None:
         for name in (
-            "max_open_requests", "max_prompts_per_request", "max_body_bytes", "default_max_tokens",
+            "max_open_requests",
+            "max_prompts_per_request",
+            "max_body_bytes",
+            "default_max_tokens",
             "num_recent_records",
-        ):  # fmt: skip
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServeLimits.{name} must be >= 1, got {getattr(self, name)}")
 

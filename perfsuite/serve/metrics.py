@@ -48,22 +48,31 @@ class _WorkerCollector(Collector):
             gauge.add_metric([self._model_name], value)
             yield gauge
         counters = (
-            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-             totals.engine.num_prefix_cache_queried_tokens),
-            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-             totals.engine.num_prefix_cache_hit_tokens),
+            (
+                "vllm:prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                totals.engine.num_prefix_cache_queried_tokens,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                totals.engine.num_prefix_cache_hit_tokens,
+            ),
             ("vllm:num_preemptions", "Preemptions.", totals.engine.num_preemptions),
             ("vllm:prompt_tokens", "Prompt tokens of the requests added.", totals.num_prompt_tokens),
             ("vllm:generation_tokens", "Tokens generated.", totals.num_generation_tokens),
-        )  # fmt: skip
+        )
         for name, documentation, value in counters:
             counter = CounterMetricFamily(name, documentation, labels=labels)
             counter.add_metric([self._model_name], value)
             yield counter
         reason_labels = [*labels, "finished_reason"]
         finished = CounterMetricFamily("vllm:request_success", "Requests finished.", labels=reason_labels)
-        for reason, value in (("stop", totals.num_stopped), ("length", totals.num_length_capped),
-                              ("abort", totals.num_aborted)):  # fmt: skip
+        for reason, value in (
+            ("stop", totals.num_stopped),
+            ("length", totals.num_length_capped),
+            ("abort", totals.num_aborted),
+        ):
             finished.add_metric([self._model_name, reason], value)
         yield finished
 

@@ -37,8 +37,13 @@ class CompletionEnvelope:
             kind = "chat.completion.chunk" if self.request.stream else "chat.completion"
         else:
             kind = "text_completion"
-        body = {"id": self.completion_id, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+        body = {
+            "id": self.completion_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage is not None or self.request.include_usage:
             body["usage"] = usage
         return body
@@ -73,15 +78,23 @@ class CompletionEnvelope:
 
 
 def _text_choice(index: int, text: str, token_ids: list[int], finish_reason: FinishReason | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": _finish(finish_reason),
-            "token_ids": token_ids}  # fmt: skip
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": _finish(finish_reason),
+        "token_ids": token_ids,
+    }
 
 
-def _chat_choice(
-    index: int, key: str, message: dict, token_ids: list[int], finish_reason: FinishReason | None
-) -> dict:
-    return {"index": index, key: message, "logprobs": None, "finish_reason": _finish(finish_reason),
-            "token_ids": token_ids}  # fmt: skip
+def _chat_choice(index: int, key: str, message: dict, token_ids: list[int], finish_reason: FinishReason | None) -> dict:
+    return {
+        "index": index,
+        key: message,
+        "logprobs": None,
+        "finish_reason": _finish(finish_reason),
+        "token_ids": token_ids,
+    }
 
 
 def _finish(finish_reason: FinishReason | None) -> str | None:

@@ -232,8 +232,9 @@ class EngineWorker:
             for request, client_id in zip(requests, client_ids, strict=True):
                 self._engine.add_request(request)
                 added.append(request.request_id)
-                self._totals = replace(self._totals, num_prompt_tokens=self._totals.num_prompt_tokens
-                                       + request.num_prompt_tokens)  # fmt: skip
+                self._totals = replace(
+                    self._totals, num_prompt_tokens=self._totals.num_prompt_tokens + request.num_prompt_tokens
+                )
                 if client_id is not None:
                     self._client_ids[request.request_id] = client_id
         except ValueError:

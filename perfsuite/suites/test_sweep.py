@@ -38,6 +38,12 @@ def test_sweep_capacity(perf, perf_engine_factory, perf_requests_for, sweep_capa
 
     engine = perf_engine_factory(case.engine, batch_size=case.batch_size, requests=requests_at(1.0))
     settings = case.settings
-    perf.measure_capacity(engine, requests_at, by=settings.by, target_share=settings.target_share,
-                          tolerance=settings.tolerance, repeats=case.repeats)  # fmt: skip
+    perf.measure_capacity(
+        engine,
+        requests_at,
+        by=settings.by,
+        target_share=settings.target_share,
+        tolerance=settings.tolerance,
+        repeats=case.repeats,
+    )
     perf.assert_no_regression()

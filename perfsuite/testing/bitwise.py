@@ -137,8 +137,9 @@ def compositions(
     if shared:
         knobs.append(f"companions start with the needle's first {shared} token(s) (served with prefix caching too)")
     companions = [
-        _companion(index, draw(st.integers(0, NUM_COMPANION_PROMPTS - 1)), needle_prompt[:shared], allowed,
-                   max_prompt_len)  # fmt: skip
+        _companion(
+            index, draw(st.integers(0, NUM_COMPANION_PROMPTS - 1)), needle_prompt[:shared], allowed, max_prompt_len
+        )
         for index in range(batch - 1)
     ]
     place = draw(st.integers(0, len(companions)))
@@ -190,7 +191,7 @@ class BitwiseDifference:
     alone: object
 
     def describe(self) -> str:
-        shown = (_float_shown if self.what == "log-probability" else repr)
+        shown = _float_shown if self.what == "log-probability" else repr
         return (
             f"{self.engine_name}: request {self.request_id!r}, output position {self.position}: {self.what} "
             f"{shown(self.batched)} in the batch, {shown(self.alone)} alone"
@@ -260,10 +261,13 @@ def assert_same_bits(
         difference
         for engine_name, outputs in batched.items()
         for request in composition.requests
-        if (difference := first_difference(
-            engine_name, request.request_id, outputs[request.request_id], alone(engine_name, request)
-        )) is not None
-    ]  # fmt: skip
+        if (
+            difference := first_difference(
+                engine_name, request.request_id, outputs[request.request_id], alone(engine_name, request)
+            )
+        )
+        is not None
+    ]
     if differences:
         lines = "\n".join(f"  {difference.describe()}" for difference in differences)
         raise AssertionError(
@@ -302,9 +306,14 @@ class EngineLane:
 
         knobs = scenario.engine_config(max_seq_len)
         return EngineConfig(
-            knobs.batch_size, max_seq_len, knobs.prefill_batch_size, knobs.max_num_batched_tokens,
-            knobs.num_kv_blocks, batch_invariant=self._batch_invariant, kv_block_size=knobs.kv_block_size,
-        )  # fmt: skip
+            knobs.batch_size,
+            max_seq_len,
+            knobs.prefill_batch_size,
+            knobs.max_num_batched_tokens,
+            knobs.num_kv_blocks,
+            batch_invariant=self._batch_invariant,
+            kv_block_size=knobs.kv_block_size,
+        )
 
     def _serve(
         self, config: EngineConfig, requests: tuple[Request, ...], runs: list | None = None

@@ -163,9 +163,13 @@ def equivalence_test(
         backend = model_under_test.backend()
         build = functools.partial(_build, _engine_name(engine), factory(), backend)
         check = check_engine(
-            build, scenario, model_under_test.reference(), max_seq_len=max_seq_len,
-            seconds_per_step=seconds_per_step, tolerance=tolerance,
-        )  # fmt: skip
+            build,
+            scenario,
+            model_under_test.reference(),
+            max_seq_len=max_seq_len,
+            seconds_per_step=seconds_per_step,
+            tolerance=tolerance,
+        )
         check.assert_passed()
 
     prepare = lambda: (model_under_test.reference(), factory())  # noqa: E731
@@ -216,9 +220,13 @@ def runner_equivalence_test(
 
     def check_one(scenario: Scenario) -> None:
         check = check_runner(
-            runner_of(), scenario, model_under_test.reference(), eos_token_id=model_under_test.loaded().eos_token_id,
-            max_seq_len=max_seq_len, tolerance=tolerance,
-        )  # fmt: skip
+            runner_of(),
+            scenario,
+            model_under_test.reference(),
+            eos_token_id=model_under_test.loaded().eos_token_id,
+            max_seq_len=max_seq_len,
+            tolerance=tolerance,
+        )
         check.assert_passed()
 
     label = getattr(make_runner, "__name__", "runner")
@@ -227,8 +235,11 @@ def runner_equivalence_test(
 
 
 def _refuse_near_tie_arguments(near_tie_tolerance: object, max_near_ties: object) -> None:
-    given = [name for name, value in (("near_tie_tolerance", near_tie_tolerance), ("max_near_ties", max_near_ties))
-             if value is not _REMOVED]  # fmt: skip
+    given = [
+        name
+        for name, value in (("near_tie_tolerance", near_tie_tolerance), ("max_near_ties", max_near_ties))
+        if value is not _REMOVED
+    ]
     if given:
         raise TypeError(
             f"{' and '.join(given)}: the near-tie rule is gone; the verdict is now per token, each output token "
@@ -240,8 +251,10 @@ def _refuse_near_tie_arguments(near_tie_tolerance: object, max_near_ties: object
 def _refuse_per_token_arguments(**given: object) -> None:
     names = [name for name, value in given.items() if value is not None]
     if names:
-        raise TypeError(f"{', '.join(names)}: not taken by the bitwise lane (bitwise=True), which compares exact bits "
-                        "at its strategy's max_seq_len (a composition's), every request arriving by step")
+        raise TypeError(
+            f"{', '.join(names)}: not taken by the bitwise lane (bitwise=True), which compares exact bits "
+            "at its strategy's max_seq_len (a composition's), every request arriving by step"
+        )
 
 
 def _bitwise_engine_test(
@@ -256,10 +269,11 @@ def _bitwise_engine_test(
     factory = functools.cache(lambda: load_factory(engine) if isinstance(engine, str) else engine)
     lane = functools.cache(
         lambda: bitwise_lane.EngineLane(
-            name, functools.partial(_build, name, factory(), model_under_test.logprobs_backend(batch_invariant)),
+            name,
+            functools.partial(_build, name, factory(), model_under_test.logprobs_backend(batch_invariant)),
             batch_invariant,
         )
-    )  # fmt: skip
+    )
     strategy = model_under_test.compositions() if strategy is None else strategy
     return _bitwise_test(lane, strategy, max_examples, name, limit)
 

@@ -18,6 +18,7 @@ from perfsuite.testing.verdict import TokenScores
 if TYPE_CHECKING:
     from perfsuite.models import LoadedModel
 
+
 class TokenScorer(Protocol):
     """The teacher-forced reference (``perfsuite.engine.reference.TeacherForcedScorer``)."""
 
@@ -39,7 +40,9 @@ def near_tie_tolerance(dtype: str) -> float:
     try:
         return NEAR_TIE_BY_DTYPE[dtype]
     except KeyError:
-        raise ValueError(f"no near-tie tolerance for dtype {dtype!r}; choose one of {', '.join(NEAR_TIE_BY_DTYPE)}") from None
+        raise ValueError(
+            f"no near-tie tolerance for dtype {dtype!r}; choose one of {', '.join(NEAR_TIE_BY_DTYPE)}"
+        ) from None
 
 
 class CachedReference:

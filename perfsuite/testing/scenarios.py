@@ -78,9 +78,13 @@ class Scenario:
         does) gets the pool the scenario meant and preempts where it should.
         """
         return EngineConfig(
-            self.batch_size, max_seq_len, self.prefill_batch_size, self.max_num_batched_tokens, self.num_kv_blocks,
+            self.batch_size,
+            max_seq_len,
+            self.prefill_batch_size,
+            self.max_num_batched_tokens,
+            self.num_kv_blocks,
             kv_block_size=self.kv_block_size,
-        )  # fmt: skip
+        )
 
     def engines(self, runner: Runner, eos_token_id: int | None, max_seq_len: int) -> Iterator[Engine]:
         """perfsuite's static, in-flight and paged engines over ``runner`` (and ``paged-prefix``), with its knobs."""

@@ -272,10 +272,22 @@ class _Tally:
             self.num_within += 1
             self.max_gap_ulps = max(self.max_gap_ulps, gap_ulps)
             return
-        self.wrong.append(WrongToken(
-            self.engine_name, request_id, position, "wrong token", token, best, logit, best_logit, allowed, gap_ulps,
-            num_tokens, why,
-        ))  # fmt: skip
+        self.wrong.append(
+            WrongToken(
+                self.engine_name,
+                request_id,
+                position,
+                "wrong token",
+                token,
+                best,
+                logit,
+                best_logit,
+                allowed,
+                gap_ulps,
+                num_tokens,
+                why,
+            )
+        )
 
     def _ended(
         self, request_id: str, position: int, kind: str, token: int | None, num_tokens: int, why: str
@@ -286,6 +298,12 @@ class _Tally:
 
     def check(self, num_requests: int) -> TokenCheck:
         return TokenCheck(
-            self.engine_name, num_requests, self.num_checked, self.num_exact, self.num_within, self.max_gap_ulps,
-            tuple(self.wrong), self.tolerance,
-        )  # fmt: skip
+            self.engine_name,
+            num_requests,
+            self.num_checked,
+            self.num_exact,
+            self.num_within,
+            self.max_gap_ulps,
+            tuple(self.wrong),
+            self.tolerance,
+        )

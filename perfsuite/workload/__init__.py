@@ -26,6 +26,7 @@ from perfsuite.workload.lengths import (
     parse_output_lengths,
     parse_prompt_lengths,
 )
+from perfsuite.workload.multi_turn import MultiTurn
 from perfsuite.workload.prompts import (
     JSONL_KEYS,
     JsonlPrompts,
@@ -37,7 +38,6 @@ from perfsuite.workload.prompts import (
     parse_prompts,
     shipped_prompts,
 )
-from perfsuite.workload.multi_turn import MultiTurn
 from perfsuite.workload.shaped import SHAPE_KINDS, ShapedWorkload, parse_shape, parse_workload_option
 from perfsuite.workload.shared_prefix import SharedPrefix
 from perfsuite.workload.trace import Trace

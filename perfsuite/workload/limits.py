@@ -34,9 +34,7 @@ def check_num_requests(count: int, what: str, fix: str) -> None:
 def check_prompt_tokens(count: int, what: str, fix: str) -> None:
     """``what`` is ``count`` prompt tokens over all requests; refuse above the maximum."""
     if count > MAX_PROMPT_TOKENS:
-        raise ValueError(
-            f"{what} = {count} prompt tokens, more than a workload may hold ({MAX_PROMPT_TOKENS}); {fix}"
-        )
+        raise ValueError(f"{what} = {count} prompt tokens, more than a workload may hold ({MAX_PROMPT_TOKENS}); {fix}")
 
 
 def check_arrival(seconds: float, what: str, fix: str) -> None:

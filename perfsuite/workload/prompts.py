@@ -77,7 +77,6 @@ class Vocab:
         skipped, num_allowed = self.skipped_ids, self.num_allowed
         return tuple(_nth_allowed(self.first_id + rng.randrange(num_allowed), skipped) for _ in range(count))
 
-
     def draw_distinct(self, rng: random.Random, count: int, what: str) -> tuple[int, ...]:
         """``count`` different ids: the first tokens that keep ``what`` (groups, sessions) from sharing a prefix."""
         if count > self.num_allowed:

@@ -196,9 +196,7 @@ def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: P
     return sweep
 
 
-def _shaped_sweep(
-    data: Mapping[str, object], table: Mapping[str, object], source: str, base_dir: Path | None
-) -> Sweep:
+def _shaped_sweep(data: Mapping[str, object], table: Mapping[str, object], source: str, base_dir: Path | None) -> Sweep:
     """A sweep whose workloads are a ``[workload]`` table or ``[[workload]]`` tables (``shaped.parse_shape``)."""
     replaced = [key for key in SHAPED_REPLACES if key in table]
     if replaced:
@@ -288,7 +286,7 @@ def _axis(
 
 def _engine_name(value: object) -> str:
     if not isinstance(value, str) or not value or any(char.isspace() for char in value):
-        raise ValueError(f"an engine is a name such as \"inflight\", without spaces; got {value!r}")
+        raise ValueError(f'an engine is a name such as "inflight", without spaces; got {value!r}')
     return value
 
 
