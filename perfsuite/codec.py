@@ -1,4 +1,8 @@
-"""One structural codec between frozen dataclasses and plain JSON data: the A/B wire and results.json both use it.
+"""One structural codec between frozen dataclasses and plain JSON data, and the envelope of a typed message.
+
+The A/B wire, the Ray wire and results.json use the codec; both wires put
+each message in the same envelope (``Protocol``): one JSON line of its
+fields, its type's name and the protocol's version.
 
 A frozen dataclass is written as an object of its fields and rebuilt from
 the *reader's* class by that class's type hints, so the reader decides what
@@ -24,10 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -166,3 +172,66 @@ def _expect(data: Any, kind: type, annotation: Any) -> None:
 
 def _has_no_default(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+# -- the envelope: one message as one JSON line ---------------------------------------------------------------------
+
+TYPE_KEY = "type"
+VERSION_KEY = "v"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A set of message types under one version: how each message travels, as one JSON line.
+
+    A line holds the message's fields (``encode``), its type's name and the
+    version; the reader refuses another version, a type it does not expect and
+    a shape its class cannot hold, with ``error`` (a ``CodecError``) naming which.
+    ``name`` is how those errors name the protocol; ``on_other_version`` what
+    they add when the other side speaks another version.
+    """
+
+    name: str
+    version: int
+    messages: Mapping[str, type]
+    error: type[CodecError] = CodecError
+    on_other_version: str = ""
+
+    def dumps(self, message: Any) -> str:
+        """``message`` as one JSON line (no newline)."""
+        type_name = type(message).__name__
+        if self.messages.get(type_name) is not type(message):
+            raise self.error(f"{type_name} is not a message of {self.name} {self.version}")
+        try:
+            body = encode(message)
+        except CodecError as error:
+            raise self.error(f"{type_name}: {error}") from None
+        envelope = {TYPE_KEY: type_name, VERSION_KEY: self.version, **body}
+        return json.dumps(envelope, allow_nan=False, separators=(",", ":"))
+
+    def loads(self, text: Any, expected: tuple[type, ...] | None = None) -> Any:
+        """``text`` (from ``dumps``) as this side's message; with ``expected``, only one of those types."""
+        data = self._envelope(text)
+        type_name = data.pop(TYPE_KEY)
+        wanted = self.messages if expected is None else {cls.__name__: cls for cls in expected}
+        if not isinstance(type_name, str) or type_name not in wanted:  # a list or dict name would raise TypeError
+            if expected is None:
+                raise self.error(f"unknown message {type_name!r}")
+            raise self.error(f"expected a {' or '.join(wanted)} message, got {type_name!r}")
+        try:
+            return decode(wanted[type_name], data)
+        except CodecError as error:
+            raise self.error(str(error)) from None
+
+    def _envelope(self, text: Any) -> dict[str, Any]:
+        """The line's JSON object, its version checked and taken out; its type still in it."""
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as error:
+            raise self.error(f"not a JSON line ({error}): {str(text)[:200]!r}") from None
+        if not isinstance(data, dict) or TYPE_KEY not in data:
+            raise self.error(f"not a message (no {TYPE_KEY!r}): {str(text)[:200]!r}")
+        version = data.pop(VERSION_KEY, None)
+        if type(version) is not int or version != self.version:  # true and 1.0 equal 1 in Python, not here
+            raise self.error(f"{self.name} version {version!r}, this side speaks {self.version}{self.on_other_version}")
+        return data

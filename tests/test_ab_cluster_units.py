@@ -14,6 +14,9 @@ import pytest
 from perfsuite.ab.on_ray import paired_runs
 from perfsuite.ab.packing import PackingError, pack_tree, tree_files, unpack_tree
 from perfsuite.ab.snapshots import OWNER_FILE
+from perfsuite.ab.workers import engine_id
+from perfsuite.adapters import EngineConfig
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 from perfsuite.measure.environment import Environment
@@ -25,7 +28,7 @@ ENVIRONMENT = Environment("cpu", "2.13.0", "4.57", "float32", "tiny-random", "So
 SPEC = wire.ModelSpec("tiny-random", "cpu", "float32", "packed")
 SETUP = wire.PairSetup("origin/main", "c" * 40, "d" * 40, True, SPEC, workers_per_side=2, timeout=600.0)
 PAIRS = wire.PairRequest(
-    "suites/test_x.py::test_x[static]", wire.EngineKnobs("static", 2, 64, num_kv_blocks=9),
+    "suites/test_x.py::test_x[static]", EngineSpec("static", EngineConfig(2, 64, num_kv_blocks=9)),
     (Request("r0", (1, 2, 3), SamplingParams(3, ignore_eos=True)),), max_concurrency=None, warmup_runs=1,
     num_pairs=2, threads=1,
 )  # fmt: skip
@@ -289,8 +292,9 @@ class FakeRunner:
         from perfsuite.ab import wire as ab_wire
 
         self._maybe_fail()
-        return ab_wire.Built(spec.engine_id, spec.engine, spec.batch_size), ab_wire.Built(
-            spec.engine_id, spec.engine, spec.batch_size, runs_in_process=False)  # fmt: skip
+        key = engine_id(spec)
+        return ab_wire.Built(key, spec.name, spec.config.batch_size), ab_wire.Built(
+            key, spec.name, spec.config.batch_size, runs_in_process=False)  # fmt: skip
 
     def run_pairs(self, spec, requests, max_concurrency, num_warmups, num_pairs, threads):
         from perfsuite.ab.pair import PairedRuns

@@ -27,13 +27,15 @@ from perfsuite.ab.pair import (
     pair_workers,
 )
 from perfsuite.ab.trees import OLDEST_SUPPORTED, WORKER_MODULE, ReferenceError, Trees, prepare_trees
-from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
+from perfsuite.ab.workers import Side, SideRunner, Worker, WorkerError
+from perfsuite.adapters import EngineConfig
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 from perfsuite.measure.contention import CpuSample, CpuTicks
 
 LOAD = wire.Load("tiny-random", "cpu", "float32", "packed")
 LOADED = wire.Loaded("cpu", model_bytes=1000, free_bytes=10_000, max_context=256, eos_token_id=2, vocab_size=320)
-SPEC = EngineSpec("inflight", batch_size=2, max_seq_len=64)
+SPEC = EngineSpec("inflight", EngineConfig(batch_size=2, max_seq_len=64))
 REQUESTS = [Request(f"r{i}", (1, 2, 3), SamplingParams(3, ignore_eos=True)) for i in range(2)]
 
 
@@ -59,7 +61,7 @@ class FakeWorker:
         if isinstance(message, wire.Load):
             return LOADED
         if isinstance(message, wire.Build):
-            return wire.Built(message.engine_id, message.engine, message.batch_size)
+            return wire.Built(message.engine_id, message.engine, message.config["batch_size"])
         if isinstance(message, wire.Run):
             self.log.append((self.side.label, message.engine_id, self.side.number))
             return wire.RunDone(wire.encode(run_result(f"{self.side.label}-engine", self.tokens)))
@@ -371,7 +373,7 @@ def test_a_module_the_tree_lacks_is_not_taken_from_another_perfsuite_and_the_wor
     worker = Worker(Side("A", "REF old", tmp_path / "tree"))
     try:
         assert Path(worker.hello.perfsuite_file) == package / "__init__.py"
-        build = wire.Build("inflight:2", "inflight", batch_size=2, max_seq_len=64)
+        build = wire.Build("inflight:2", "inflight", {"batch_size": 2, "max_seq_len": 64})
         with pytest.raises(WorkerError) as error:
             worker.request(build, wire.Built, 30, "build inflight")
         assert str(error.value) == (

@@ -174,6 +174,8 @@ def field_strategy(hint: Any) -> st.SearchStrategy:
         return JSON_DATA
     if hint == tuple[Any, ...]:
         return tuples_of(JSON_DATA)
+    if hint == dict[str, Any]:
+        return st.dictionaries(st.text(), JSON_DATA, max_size=3)
     return st.from_type(hint)
 
 

@@ -16,8 +16,9 @@ import pytest
 
 from perfsuite.ab import wire
 from perfsuite.ab.worker_main import Worker
-from perfsuite.ab.workers import EngineSpec
+from perfsuite.ab.workers import build_message, engine_id
 from perfsuite.adapters import Backend, EngineConfig, build_engine
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire as cluster_wire
 from perfsuite.cluster.actor import MeasureActor
 from perfsuite.engine import Request, SamplingParams
@@ -84,11 +85,9 @@ def test_the_registered_paged_engine_preempts_where_the_scenario_means_it_to():
 
 
 @dataclass(frozen=True, slots=True)
-class BuildBeforeKvBlockSize:
-    """``wire.Build`` as a tree older than ``kv_block_size`` has it."""
+class ConfigBeforeKvBlockSize:
+    """``EngineConfig`` as a tree older than ``kv_block_size`` has it."""
 
-    engine_id: str
-    engine: str
     batch_size: int
     max_seq_len: int
     prefill_batch_size: int | None = None
@@ -97,24 +96,24 @@ class BuildBeforeKvBlockSize:
 
 
 def test_the_ab_wire_carries_the_block_size_and_an_older_tree_still_decodes_a_build_without_it():
-    spec = EngineSpec("paged", 2, 64, num_kv_blocks=9, kv_block_size=2)
-    assert spec.engine_id == "paged:2,64,None,None,9,block=2"
-    assert EngineSpec("paged", 2, 64, num_kv_blocks=9).engine_id == "paged:2,64,None,None,9"  # as before
-    assert WorkerEngine("paged", EngineConfig(2, 64, num_kv_blocks=9, kv_block_size=2)).spec == spec
-    sent = wire.encode(wire.Build(spec.engine_id, "paged", 2, 64, num_kv_blocks=9, kv_block_size=2))
-    config = Worker(wire, Path("."))._engine_config(wire.decode(wire.Build, sent))
+    spec = EngineSpec("paged", EngineConfig(2, 64, num_kv_blocks=9, kv_block_size=2))
+    assert engine_id(spec) == "paged:2,64,None,None,9,block=2"
+    assert engine_id(EngineSpec("paged", EngineConfig(2, 64, num_kv_blocks=9))) == "paged:2,64,None,None,9"  # as before
+    assert WorkerEngine("paged", spec.config).spec == spec
+    sent = wire.loads_message(wire.dumps_message(build_message(spec)))
+    config = Worker(wire, Path("."))._engine_config(sent)
     assert config == EngineConfig(2, 64, num_kv_blocks=9, kv_block_size=2)
     with pytest.raises(wire.WireError, match="has no field kv_block_size: this side's code predates"):
-        wire.decode(BuildBeforeKvBlockSize, sent)
-    unset = wire.encode(wire.Build("paged:2,64,None,None,9", "paged", 2, 64, num_kv_blocks=9))
-    assert "kv_block_size" not in unset
-    assert wire.decode(BuildBeforeKvBlockSize, unset).num_kv_blocks == 9
+        wire.decode(ConfigBeforeKvBlockSize, sent.config)
+    unset = build_message(EngineSpec("paged", EngineConfig(2, 64, num_kv_blocks=9)))
+    assert "kv_block_size" not in unset.config
+    assert wire.decode(ConfigBeforeKvBlockSize, unset.config).num_kv_blocks == 9
 
 
 def test_the_cluster_wire_carries_the_block_size_to_the_actors_engine():
     config = EngineConfig(2, 64, num_kv_blocks=9, kv_block_size=2)
     knobs = ClusterEngine("paged", config).knobs
-    assert knobs.kv_block_size == 2
+    assert knobs.config.kv_block_size == 2
     request = cluster_wire.MeasureRequest("t", knobs, tight_scenario().requests, None, 0, 1, 0.05)
     assert cluster_wire.loads(cluster_wire.MeasureRequest, cluster_wire.dumps(request)).engine == knobs
     actor = MeasureActor.__new__(MeasureActor)  # without Ray: its constructor loads a model
@@ -122,4 +121,4 @@ def test_the_cluster_wire_carries_the_block_size_to_the_actors_engine():
     engine = actor._engine(knobs)
     assert (engine.scheduler.kv_cache.num_blocks, engine.scheduler.kv_cache.block_size) == (9, 2)
     unset = cluster_wire.MeasureRequest("t", ClusterEngine("paged", EngineConfig(2, 64)).knobs, (), None, 0, 1, 0.05)
-    assert "kv_block_size" not in cluster_wire.dumps(unset)  # so an older node decodes it
+    assert "kv_block_size" not in cluster_wire.dumps(unset)  # the codec leaves an unset knob out

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from perfsuite.ab import wire
-from perfsuite.ab.workers import EngineSpec
+from perfsuite.ab.workers import build_message, engine_id
 from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.engine import Request, SamplingParams
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference
 
@@ -39,8 +40,8 @@ def test_unset_num_kv_blocks_leaves_a_stored_identity_as_it_was():
     assert unset.identity() == {"batch_size": 8, "max_seq_len": 64, "prefill_batch_size": None,
                                 "max_num_batched_tokens": None}  # fmt: skip
     assert EngineConfig(8, 64, num_kv_blocks=40).identity()["num_kv_blocks"] == 40
-    assert EngineSpec("inflight", 2, 64).engine_id == "inflight:2,64,None,None"
-    assert EngineSpec("paged", 2, 64, num_kv_blocks=9).engine_id == "paged:2,64,None,None,9"
+    assert engine_id(EngineSpec("inflight", EngineConfig(2, 64))) == "inflight:2,64,None,None"
+    assert engine_id(EngineSpec("paged", EngineConfig(2, 64, num_kv_blocks=9))) == "paged:2,64,None,None,9"
 
 
 def test_num_kv_blocks_below_one_is_refused():
@@ -49,24 +50,21 @@ def test_num_kv_blocks_below_one_is_refused():
 
 
 @dataclass(frozen=True, slots=True)
-class BuildBeforeNumKvBlocks:
-    """``wire.Build`` as a tree older than the paged engine has it."""
+class ConfigAtOldestSupported:
+    """``EngineConfig`` as ``OLDEST_SUPPORTED`` (14782f4), older than the paged engine, has it."""
 
-    engine_id: str
-    engine: str
     batch_size: int
     max_seq_len: int
     prefill_batch_size: int | None = None
     max_num_batched_tokens: int | None = None
 
 
-def test_a_build_without_num_kv_blocks_still_decodes_in_an_older_tree():
-    sent = wire.encode(wire.Build("inflight:2,64,None,None", "inflight", 2, 64))
-    assert "num_kv_blocks" not in sent
-    old = BuildBeforeNumKvBlocks("inflight:2,64,None,None", "inflight", 2, 64)
-    assert wire.decode(BuildBeforeNumKvBlocks, sent) == old
-    assert wire.decode(wire.Build, sent).num_kv_blocks is None
-    with_blocks = wire.encode(wire.Build("paged:2,64,None,None,9", "paged", 2, 64, num_kv_blocks=9))
-    assert wire.decode(wire.Build, with_blocks).num_kv_blocks == 9
+def test_a_build_without_num_kv_blocks_still_decodes_in_the_oldest_supported_tree():
+    sent = wire.loads_message(wire.dumps_message(build_message(EngineSpec("inflight", EngineConfig(2, 64)))))
+    assert sent.config == {"batch_size": 2, "max_seq_len": 64, "prefill_batch_size": None,
+                           "max_num_batched_tokens": None}  # fmt: skip
+    assert wire.decode(ConfigAtOldestSupported, sent.config) == ConfigAtOldestSupported(2, 64)
+    with_blocks = build_message(EngineSpec("paged", EngineConfig(2, 64, num_kv_blocks=9)))
+    assert wire.decode(EngineConfig, with_blocks.config).num_kv_blocks == 9
     with pytest.raises(wire.WireError, match="has no field num_kv_blocks: this side's code predates"):
-        wire.decode(BuildBeforeNumKvBlocks, with_blocks)
+        wire.decode(ConfigAtOldestSupported, with_blocks.config)

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from perfsuite.adapters import EngineConfig
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
 from perfsuite.cluster.actor import MeasureActor, bracketed
 from perfsuite.cluster.pool import Requirement
@@ -30,7 +32,7 @@ pytest_plugins = ["pytester"]
 NODE = wire.NodeInfo("a" * 56, "gpu-7", "10.0.0.7")
 ENVIRONMENT = Environment("cpu", "2.13.0", "4.57", "float32", "tiny-random", "Some CPU", 2)
 REQUEST = wire.MeasureRequest(
-    "suites/test_x.py::test_x[static]", wire.EngineKnobs("static", 2, 64, num_kv_blocks=9),
+    "suites/test_x.py::test_x[static]", EngineSpec("static", EngineConfig(2, 64, num_kv_blocks=9)),
     (Request("r0", (1, 2, 3), SamplingParams(3, ignore_eos=True)),), max_concurrency=None, warmup_runs=1, repeats=3,
     busy_threshold=0.05,
 )  # fmt: skip
@@ -252,11 +254,11 @@ def test_a_multi_turn_workload_travels_with_its_follow_ups():
 
 
 def test_the_controllers_stand_in_lets_follow_ups_through_and_the_actors_engine_resolves_them():
-    from perfsuite.adapters.protocol import EngineConfig, check_serves_follow_ups
+    from perfsuite.adapters.protocol import check_serves_follow_ups
     from perfsuite.plugin.cluster import ClusterEngine
 
     check_serves_follow_ups(ClusterEngine("inflight", EngineConfig(2, 64)), MULTI_TURN)
-    request = wire.MeasureRequest("t", wire.EngineKnobs("inflight", 2, 64), MULTI_TURN, None, 0, 2, 0.05)
+    request = wire.MeasureRequest("t", EngineSpec("inflight", EngineConfig(2, 64)), MULTI_TURN, None, 0, 2, 0.05)
     result = wire.loads(wire.MeasureResult, actor_over(fake_backend()).measure(wire.dumps(request)))
     assert len(result.runs) == 2
     records = {r.request_id: r for r in result.runs[-1].records}
@@ -266,7 +268,7 @@ def test_the_controllers_stand_in_lets_follow_ups_through_and_the_actors_engine_
 
 def test_an_engine_that_cannot_resolve_follow_ups_fails_on_the_node_naming_it():
     actor = actor_over(fake_backend())
-    knobs = wire.EngineKnobs("one-turn", 2, 64)
+    knobs = EngineSpec("one-turn", EngineConfig(2, 64))
     actor._engines[knobs] = SimpleNamespace(name="one-turn", run=lambda *args, **kwargs: pytest.fail("ran"))
     request = wire.MeasureRequest("t", knobs, MULTI_TURN, None, 0, 1, 0.05)
     with pytest.raises(ValueError, match="engine 'one-turn' cannot serve multi-turn follow-ups"):
@@ -283,14 +285,14 @@ def capacity_workload(rate: float) -> list[Request]:
 
 
 def capacity_request(engine: str, repeats: int = 2, slo: SLO = CAPACITY_SLO) -> wire.CapacityRequest:
-    return wire.CapacityRequest("suites/test_capacity.py::test_capacity[x]", wire.EngineKnobs(engine, 4, 64),
+    return wire.CapacityRequest("suites/test_capacity.py::test_capacity[x]", EngineSpec(engine, EngineConfig(4, 64)),
                                 tuple(capacity_workload(1.0)), slo, SteadyState(), SearchChoices(), warmup_runs=1,
                                 repeats=repeats, busy_threshold=0.99)  # fmt: skip
 
 
 def capacity_actor(engine) -> MeasureActor:
     actor = actor_over(fake_backend())
-    actor._engines[wire.EngineKnobs(engine.name, 4, 64)] = engine
+    actor._engines[EngineSpec(engine.name, EngineConfig(4, 64))] = engine
     return actor
 
 

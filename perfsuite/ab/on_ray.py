@@ -28,7 +28,7 @@ from perfsuite.ab.packing import unpack_tree
 from perfsuite.ab.pair import ABRunner, PairedRuns
 from perfsuite.ab.snapshots import new_snapshot, remove_stale_snapshots
 from perfsuite.ab.trees import Trees
-from perfsuite.ab.workers import EngineSpec, WorkerError
+from perfsuite.ab.workers import WorkerError
 from perfsuite.cluster import wire
 
 NODE_TREES = "on-ray"  # the trees' folder on a node: perfsuite-ab-on-ray-XXXX in its temporary directory
@@ -88,16 +88,7 @@ class PairActor:
 
     def run_pairs(self, text: str) -> str:
         request = wire.loads(wire.PairRequest, text)
-        knobs = request.engine
-        spec = EngineSpec(
-            knobs.name,
-            knobs.batch_size,
-            knobs.max_seq_len,
-            knobs.prefill_batch_size,
-            knobs.max_num_batched_tokens,
-            knobs.num_kv_blocks,
-            kv_block_size=knobs.kv_block_size,
-        )
+        spec = request.engine
         try:
             built = self._runner.build(spec)
             paired = self._runner.run_pairs(

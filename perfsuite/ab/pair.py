@@ -42,7 +42,8 @@ from pathlib import Path
 import perfsuite
 from perfsuite.ab import wire
 from perfsuite.ab.trees import Trees
-from perfsuite.ab.workers import EngineSpec, Side, SideRunner, Worker, WorkerError
+from perfsuite.ab.workers import Side, SideRunner, Worker, WorkerError
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.engine.types import Request, RunResult
 from perfsuite.measure.contention import (
     CpuMeter,

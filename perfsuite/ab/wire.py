@@ -21,7 +21,6 @@ loads the codec by path too, from beside its own package, never through
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +44,7 @@ if __package__:  # imported as perfsuite.ab.wire
 else:  # loaded by path by ab/worker_main.py
     codec = _codec_by_path()
 
-PROTOCOL_VERSION = 1
-_TYPE_KEY = "type"
+PROTOCOL_VERSION = 1  # the worker and its controller read one wire.py: a change of shape meets no other version
 
 
 class WireError(codec.CodecError):
@@ -101,16 +99,17 @@ class Tokens:
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """Build (or reuse) an engine by registered name; later ``Run`` messages name it by ``engine_id``."""
+    """Build (or reuse) an engine by registered name; later ``Run`` messages name it by ``engine_id``.
+
+    ``config``: an encoded ``perfsuite.adapters.EngineConfig``, each knob
+    added after ``OLDEST_SUPPORTED`` left out while unset
+    (``EngineConfig.identity``), so a worker over an older tree decodes it
+    into that tree's ``EngineConfig``, and refuses a set knob it lacks by name.
+    """
 
     engine_id: str
     engine: str
-    batch_size: int
-    max_seq_len: int
-    prefill_batch_size: int | None = None
-    max_num_batched_tokens: int | None = None
-    num_kv_blocks: int | None = None  # an older tree's Build lacks it: decoding fills the default
-    kv_block_size: int | None = None  # likewise; unset, it is not sent, so an older tree's worker decodes the Build
+    config: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +180,9 @@ MESSAGES: dict[str, type] = {
 }
 
 
+PROTOCOL = codec.Protocol("protocol", PROTOCOL_VERSION, MESSAGES, WireError)
+
+
 def write_message(stream: IO[str], message: Any) -> None:
     """One message as one JSON line, flushed (the other side blocks on it)."""
     stream.write(dumps_message(message) + "\n")
@@ -188,27 +190,13 @@ def write_message(stream: IO[str], message: Any) -> None:
 
 
 def dumps_message(message: Any) -> str:
-    name = type(message).__name__
-    if MESSAGES.get(name) is not type(message):
-        raise WireError(f"{name} is not a message of protocol {PROTOCOL_VERSION}")
-    body = encode(message)
-    return json.dumps({_TYPE_KEY: name, "v": PROTOCOL_VERSION, **body}, allow_nan=False, separators=(",", ":"))
+    """``message`` in the envelope (``perfsuite.codec.Protocol``): its fields, its type and the protocol version."""
+    return PROTOCOL.dumps(message)
 
 
 def loads_message(line: str) -> Any:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise WireError(f"not a JSON line ({error}): {line[:200]!r}") from None
-    if not isinstance(data, dict) or _TYPE_KEY not in data:
-        raise WireError(f"not a message (no {_TYPE_KEY!r}): {line[:200]!r}")
-    version = data.pop("v", None)
-    if type(version) is not int or version != PROTOCOL_VERSION:  # true and 1.0 equal 1 in Python, not here
-        raise WireError(f"protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
-    name = data.pop(_TYPE_KEY)
-    if not isinstance(name, str) or name not in MESSAGES:  # a list or dict name would raise TypeError
-        raise WireError(f"unknown message {name!r}")
-    return decode(MESSAGES[name], data)
+    """The message in ``line`` as this side's class; ``WireError`` naming what is wrong."""
+    return PROTOCOL.loads(line)
 
 
 # -- the structural codec (perfsuite/codec.py), its errors as this protocol's ---------------------------------------

@@ -174,16 +174,14 @@ class Worker:
         return self.wire.RunDone(self.wire.encode(result))
 
     def _engine_config(self, build):
-        """This tree's ``EngineConfig`` from ``build``'s knobs, by keyword through the structural codec.
+        """This tree's ``EngineConfig`` from ``build.config``, through the structural codec.
 
         An older tree's ``EngineConfig`` has fewer fields: an unset knob is not
         sent, so it gets its default there, and a set one it lacks is an error naming it.
         """
         from perfsuite.adapters import EngineConfig
 
-        knobs = self.wire.encode(build)
-        del knobs["engine_id"], knobs["engine"]
-        return self.wire.decode(EngineConfig, knobs)
+        return self.wire.decode(EngineConfig, build.config)
 
     def _loaded(self):
         if self.backend is None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.ab import wire
+from perfsuite.adapters.registry import EngineSpec
 
 WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
 STDERR_TAIL_CHARS = 3000
@@ -180,26 +181,25 @@ class Worker:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """What a worker builds an engine from: a registered name and ``EngineConfig``'s knobs."""
+def engine_id(spec: EngineSpec) -> str:
+    """The name a worker keeps ``spec``'s engine under: its name and knobs, the later ones only when set."""
+    config = spec.config
+    knobs: tuple[object, ...] = (
+        config.batch_size,
+        config.max_seq_len,
+        config.prefill_batch_size,
+        config.max_num_batched_tokens,
+    )
+    if config.num_kv_blocks is not None or config.kv_block_size is not None:
+        knobs += (config.num_kv_blocks,)
+    if config.kv_block_size is not None:
+        knobs += (f"block={config.kv_block_size}",)
+    return f"{spec.name}:" + ",".join(map(str, knobs))
 
-    engine: str
-    batch_size: int
-    max_seq_len: int
-    prefill_batch_size: int | None = None
-    max_num_batched_tokens: int | None = None
-    num_kv_blocks: int | None = None
-    kv_block_size: int | None = None
 
-    @property
-    def engine_id(self) -> str:
-        knobs = (self.batch_size, self.max_seq_len, self.prefill_batch_size, self.max_num_batched_tokens)
-        if self.num_kv_blocks is not None or self.kv_block_size is not None:
-            knobs += (self.num_kv_blocks,)
-        if self.kv_block_size is not None:
-            knobs += (f"block={self.kv_block_size}",)
-        return f"{self.engine}:" + ",".join(map(str, knobs))
+def build_message(spec: EngineSpec) -> wire.Build:
+    """The ``Build`` of ``spec``: its config without the knobs an older tree lacks while they are unset."""
+    return wire.Build(engine_id(spec), spec.name, spec.config.identity())
 
 
 class SideRunner:
@@ -225,19 +225,10 @@ class SideRunner:
 
     def build(self, spec: EngineSpec) -> wire.Built:
         worker = self.worker()
-        if spec.engine_id not in self._built:
-            message = wire.Build(
-                spec.engine_id,
-                spec.engine,
-                spec.batch_size,
-                spec.max_seq_len,
-                spec.prefill_batch_size,
-                spec.max_num_batched_tokens,
-                spec.num_kv_blocks,
-                spec.kv_block_size,
-            )
-            self._built[spec.engine_id] = worker.request(message, wire.Built, self._timeout, f"build {spec.engine}")
-        return self._built[spec.engine_id]
+        key = engine_id(spec)
+        if key not in self._built:
+            self._built[key] = worker.request(build_message(spec), wire.Built, self._timeout, f"build {spec.name}")
+        return self._built[key]
 
     def set_threads(self, num_threads: int) -> int:
         """Its worker's intra-op threads from now on (a worker started again gets them again); what it reports."""
@@ -251,8 +242,8 @@ class SideRunner:
 
     def run(self, spec: EngineSpec, requests: tuple[Any, ...], max_concurrency: int | None) -> Any:
         self.build(spec)
-        message = wire.Run(spec.engine_id, requests, max_concurrency)
-        return self.worker().request(message, wire.RunDone, self._timeout, f"run {spec.engine}").result
+        message = wire.Run(engine_id(spec), requests, max_concurrency)
+        return self.worker().request(message, wire.RunDone, self._timeout, f"run {spec.name}").result
 
     def close(self) -> None:
         if self._worker is not None:

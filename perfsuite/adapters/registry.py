@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
@@ -113,6 +114,18 @@ def load_factory(name: str) -> EngineFactory:
         return target
     module_name, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """A registered engine's name and the ``EngineConfig`` it is built with: what the A/B and Ray wires carry to the
+    process that builds it."""
+
+    name: str
+    config: EngineConfig
+
+    def build(self, backend: Backend) -> BatchingEngine:
+        return build_engine(self.name, backend, self.config)
 
 
 def build_engine(name: str, backend: Backend, config: EngineConfig) -> BatchingEngine:

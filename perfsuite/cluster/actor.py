@@ -16,6 +16,7 @@ import itertools
 import math
 import socket
 
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
 
 
@@ -35,7 +36,7 @@ class MeasureActor:
         self._backend = Backend.from_loaded(loaded, decode_mode=spec.decode_mode, probe=machine_probe)
         self._environment = capture_environment(spec.model, spec.dtype, self._backend.device)
         self._node = this_node()
-        self._engines: dict[wire.EngineKnobs, object] = {}
+        self._engines: dict[EngineSpec, object] = {}
 
     def describe(self) -> str:
         backend = self._backend
@@ -137,20 +138,10 @@ class MeasureActor:
             )
         )
 
-    def _engine(self, knobs: wire.EngineKnobs):
-        from perfsuite.adapters import EngineConfig, build_engine
-
-        if knobs not in self._engines:
-            config = EngineConfig(
-                knobs.batch_size,
-                knobs.max_seq_len,
-                knobs.prefill_batch_size,
-                knobs.max_num_batched_tokens,
-                knobs.num_kv_blocks,
-                kv_block_size=knobs.kv_block_size,
-            )
-            self._engines[knobs] = build_engine(knobs.name, self._backend, config)
-        return self._engines[knobs]
+    def _engine(self, spec: EngineSpec):
+        if spec not in self._engines:
+            self._engines[spec] = spec.build(self._backend)
+        return self._engines[spec]
 
 
 def bracketed(readings: list[float]) -> tuple[float, ...]:

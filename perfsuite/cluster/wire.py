@@ -10,25 +10,23 @@ node running another perfsuite cannot silently measure another workload.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite import codec
 from perfsuite.adapters.http_options import HttpClientOptions
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.adapters.server_info import ServedModel
-from perfsuite.codec import CodecError, decode, encode
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.capacity import Capacity, CapacitySearch, SteadyState
 from perfsuite.measure.capacity_runs import SearchChoices
 from perfsuite.measure.environment import Environment
 from perfsuite.measure.metrics import SLO
 
-PROTOCOL_VERSION = 2  # 2: capacity searches, A/B pairs and client shards
-_TYPE_KEY = "type"
-_VERSION_KEY = "v"
+PROTOCOL_VERSION = 3  # 2: capacity searches, A/B pairs and client shards; 3: an engine as its name and EngineConfig
 
 
-class ClusterWireError(CodecError):
+class ClusterWireError(codec.CodecError):
     """A message this side cannot read: malformed, of another protocol version, or of another type than expected."""
 
 
@@ -78,24 +76,11 @@ class Tokens:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineKnobs:
-    """A registered engine's name and ``EngineConfig``'s knobs: the actor builds (or reuses) the engine from them."""
-
-    name: str
-    batch_size: int
-    max_seq_len: int
-    prefill_batch_size: int | None = None
-    max_num_batched_tokens: int | None = None
-    num_kv_blocks: int | None = None
-    kv_block_size: int | None = None  # None (the engine's default) is not sent, so an older node decodes it
-
-
-@dataclass(frozen=True, slots=True)
 class MeasureRequest:
     """One perf test's measurement: warm-ups (discarded), then ``repeats`` timed runs, each between two probes."""
 
     test_id: str
-    engine: EngineKnobs
+    engine: EngineSpec
     requests: tuple[Request, ...]
     max_concurrency: int | None
     warmup_runs: int
@@ -127,7 +112,7 @@ class CapacityRequest:
     """
 
     test_id: str
-    engine: EngineKnobs
+    engine: EngineSpec
     requests: tuple[Request, ...]
     slo: SLO
     steady_state: SteadyState
@@ -186,7 +171,7 @@ class PairRequest:
     """One perf test's A/B measurement: warm-ups on every worker, then ``num_pairs`` pairs in ABBA order."""
 
     test_id: str
-    engine: EngineKnobs
+    engine: EngineSpec
     requests: tuple[Request, ...]
     max_concurrency: int | None
     warmup_runs: int
@@ -228,7 +213,6 @@ MESSAGES: dict[str, type] = {
         Described,
         Tokenize,
         Tokens,
-        EngineKnobs,
         MeasureRequest,
         MeasureResult,
         CapacityRequest,
@@ -296,41 +280,25 @@ class ShardResult:
 MESSAGES.update({cls.__name__: cls for cls in (HttpClientSpec, ClockReading, ShardPrepare, ShardRun, ShardResult)})
 
 
+PROTOCOL = codec.Protocol(
+    "the cluster protocol",
+    PROTOCOL_VERSION,
+    MESSAGES,
+    ClusterWireError,
+    on_other_version=": install the same perfsuite on every node and the controller",
+)
+
+
 def dumps(message: Any) -> str:
-    name = type(message).__name__
-    if MESSAGES.get(name) is not type(message):
-        raise ClusterWireError(f"{name} is not a message of the cluster protocol {PROTOCOL_VERSION}")
-    try:
-        body = encode(message)
-    except CodecError as error:
-        raise ClusterWireError(f"{name}: {error}") from None
-    return json.dumps({_TYPE_KEY: name, _VERSION_KEY: PROTOCOL_VERSION, **body}, allow_nan=False, separators=(",", ":"))
+    """``message`` in the envelope (``perfsuite.codec.Protocol``): its fields, its type and the protocol version."""
+    return PROTOCOL.dumps(message)
 
 
 def loads(expected: type, text: str) -> Any:
     """``text`` (from ``dumps``) as this side's ``expected`` message; ``ClusterWireError`` naming what is wrong."""
-    return loads_one_of((expected,), text)
+    return PROTOCOL.loads(text, (expected,))
 
 
 def loads_one_of(expected: tuple[type, ...], text: str) -> Any:
     """``text`` as whichever of the ``expected`` messages it is (an answer or its failure)."""
-    try:
-        data = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as error:
-        raise ClusterWireError(f"not a cluster message ({error}): {str(text)[:200]!r}") from None
-    if not isinstance(data, dict):
-        raise ClusterWireError(f"not a cluster message: {str(text)[:200]!r}")
-    version = data.pop(_VERSION_KEY, None)
-    if type(version) is not int or version != PROTOCOL_VERSION:
-        raise ClusterWireError(
-            f"cluster protocol version {version!r}, this side speaks {PROTOCOL_VERSION}: install the same perfsuite "
-            "on every node and the controller"
-        )
-    name = data.pop(_TYPE_KEY, None)
-    wanted = {cls.__name__: cls for cls in expected}
-    if not isinstance(name, str) or name not in wanted:
-        raise ClusterWireError(f"expected a {' or '.join(wanted)} message, got {name!r}")
-    try:
-        return decode(wanted[name], data)
-    except CodecError as error:
-        raise ClusterWireError(str(error)) from None
+    return PROTOCOL.loads(text, expected)

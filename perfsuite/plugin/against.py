@@ -23,8 +23,9 @@ from perfsuite.ab import wire
 from perfsuite.ab.pair import ABRunner
 from perfsuite.ab.snapshots import remove_stale_snapshots
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
-from perfsuite.ab.workers import EngineSpec, WorkerError
+from perfsuite.ab.workers import WorkerError
 from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.judge.results import AgainstDescription
 
 ORDER = "ABBA: repeats in pairs, A (the reference) first in even pairs, B (the current tree) first in odd ones"
@@ -150,16 +151,7 @@ class WorkerEngine:
 
     @property
     def spec(self) -> EngineSpec:
-        config = self.config
-        return EngineSpec(
-            self.name,
-            config.batch_size,
-            config.max_seq_len,
-            config.prefill_batch_size,
-            config.max_num_batched_tokens,
-            config.num_kv_blocks,
-            kv_block_size=config.kv_block_size,
-        )
+        return EngineSpec(self.name, self.config)
 
     def run(self, requests, on_step=None, max_concurrency=None):
         raise RuntimeError(

@@ -22,6 +22,7 @@ from perfsuite.ab.on_ray import PairActor
 from perfsuite.ab.packing import PackedTree, PackingError, pack_tree
 from perfsuite.ab.snapshots import remove_stale_snapshots
 from perfsuite.ab.trees import ReferenceError, Trees, prepare_trees
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
 from perfsuite.cluster.pairs import PairPool
 from perfsuite.cluster.pool import ClusterError, Delivered
@@ -102,15 +103,6 @@ def measure_pairs(
     threads: int | None,
 ) -> Delivered:
     """One test's pairs on a node of the cluster; ``ClusterError`` naming the node when they cannot be had."""
-    config = engine.config
-    knobs = wire.EngineKnobs(
-        engine.name,
-        config.batch_size,
-        config.max_seq_len,
-        config.prefill_batch_size,
-        config.max_num_batched_tokens,
-        config.num_kv_blocks,
-        kv_block_size=config.kv_block_size,
-    )
+    knobs = EngineSpec(engine.name, engine.config)
     request = wire.PairRequest(test_id, knobs, tuple(requests), max_concurrency, warmup_runs, num_pairs, threads)
     return pool.measure_pairs(request)

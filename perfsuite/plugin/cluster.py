@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from perfsuite.adapters.protocol import Backend, EngineConfig
+from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
 from perfsuite.cluster.client_pool import ClientShards, client_cpus
 from perfsuite.cluster.pool import ClusterError, RayPool
@@ -101,17 +102,8 @@ class ClusterEngine:
         return self.config.batch_size
 
     @property
-    def knobs(self) -> wire.EngineKnobs:
-        config = self.config
-        return wire.EngineKnobs(
-            self.name,
-            config.batch_size,
-            config.max_seq_len,
-            config.prefill_batch_size,
-            config.max_num_batched_tokens,
-            config.num_kv_blocks,
-            kv_block_size=config.kv_block_size,
-        )
+    def knobs(self) -> EngineSpec:
+        return EngineSpec(self.name, self.config)
 
     def run(self, requests, on_step=None, max_concurrency=None):
         raise RuntimeError(
