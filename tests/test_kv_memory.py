@@ -13,12 +13,12 @@ import pytest
 from perfsuite.engine import BlockManager, inflight_engine, kv_memory, paged_engine, static_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.engine.free_ids import FreeIds
+from perfsuite.host import format_bytes
 from perfsuite.engine.kv_memory import (
     KVLayout,
     KVMemoryError,
     cgroup_room,
     check_kv_memory,
-    format_bytes,
     host_available,
     meminfo_available,
     paged_pool,

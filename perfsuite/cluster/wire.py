@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfsuite import codec
 from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.adapters.registry import EngineSpec
 from perfsuite.adapters.server_info import ServedModel
+from perfsuite.codec import CodecError, Protocol
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.capacity import Capacity, CapacitySearch, SteadyState
 from perfsuite.measure.capacity_runs import SearchChoices
@@ -26,7 +26,7 @@ from perfsuite.measure.metrics import SLO
 PROTOCOL_VERSION = 3  # 2: capacity searches, A/B pairs and client shards; 3: an engine as its name and EngineConfig
 
 
-class ClusterWireError(codec.CodecError):
+class ClusterWireError(CodecError):
     """A message this side cannot read: malformed, of another protocol version, or of another type than expected."""
 
 
@@ -280,7 +280,7 @@ class ShardResult:
 MESSAGES.update({cls.__name__: cls for cls in (HttpClientSpec, ClockReading, ShardPrepare, ShardRun, ShardResult)})
 
 
-PROTOCOL = codec.Protocol(
+PROTOCOL = Protocol(
     "the cluster protocol",
     PROTOCOL_VERSION,
     MESSAGES,

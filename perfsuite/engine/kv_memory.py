@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite.host import format_bytes
+
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 # The share of the memory available when an engine is built that its KV cache may take. The rest is left for
@@ -139,19 +141,6 @@ def check_kv_memory(sizing: KVSizing, layout: KVLayout, device: Any) -> None:
     available = available_memory(device)
     if available is not None and layout.cache_bytes(sizing.num_tokens) > usable_bytes(available):
         raise KVMemoryError(sizing, layout, device, available)
-
-
-def format_bytes(num_bytes: float) -> str:
-    """``8192`` -> ``"8.00 KiB"``: three significant figures in the largest binary unit below the value."""
-    value, unit = float(num_bytes), "B"
-    for larger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, larger
-    if unit == "B":
-        return f"{int(value)} B"
-    digits = 2 if value < 10 else 1 if value < 100 else 0
-    return f"{value:.{digits}f} {unit}"
 
 
 # -- what a device has left ---------------------------------------------------

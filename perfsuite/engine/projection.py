@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -53,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from perfsuite.cache_dir import cache_root
+from perfsuite.host import cpu_model
 
 try:
     import fcntl
@@ -176,7 +176,7 @@ class KernelChoiceFile:
 
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
-        self._machine = f"{_cpu_model()} | torch {torch.__version__}"
+        self._machine = f"{cpu_model()} | torch {torch.__version__}"
 
     @property
     def path(self) -> Path:
@@ -218,15 +218,6 @@ class KernelChoiceFile:
             if temporary is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary)
-
-
-def _cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    with contextlib.suppress(OSError):
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 SHARED_CHOICES = KernelChoiceFile()  # what Decoder.from_hf's choosers share

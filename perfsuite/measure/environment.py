@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import platform
 import re
 import reprlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from perfsuite.host import cpu_model
 
 SERVER_KIND = "server"  # ServerEnvironment.kind
 
@@ -148,16 +149,6 @@ def served_model_environment(served: object, label: str | None) -> ServerEnviron
     return ServerEnvironment(
         served_model=served.model_id, max_model_len=served.max_model_len, label=label, owned_by=served.owned_by
     )
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def _nvidia_driver() -> str | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from perfsuite.host import format_bytes
+
 if TYPE_CHECKING:  # the CLI and the benchmarks import this module for format_table alone: keep it free
     from perfsuite.judge.results import TestResult
 
@@ -108,21 +110,6 @@ def memory_rows(results: Sequence[TestResult]) -> list[list[str]]:
             ]
         )
     return rows
-
-
-def format_bytes(value: int | None) -> str:
-    """Binary units, about three significant figures (``1.21 GiB``, ``123 MiB``); ``-`` when not measured."""
-    if value is None:
-        return "-"
-    if value < 1024:
-        return f"{value} B"
-    scaled, unit = float(value), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):  # noqa: B007 (the unit reached is used below)
-        scaled /= 1024
-        if scaled < 1024:
-            break
-    decimals = 2 if scaled < 10 else 1 if scaled < 100 else 0
-    return f"{scaled:.{decimals}f} {unit}"
 
 
 def prefix_cache_table(results: Sequence[TestResult]) -> str | None:
