@@ -25,7 +25,7 @@ pytest_plugins = ["pytester"]
 
 NODE = wire.NodeInfo("a" * 56, "gpu-7", "10.0.0.7")
 ENVIRONMENT = Environment("cpu", "2.13.0", "4.57", "float32", "tiny-random", "Some CPU", 2)
-SPEC = wire.ModelSpec("tiny-random", "cpu", "float32", "packed")
+SPEC = wire.ActorModel("tiny-random", "cpu", "float32", "packed")
 SETUP = wire.PairSetup("origin/main", "c" * 40, "d" * 40, True, SPEC, workers_per_side=2, timeout=600.0)
 PAIRS = wire.PairRequest(
     "suites/test_x.py::test_x[static]", EngineSpec("static", EngineConfig(2, 64, num_kv_blocks=9)),

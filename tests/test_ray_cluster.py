@@ -102,9 +102,9 @@ import sys
 from pathlib import Path
 import ray
 from perfsuite.cluster.pool import LOCAL, RayPool
-from perfsuite.cluster.wire import ModelSpec
+from perfsuite.cluster.wire import ActorModel
 
-pool = RayPool(LOCAL, ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=60)
+pool = RayPool(LOCAL, ActorModel("tiny-random", "cpu", "float32", "packed"), timeout=60)
 pool.connect()
 temp_dir = Path(pool._temp_dir)
 print("started", ray.is_initialized(), temp_dir.is_dir() and any(temp_dir.iterdir()),

@@ -151,7 +151,7 @@ def pool_without_cluster(monkeypatch):
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfsuite[ray]'")
     from perfsuite.cluster.pool import RayPool
 
-    pool = RayPool("auto", wire.ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=5)
+    pool = RayPool("auto", wire.ActorModel("tiny-random", "cpu", "float32", "packed"), timeout=5)
     pool.killed = []
     monkeypatch.setattr(ray, "kill", pool.killed.append)
     return pool, ray
@@ -351,7 +351,7 @@ def test_requests_at_a_rate_must_be_the_requests_at_one_scaled_by_it():
 def test_a_capacity_test_may_take_the_timeout_for_each_run_it_may_make():
     from perfsuite.cluster.pool import RayPool
 
-    pool = RayPool("auto", wire.ModelSpec("tiny-random", "cpu", "float32", "packed"), timeout=5)
+    pool = RayPool("auto", wire.ActorModel("tiny-random", "cpu", "float32", "packed"), timeout=5)
     request = capacity_request("static", repeats=3)
     assert pool._timeout_of(REQUEST) == 5
     assert pool._timeout_of(request) == 5 * (1 + 2 + 3 * CapacitySearch().max_probes)

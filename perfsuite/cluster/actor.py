@@ -28,7 +28,7 @@ class MeasureActor:
         from perfsuite.measure.timing import configure_threads, resolve_device
         from perfsuite.models import load_model
 
-        spec = wire.loads(wire.ModelSpec, spec_text)
+        spec = wire.loads(wire.ActorModel, spec_text)
         device = resolve_device(spec.device)
         if device == "cpu":
             configure_threads(None)

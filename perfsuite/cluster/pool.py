@@ -99,7 +99,7 @@ _ANSWERS: dict[type, tuple[str, type]] = {
 class RayPool:
     """The session's actors on the cluster at ``address`` (``local``, ``auto`` or an address)."""
 
-    def __init__(self, address: str, spec: wire.ModelSpec, timeout: float, first_node: int = 0) -> None:
+    def __init__(self, address: str, spec: wire.ActorModel, timeout: float, first_node: int = 0) -> None:
         self.address = address
         self.spec = spec
         self.timeout = timeout

@@ -31,8 +31,13 @@ class ClusterWireError(CodecError):
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """The model an actor loads once and keeps: actors are reused by it (one per node and spec)."""
+class ActorModel:
+    """The model an actor loads once and keeps: actors are reused by it (one per node and model).
+
+    Not ``perfsuite.models.ModelSpec`` (which model a name resolves to): this
+    is the model's name as given, with the device, dtype and decode mode to
+    load it in, as the A/B worker's ``Load`` message carries them.
+    """
 
     model: str
     device: str
@@ -161,7 +166,7 @@ class PairSetup:
     reference_commit: str | None  # None: a checkout that is not a git repository
     current_commit: str | None
     perfsuite_in_trees: bool  # False: a project that installs perfsuite; both sides import the node's
-    model: ModelSpec
+    model: ActorModel
     workers_per_side: int
     timeout: float  # --perf-worker-timeout: one run of one side
 
@@ -208,7 +213,7 @@ class PairFailed:
 MESSAGES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
-        ModelSpec,
+        ActorModel,
         NodeInfo,
         Described,
         Tokenize,

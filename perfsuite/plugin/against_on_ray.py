@@ -61,7 +61,7 @@ def start_against_on_cluster(
     require_ray()
     trees, reference, current = package_trees(options.against, rootdir, invocation_dir)
     left_out = [f"REF's {path}" for path in reference.left_out] + list(current.left_out)
-    spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
+    spec = wire.ActorModel(options.model, options.device, options.dtype, options.decode_mode)
     setup = wire.PairSetup(
         trees.ref,
         trees.commit,

@@ -30,7 +30,7 @@ INSTALL_HINT = "--perf-ray needs Ray: pip install 'perfsuite[ray]'"
 def start_cluster(options: PerfOptions) -> RayPool:
     """Join (or start) the cluster; a usage error when Ray is missing or the cluster cannot be reached."""
     require_ray()
-    spec = wire.ModelSpec(options.model, options.device, options.dtype, options.decode_mode)
+    spec = wire.ActorModel(options.model, options.device, options.dtype, options.decode_mode)
     return connect(RayPool(options.ray, spec, options.worker_timeout, first_node=_xdist_worker_number()))
 
 
