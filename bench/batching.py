@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import add_model_arguments, comma_choices, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
-from perfsuite.engine import build_engine  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.engine.types import Request, RunResult  # noqa: E402
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
@@ -152,14 +152,10 @@ def ideal_ratio(lengths: list[int], batch_size: int) -> float:
 def build_engines(runner, budget: KVBudget, max_seq_len: int, paged_batch_size: int, eos_token_id) -> dict:
     """The three engines at the same KV memory (see the module docstring)."""
     slots = budget.slots(max_seq_len)
-    engines = {
-        kind: build_engine(kind, runner, batch_size=slots, max_seq_len=max_seq_len, eos_token_id=eos_token_id)
-        for kind in SLOT_ENGINES
-    }
-    engines["paged"] = build_engine(
-        "paged", runner, batch_size=paged_batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id,
-        num_kv_blocks=budget.num_blocks, kv_block_size=budget.block_size,
-    )  # fmt: skip
+    backend = Backend(runner, list, eos_token_id, max_seq_len, str(runner.device))
+    engines = {kind: build_engine(kind, backend, EngineConfig(slots, max_seq_len)) for kind in SLOT_ENGINES}
+    paged = EngineConfig(paged_batch_size, max_seq_len, num_kv_blocks=budget.num_blocks, kv_block_size=budget.block_size)
+    engines["paged"] = build_engine("paged", backend, paged)
     return engines
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perfsuite.engine import build_engine  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.measure.probe import machine_probe  # noqa: E402
 from perfsuite.measure.timing import configure_threads, max_seq_len_for, timed_run  # noqa: E402
@@ -142,13 +142,9 @@ def main() -> None:
     requests = Workload(profile.num_requests, profile.lengths["uniform"]).requests(
         lambda text: loaded.tokenizer(text)["input_ids"]
     )
-    engine = build_engine(
-        "inflight",
-        runner,
-        batch_size=max(profile.batch_sizes),
-        max_seq_len=max_seq_len_for(requests, loaded.max_context),
-        eos_token_id=loaded.eos_token_id,
-    )
+    max_seq_len = max_seq_len_for(requests, loaded.max_context)
+    backend = Backend(runner, list, loaded.eos_token_id, max_seq_len, str(runner.device))
+    engine = build_engine("inflight", backend, EngineConfig(max(profile.batch_sizes), max_seq_len))
     engine.run(requests)  # warm-up, discarded
     print(f"model={loaded.spec.name} threads={threads} repeats={args.repeats} rounds={args.rounds}", flush=True)
 

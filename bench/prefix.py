@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import add_model_arguments, comma_choices, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
-from perfsuite.engine import Engine, build_engine  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
+from perfsuite.engine import Engine  # noqa: E402
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import MultiTurn, SharedPrefix, Vocab  # noqa: E402
@@ -174,14 +175,12 @@ TABLE_COLUMNS = ["engine", "median TTFT ms", "tok/s", "prefill tokens", "hit rat
 
 def build_engines(runner, args: argparse.Namespace, max_seq_len: int, eos_token_id: int | None) -> dict[str, Engine]:
     """Both engines over the same pool, token budget and batch size."""
-    return {
-        kind: build_engine(
-            kind, runner, batch_size=args.batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id,
-            max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.kv_tokens // args.block_size,
-            kv_block_size=args.block_size,
-        )  # fmt: skip
-        for kind in ENGINES
-    }
+    backend = Backend(runner, list, eos_token_id, max_seq_len, str(runner.device))
+    config = EngineConfig(
+        args.batch_size, max_seq_len, max_num_batched_tokens=args.max_num_batched_tokens,
+        num_kv_blocks=args.kv_tokens // args.block_size, kv_block_size=args.block_size,
+    )  # fmt: skip
+    return {kind: build_engine(kind, backend, config) for kind in ENGINES}
 
 
 def serve(engine: Engine, requests: Sequence[Request]) -> EngineRun:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import add_model_arguments, comma_list, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine import Request, SamplingParams  # noqa: E402
-from perfsuite.engine.engine import build_engine  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
 from perfsuite.measure.peaks import measure_peaks  # noqa: E402
 from perfsuite.measure.utilization import run_rates  # noqa: E402
@@ -62,7 +62,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind in args.engines:
         for batch_size in args.batch_sizes:
-            engine = build_engine(kind, runner, batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=None)
+            backend = Backend(runner, list, None, max_seq_len, str(runner.device))
+            engine = build_engine(kind, backend, EngineConfig(batch_size, max_seq_len))
             engine.run(requests(1, 8, 4, vocab))  # warm-up
             rates = run_rates(engine.run(requests(batch_size, args.prompt, args.output, vocab)))
             prefill, decode = rates["prefill"], rates["decode"]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfsuite.adapters import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
+from perfsuite.adapters import UnknownEngineError, check_engine_names
 from perfsuite.adapters.http_options import (
     APIS,
     EOS_CONTROLS,
@@ -30,6 +30,7 @@ from perfsuite.argtypes import (
     thread_count,
 )
 from perfsuite.engine import RunResult
+from perfsuite.engine.names import DEFAULT_ENGINES, INFLIGHT, OPENAI_HTTP
 from perfsuite.history import DEFAULT_LOCATION
 from perfsuite.history.series import SERIES_METRICS
 from perfsuite.measure.metrics import RunMetrics, run_metrics
@@ -133,7 +134,7 @@ def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
         check_endpoint(args.engines, args.endpoint)
     except ValueError as error:
         parser.error(_in_run_flags(str(error)))
-    if args.endpoint and "openai-http" not in args.engines:
+    if args.endpoint and OPENAI_HTTP not in args.engines:
         parser.error(f"--endpoint is used only by --engines openai-http; add it to --engines {','.join(args.engines)}")
     default_workload_flags = [
         flag
@@ -234,7 +235,7 @@ def _add_serve_command(commands) -> None:
     )
     serve.add_argument(
         "--engine",
-        default="inflight",
+        default=INFLIGHT,
         help="inflight, paged, or paged-prefix: paged with prefix "
         "caching, whose hits usage.prompt_tokens_details.cached_tokens and /metrics show (inflight)",
     )

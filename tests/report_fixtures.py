@@ -11,7 +11,6 @@ import dataclasses
 import time
 from pathlib import Path
 
-from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.judge.catalogue import METRICS
 from perfsuite.judge.judge import PAIRED_TEST
@@ -27,6 +26,7 @@ from perfsuite.plugin.session import PerfSession
 from perfsuite.workload.profiles import PROFILES
 from perfsuite.measure.environment import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
+from own_engines import own_engine
 from results_builders import changed
 
 ENVIRONMENT = Environment(
@@ -188,7 +188,7 @@ def fake_session(root: Path, save_baseline: bool = False) -> PerfSession:
 
 
 def record_fake_test(session, test_id, engine_kind, runner, requests, batch_size, arrival_rate=None) -> None:
-    engine = build_engine(engine_kind, runner, batch_size=batch_size, max_seq_len=64, eos_token_id=None)
+    engine = own_engine(engine_kind, runner, batch_size=batch_size, max_seq_len=64, eos_token_id=None)
     runs = tuple(engine.run(requests) for _ in range(REPEATS))
     parameters = sizing_parameters(requests, "fake", "float32", batch_size)
     configuration = RunConfiguration(

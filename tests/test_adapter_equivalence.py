@@ -14,7 +14,8 @@ import functools
 import pytest
 from hypothesis import given, settings
 
-from perfsuite.adapters import DEFAULT_ENGINES, Backend, EngineConfig, available_engines, build_engine
+from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine
+from perfsuite.engine.names import DEFAULT_ENGINES
 from perfsuite.models import load_model
 from perfsuite.testing import FLOAT32_NEAR_TIE, cached_reference, check_engine, scenarios
 from smollm2 import load_smollm2_or_skip

@@ -7,7 +7,6 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from perfsuite.adapters import (
-    DEFAULT_ENGINES,
     Backend,
     BatchingEngine,
     EngineConfig,
@@ -18,6 +17,7 @@ from perfsuite.adapters import (
     register_engine,
 )
 from perfsuite.adapters import registry
+from perfsuite.engine.names import DEFAULT_ENGINES
 from perfsuite.engine import Request, SamplingParams
 from perfsuite.engine.fake_runner import FakeRunner
 

@@ -113,7 +113,7 @@ ALLOWED = {
     "judge": {"codec", "engine", "measure"},
     # the run history: the store (results in, results out), each test's series, their change points
     "history": {"engine", "judge", "measure"},
-    "report": {"judge", "history", "host"},
+    "report": {"engine", "judge", "history", "host"},
     "correctness": {"adapters", "engine"},
     # the correctness kit for users' tests: nothing of perfsuite imports it
     "testing": {"adapters", "correctness", "engine", "models"},

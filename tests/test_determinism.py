@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.engine.types import EngineCounters, FinishReason, FollowUp, Request, RequestRecord, RunResult
 from perfsuite.measure.determinism import trial_batches, unique_completions
+from own_engines import own_engine
 
 PROMPTS = tuple(Request(f"r{i}", (5 + i, 7, 11 + 2 * i)) for i in range(6))
 
@@ -110,7 +110,7 @@ def test_the_same_seed_gives_the_same_compositions_and_counts_and_another_seed_o
 
 
 def test_perfsuites_inflight_engine_over_the_fake_runner_is_deterministic_under_every_composition():
-    engine = build_engine("inflight", FakeRunner(vocab_size=97), batch_size=3, max_seq_len=32, eos_token_id=None)
+    engine = own_engine("inflight", FakeRunner(vocab_size=97), batch_size=3, max_seq_len=32, eos_token_id=None)
     result = unique_completions(engine, PROMPTS, trials=4, max_arrival_offset=0.002)
     assert result.max_distinct == 1 and result.num_deterministic == 6
 

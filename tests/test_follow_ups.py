@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite.engine import FinishReason, Request, SamplingParams, build_engine
+from perfsuite.engine import FinishReason, Request, SamplingParams
 from perfsuite.engine.arrivals import ArrivalQueue, resolved_prompts
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference
 from perfsuite.engine.types import FollowUp
+from own_engines import own_engine
 
 VOCAB = 97
 
@@ -48,8 +49,8 @@ def conversation(session: str, turns: int, think_time: float, output: int = 3) -
 def run(kind: str, requests: list[Request], max_concurrency: int | None = None):
     clock = StepClock()
     runner = FakeRunner(VOCAB, on_execute=clock.on_execute)
-    engine = build_engine(kind, runner, batch_size=2, max_seq_len=64, eos_token_id=None,
-                          clock=clock, sleep=clock.sleep)  # fmt: skip
+    engine = own_engine(kind, runner, batch_size=2, max_seq_len=64, eos_token_id=None,
+                        clock=clock, sleep=clock.sleep)  # fmt: skip
     return engine.run(requests, max_concurrency=max_concurrency)
 
 
@@ -102,7 +103,7 @@ def test_a_follow_up_is_sized_by_the_longest_conversation_before_it():
     assert second.max_prompt_tokens == first.max_total_tokens + 2
     assert third.max_total_tokens == second.max_total_tokens + 2 + 5
     with pytest.raises(ValueError, match="context of 20 tokens"):
-        build_engine("inflight", FakeRunner(VOCAB), batch_size=2, max_seq_len=20, eos_token_id=None).run(
+        own_engine("inflight", FakeRunner(VOCAB), batch_size=2, max_seq_len=20, eos_token_id=None).run(
             [first, second, third]
         )
 
@@ -163,7 +164,7 @@ def test_the_greedy_check_decodes_a_follow_up_on_the_conversation_its_reference_
 
     requests = conversation("s0", 3, think_time=0.0)
     reference = FakeReference()
-    engine = build_engine("paged", FakeRunner(VOCAB), batch_size=2, max_seq_len=64, eos_token_id=None)
+    engine = own_engine("paged", FakeRunner(VOCAB), batch_size=2, max_seq_len=64, eos_token_id=None)
     check = check_greedy_equal(engine, requests, reference)
     check.assert_passed()
     assert check.num_requests == 3
@@ -199,8 +200,8 @@ def serve_conversations(kind, turns, think_time, output, max_concurrency, tight_
     requests = [request for session in sessions for request in session]
     clock = StepClock()
     largest = max(r.max_total_tokens for r in requests)
-    engine = build_engine(kind, FakeRunner(VOCAB, on_execute=clock.on_execute), batch_size=2, max_seq_len=largest,
-                          eos_token_id=None, num_kv_blocks=-(-largest // 16) if tight_pool else None,
+    engine = own_engine(kind, FakeRunner(VOCAB, on_execute=clock.on_execute), batch_size=2, max_seq_len=largest,
+                        eos_token_id=None, num_kv_blocks=-(-largest // 16) if tight_pool else None,
                           clock=clock, sleep=clock.sleep)  # fmt: skip
     result = engine.run(requests, max_concurrency=max_concurrency)
     records = {r.request_id: r for r in result.records}

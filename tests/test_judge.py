@@ -16,6 +16,7 @@ from perfsuite.judge.results import KV_COUNTERS as KV_NAMES
 from perfsuite.judge.results import read_results
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy, Verdict
 from perfsuite.workload import OutputLengths, Workload
+from own_engines import own_engine
 from report_fixtures import as_ab_session, fake_session, record_fake_test, tokenize
 from results_builders import NEWER_THAN_VERSION_4, changed, make_result, make_results, version_4_document
 
@@ -166,13 +167,12 @@ def test_perfsuite_compare_takes_an_ab_session_as_a_separate_run_not_as_pairs():
 
 def test_an_ab_reference_tree_older_than_the_kv_counters_has_them_not_recorded():
     """Its runs name no KV pool and the wire fills its KV counters with 0: no counter change against side B."""
-    from perfsuite.engine import build_engine
     from perfsuite.judge.judge import judge_paired
     from perfsuite.measure.summaries import Repeats, summarise
 
     requests = Workload(6, OutputLengths("uniform", 20, 40), seed=3).requests(tokenize)
-    engine = build_engine("paged", FakeRunner(), batch_size=6, max_seq_len=64, eos_token_id=None, num_kv_blocks=20,
-                          kv_block_size=4)  # fmt: skip
+    engine = own_engine("paged", FakeRunner(), batch_size=6, max_seq_len=64, eos_token_id=None, num_kv_blocks=20,
+                        kv_block_size=4)  # fmt: skip
     current = summarise(Repeats(tuple(engine.run(requests) for _ in range(3))), METRICS)
     assert current.counters.num_preemptions > 0
     old_counters = EngineCounters(**{k: v for k, v in dataclasses.asdict(current.counters).items() if k not in KV_NAMES})

@@ -18,7 +18,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from perfsuite.engine import Request, SamplingParams
-from perfsuite.engine.engine import build_engine
 from perfsuite.engine.layers import PagedKVCache, grouped_query_attention
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.paged_attention import BUILD_FIX, PagedAttention, Unavailable, build, load_paged_attention
@@ -26,6 +25,7 @@ from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
 from perfsuite.testing.drive import drive
 from perfsuite.testing.scenarios import Scenario
+from own_engines import own_engine
 
 
 def _kernel_or_skip() -> PagedAttention:
@@ -167,13 +167,13 @@ def test_a_runner_whose_compiler_fails_gathers_and_says_why_and_the_fix(tiny, mo
         assert runner.paged_attention.startswith("gather: /bin/false could not build paged_attention.c")
         assert runner.paged_attention_fallback.startswith("/bin/false could not build paged_attention.c")
         assert runner.paged_attention_fallback.endswith(f"; {BUILD_FIX}")
-        engine = build_engine("paged", runner, batch_size=2, max_seq_len=64, eos_token_id=None)
+        engine = own_engine("paged", runner, batch_size=2, max_seq_len=64, eos_token_id=None)
         assert engine.attention == "gather" and engine.attention_fallback == runner.paged_attention_fallback
     finally:
         load_paged_attention.cache_clear()  # the next test builds with the real compiler again
     chose_to_gather = ModelRunner(loaded.model, paged_attention=False)
     assert chose_to_gather.paged_attention_fallback is None, "nothing to fix"
-    assert build_engine("inflight", runner, batch_size=2, max_seq_len=64, eos_token_id=None).attention_fallback is None
+    assert own_engine("inflight", runner, batch_size=2, max_seq_len=64, eos_token_id=None).attention_fallback is None
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
@@ -228,6 +228,6 @@ def test_a_runner_told_not_to_gathers_and_says_so(tiny):
 def test_a_paged_engine_says_which_attention_it_measured_and_a_slot_engine_none(tiny):
     loaded, _ = tiny
     in_place, gathering = ModelRunner(loaded.model), ModelRunner(loaded.model, paged_attention=False)
-    assert build_engine("paged", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "in place"
-    assert build_engine("paged", gathering, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "gather"
-    assert build_engine("inflight", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention is None
+    assert own_engine("paged", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "in place"
+    assert own_engine("paged", gathering, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "gather"
+    assert own_engine("inflight", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention is None

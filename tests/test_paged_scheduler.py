@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.engine import ENGINE_KINDS, Request, SamplingParams, build_engine, paged_engine
+from perfsuite.engine import Request, SamplingParams, paged_engine
+from perfsuite.engine.names import OWN_ENGINES
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference, next_token
+from own_engines import own_engine
 
 VOCAB = 97
 
@@ -72,13 +74,13 @@ def test_recomputation_is_one_prefill_of_prompt_and_output_counted_as_recomputed
 
 
 def test_a_pool_that_holds_everything_never_preempts_and_matches_the_slot_engine_memory():
-    engine = build_engine("paged", FakeRunner(VOCAB), batch_size=3, max_seq_len=40, eos_token_id=None)
+    engine = own_engine("paged", FakeRunner(VOCAB), batch_size=3, max_seq_len=40, eos_token_id=None)
     assert (engine.scheduler.kv_cache.num_blocks, engine.scheduler.kv_cache.block_size) == (9, 16)  # 3 x ceil(40/16)
     requests = [_request(f"r{i}", 10 + i, 20) for i in range(6)]
     result = engine.run(requests)
     _check_outputs(result, requests)
     assert result.counters.num_preemptions == 0 and result.counters.peak_num_running == 3
-    assert "paged" in ENGINE_KINDS and engine.name == "paged" and engine.batch_size == 3
+    assert "paged" in OWN_ENGINES and engine.name == "paged" and engine.batch_size == 3
 
 
 def test_the_token_budget_and_batch_sizes_still_hold_under_preemption():

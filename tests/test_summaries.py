@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.engine.types import EngineCounters
 from perfsuite.measure.metrics import SLO
@@ -18,13 +17,14 @@ from perfsuite.measure.summaries import (
     summarise,
 )
 from perfsuite.workload import OutputLengths, Workload
+from own_engines import own_engine
 
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms")
 
 
 def runs(engine_kind="static", max_new_tokens=(2, 9), repeats=3):
     requests = Workload(6, OutputLengths("uniform", *max_new_tokens), seed=3).requests(lambda t: [3, 4, 5])
-    engine = build_engine(engine_kind, FakeRunner(), batch_size=4, max_seq_len=64, eos_token_id=None)
+    engine = own_engine(engine_kind, FakeRunner(), batch_size=4, max_seq_len=64, eos_token_id=None)
     return tuple(engine.run(requests) for _ in range(repeats))
 
 

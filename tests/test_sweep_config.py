@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite.engine import ENGINE_KINDS
+from perfsuite.engine.names import OWN_ENGINES
 from perfsuite.workload.sweep import Sweep, SweepCase, load_sweep, parse_sweep
 from perfsuite.workload import Arrivals, JsonlPrompts, OutputLengths, PromptLengths, SyntheticPrompts, Vocab, Workload
 
@@ -77,7 +77,7 @@ def test_example_config_loads_with_known_engines():
     sweep = load_sweep(EXAMPLE)
     cases = sweep.cases()
     assert 2 <= len(cases) <= 8, "the example should stay small enough for a CPU"
-    assert {case.engine for case in cases} <= set(ENGINE_KINDS)
+    assert {case.engine for case in cases} <= set(OWN_ENGINES)
     assert len({case.id for case in cases}) == len(cases)
     assert all(case.workload.num_requests <= 16 for case in cases)
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite.engine import build_engine
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.workload import (
     Arrivals,
@@ -25,6 +24,7 @@ from perfsuite.workload import (
     mixed_workload,
     shipped_prompts,
 )
+from own_engines import own_engine
 
 
 def tokenize(text: str) -> list[int]:
@@ -261,7 +261,7 @@ def test_concurrency_is_a_closed_loop_from_t0():
     assert Workload(6).max_concurrency is None
     requests = workload.requests(vocab=Vocab(97, special_ids=(0,)))
     assert {r.arrival_time for r in requests} == {0.0}
-    engine = build_engine("inflight", FakeRunner(), batch_size=4, max_seq_len=64, eos_token_id=None)
+    engine = own_engine("inflight", FakeRunner(), batch_size=4, max_seq_len=64, eos_token_id=None)
     result = engine.run(requests, max_concurrency=workload.max_concurrency)
     assert all(len(record.output_token_ids) == 4 for record in result.records)
     assert max(len({chunk.request_id for chunk in step.chunks}) for step in result.steps) == 2

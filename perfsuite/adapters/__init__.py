@@ -2,7 +2,6 @@
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
 from perfsuite.adapters.registry import (
-    DEFAULT_ENGINES,
     ENTRY_POINT_GROUP,
     UnknownEngineError,
     available_engines,
@@ -12,7 +11,6 @@ from perfsuite.adapters.registry import (
 )
 
 __all__ = [
-    "DEFAULT_ENGINES",
     "ENTRY_POINT_GROUP",
     "Backend",
     "BatchingEngine",

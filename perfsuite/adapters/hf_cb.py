@@ -50,6 +50,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
 from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.names import HF_CB
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 
 PAGE_SIZE = 32  # tokens per KV page; small, so a request wastes at most 31 slots
@@ -61,7 +62,7 @@ NO_STOP_ID = -1  # the manager skips negative ids: "stop on nothing"
 class HFContinuousBatchingEngine:
     """transformers' continuous batching behind the ``BatchingEngine`` protocol."""
 
-    name = "hf-cb"
+    name = HF_CB
     greedy_equal = True  # held to it by tests/test_adapter_equivalence.py
 
     def __init__(self, model, eos_token_id: int | None, config: EngineConfig, stall_timeout_s: float = 120.0) -> None:

@@ -38,6 +38,7 @@ from transformers.generation.streamers import BaseStreamer
 from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
 from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.names import HF_STATIC
 from perfsuite.engine.types import EngineCounters, Request, RunResult, StepOutput
 
 StepHook = Callable[[list[StepOutput]], None]
@@ -112,7 +113,7 @@ def _add(total: EngineCounters, batch: EngineCounters) -> EngineCounters:
 class HFStaticEngine:
     """Static batching with ``model.generate``; the batch is left-padded with an attention mask."""
 
-    name = "hf-static"
+    name = HF_STATIC
     # Left padding with the attention mask and the position ids generate derives
     # from it computes what unbatched decoding computes: held to it by
     # tests/test_adapter_equivalence.py (generate picks from float32 logits, so in

@@ -12,11 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from perfsuite.engine.names import OPENAI_HTTP
+
 PROMPT_FORMATS = ("auto", "token_ids", "text")
 EOS_CONTROLS = ("ignore_eos", "min_tokens", "both")
 APIS = ("completions", "chat")
 API_KEY_VARIABLES = ("PERFSUITE_API_KEY", "OPENAI_API_KEY")  # read in this order when no key is given
-SERVER_ENGINE = "openai-http"  # the engine these options drive; it measures the server at the endpoint
+SERVER_ENGINE = OPENAI_HTTP  # the engine these options drive; it measures the server at the endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ from perfsuite.adapters.server_info import (
     fetch_server_info,
 )
 from perfsuite.engine.arrivals import refuse_follow_ups
+from perfsuite.engine.names import OPENAI_HTTP
 from perfsuite.engine.types import (
     EngineCounters,
     FinishReason,
@@ -163,7 +164,7 @@ class OpenAIHttpEngine:
     ``PROBE_TEXT`` tokenized, else token 0).
     """
 
-    name = "openai-http"
+    name = OPENAI_HTTP
     # The server does the work, in another process: its CPU use is not "other work" (perfsuite.measure.contention).
     runs_in_process = False
 

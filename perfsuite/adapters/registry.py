@@ -24,24 +24,34 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, EngineFactory
+from perfsuite.engine.names import (
+    HF_CB,
+    HF_STATIC,
+    INFLIGHT,
+    OPENAI_HTTP,
+    PAGED,
+    PAGED_PREFIX,
+    STATIC,
+    VLLM,
+)
 
 ENTRY_POINT_GROUP = "perfsuite.engines"
-DEFAULT_ENGINES = ("static", "inflight")
 
+# every shipped engine by its name (perfsuite.engine.names) and the factory that builds it
 BUILTIN_ENGINES: dict[str, str] = {
-    "static": "perfsuite.adapters.builtin:build_static",
-    "inflight": "perfsuite.adapters.builtin:build_inflight",
-    "paged": "perfsuite.adapters.builtin:build_paged",
-    "paged-prefix": "perfsuite.adapters.builtin:build_paged_prefix",
-    "hf-static": "perfsuite.adapters.hf_static:build",
-    "hf-cb": "perfsuite.adapters.hf_cb:build",
-    "openai-http": "perfsuite.adapters.openai_http:build",
+    STATIC: "perfsuite.adapters.builtin:build_static",
+    INFLIGHT: "perfsuite.adapters.builtin:build_inflight",
+    PAGED: "perfsuite.adapters.builtin:build_paged",
+    PAGED_PREFIX: "perfsuite.adapters.builtin:build_paged_prefix",
+    HF_STATIC: "perfsuite.adapters.hf_static:build",
+    HF_CB: "perfsuite.adapters.hf_cb:build",
+    OPENAI_HTTP: "perfsuite.adapters.openai_http:build",
 }
 
 # Engines over an optional package: listed only where that package is importable
 # (``find_spec``, nothing imported). name -> (package, factory, how to install it).
 OPTIONAL_ENGINES: dict[str, tuple[str, str, str]] = {
-    "vllm": ("vllm", "perfsuite.adapters.vllm_engine:build", "pip install perfsuite[vllm], or `make peers`"),
+    VLLM: ("vllm", "perfsuite.adapters.vllm_engine:build", "pip install perfsuite[vllm], or `make peers`"),
 }
 
 

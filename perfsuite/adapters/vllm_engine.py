@@ -68,6 +68,7 @@ from typing import Any
 from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
 from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.names import VLLM
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size: a request may waste up to one block
@@ -160,7 +161,7 @@ class VLLMEngine:
     tests pass fakes, so the loop is tested without vLLM installed.
     """
 
-    name = "vllm"
+    name = VLLM
     # vLLM batches with its own kernels; tests/peers checks its outputs against
     # unbatched greedy decoding with the near-tie report rather than assuming it.
     greedy_equal = False

@@ -6,7 +6,7 @@ only where a model is used.
 """
 
 from perfsuite.engine.block_manager import BlockManager
-from perfsuite.engine.engine import ENGINE_KINDS, Engine, build_engine, inflight_engine, paged_engine, static_engine
+from perfsuite.engine.engine import Engine, inflight_engine, paged_engine, static_engine
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.paged_scheduler import PagedScheduler
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
@@ -25,7 +25,6 @@ from perfsuite.engine.types import (
 )
 
 __all__ = [
-    "ENGINE_KINDS",
     "BlockManager",
     "Engine",
     "EngineCounters",
@@ -44,7 +43,6 @@ __all__ = [
     "StaticScheduler",
     "StepOutput",
     "StepTrace",
-    "build_engine",
     "inflight_engine",
     "paged_engine",
     "static_engine",

@@ -16,6 +16,7 @@ from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
 from perfsuite.engine.block_manager import BlockManager
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.kv_memory import KVSizing, check_kv_memory, default_paged_pool, paged_pool, slot_cache
+from perfsuite.engine.names import INFLIGHT, PAGED, PAGED_PREFIX, STATIC
 from perfsuite.engine.paged_scheduler import PagedScheduler
 from perfsuite.engine.prefix_cache import PrefixCachingBlockManager
 from perfsuite.engine.scheduler import InflightScheduler, Scheduler, StaticScheduler
@@ -287,9 +288,9 @@ def check_kv_fits(runner: Runner, sizing: KVSizing) -> None:
 def static_engine(
     runner: Runner, *, batch_size: int, max_seq_len: int, eos_token_id: int | None, **engine_kwargs
 ) -> Engine:
-    check_kv_fits(runner, slot_cache("static", "batch_size", batch_size, max_seq_len))
+    check_kv_fits(runner, slot_cache(STATIC, "batch_size", batch_size, max_seq_len))
     kv = KVCacheManager(num_slots=batch_size, max_seq_len=max_seq_len)
-    return Engine("static", runner, StaticScheduler(kv, eos_token_id, batch_size), **engine_kwargs)
+    return Engine(STATIC, runner, StaticScheduler(kv, eos_token_id, batch_size), **engine_kwargs)
 
 
 def inflight_engine(
@@ -302,7 +303,7 @@ def inflight_engine(
     max_num_batched_tokens: int | None = None,
     **engine_kwargs,
 ) -> Engine:
-    check_kv_fits(runner, slot_cache("inflight", "decode_batch_size", decode_batch_size, max_seq_len))
+    check_kv_fits(runner, slot_cache(INFLIGHT, "decode_batch_size", decode_batch_size, max_seq_len))
     kv = KVCacheManager(num_slots=decode_batch_size, max_seq_len=max_seq_len)
     scheduler = InflightScheduler(
         kv,
@@ -311,7 +312,7 @@ def inflight_engine(
         prefill_batch_size=prefill_batch_size,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    return Engine("inflight", runner, scheduler, **engine_kwargs)
+    return Engine(INFLIGHT, runner, scheduler, **engine_kwargs)
 
 
 def paged_engine(
@@ -357,53 +358,4 @@ def paged_engine(
         prefill_batch_size=prefill_batch_size,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    return Engine(PAGED_PREFIX if enable_prefix_caching else "paged", runner, scheduler, **engine_kwargs)
-
-
-PAGED_PREFIX = "paged-prefix"
-ENGINE_KINDS = ("static", "inflight", "paged", PAGED_PREFIX)
-
-
-def build_engine(
-    kind: str,
-    runner: Runner,
-    *,
-    batch_size: int,
-    max_seq_len: int,
-    eos_token_id: int | None,
-    prefill_batch_size: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    num_kv_blocks: int | None = None,
-    **engine_kwargs,
-) -> Engine:
-    """An engine by name; ``batch_size`` is the static batch or the in-flight ``decode_batch_size``.
-
-    ``num_kv_blocks`` sizes the paged engines' pool; the others ignore it.
-    """
-    if kind == "static":
-        return static_engine(
-            runner, batch_size=batch_size, max_seq_len=max_seq_len, eos_token_id=eos_token_id, **engine_kwargs
-        )
-    if kind == "inflight":
-        return inflight_engine(
-            runner,
-            decode_batch_size=batch_size,
-            max_seq_len=max_seq_len,
-            eos_token_id=eos_token_id,
-            prefill_batch_size=prefill_batch_size,
-            max_num_batched_tokens=max_num_batched_tokens,
-            **engine_kwargs,
-        )
-    if kind in ("paged", PAGED_PREFIX):
-        return paged_engine(
-            runner,
-            decode_batch_size=batch_size,
-            max_seq_len=max_seq_len,
-            eos_token_id=eos_token_id,
-            prefill_batch_size=prefill_batch_size,
-            max_num_batched_tokens=max_num_batched_tokens,
-            num_kv_blocks=num_kv_blocks,
-            enable_prefix_caching=kind == PAGED_PREFIX,
-            **engine_kwargs,
-        )
-    raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    return Engine(PAGED_PREFIX if enable_prefix_caching else PAGED, runner, scheduler, **engine_kwargs)

@@ -22,7 +22,8 @@ from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
 from perfsuite.cluster.client_pool import ClientShards, client_cpus
 from perfsuite.cluster.pool import ClusterError, RayPool
-from perfsuite.plugin.options import SERVER_ENGINES, PerfOptions
+from perfsuite.engine.names import SERVER_ENGINES
+from perfsuite.plugin.options import PerfOptions
 
 INSTALL_HINT = "--perf-ray needs Ray: pip install 'perfsuite[ray]'"
 

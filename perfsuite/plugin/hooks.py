@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from perfsuite.engine.names import INFLIGHT, PAGED_ENGINES, STATIC
 from perfsuite.judge.baselines import OutputError
 from perfsuite.plugin.gpu_workers import WORKER_GPU_KEY, GpuAssignment, GpuAssignmentError, gpus_for_workers, pin_worker
 from perfsuite.plugin.ids import perf_test_id
@@ -494,9 +495,6 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     return make
 
 
-PAGED_ENGINES = ("paged", "paged-prefix")  # the engines with a KV block pool
-
-
 def _check_pool_fits(num_kv_blocks: int | None, requests) -> None:
     """Fail the test when the paged pool cannot hold its largest request (it would be refused mid-run)."""
     from perfsuite.engine.engine import DEFAULT_KV_BLOCK_SIZE
@@ -519,13 +517,13 @@ def _check_pool_fits(num_kv_blocks: int | None, requests) -> None:
 @pytest.fixture
 def perf_static_engine(perf_engine_factory):
     """The static-batching engine at the profile's largest batch size."""
-    return perf_engine_factory("static")
+    return perf_engine_factory(STATIC)
 
 
 @pytest.fixture
 def perf_inflight_engine(perf_engine_factory):
     """The in-flight (continuous batching) engine at the profile's largest batch size."""
-    return perf_engine_factory("inflight")
+    return perf_engine_factory(INFLIGHT)
 
 
 @pytest.fixture

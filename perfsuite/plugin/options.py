@@ -23,8 +23,9 @@ from perfsuite.adapters.http_options import (
     check_endpoint,
     endpoint_url,
 )
-from perfsuite.adapters.registry import DEFAULT_ENGINES, UnknownEngineError, check_engine_names
+from perfsuite.adapters.registry import UnknownEngineError, check_engine_names
 from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at_least, number, one_of, probability
+from perfsuite.engine.names import DEFAULT_ENGINES, OWN_ENGINES, SERVER_ENGINES
 from perfsuite.engine.types import DECODE_MODES
 from perfsuite.history import DEFAULT_LOCATION
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
@@ -516,7 +517,6 @@ def _ini_switch(config: pytest.Config, name: str) -> bool:
 
 
 # Engines whose work another process does: both sides of an A/B comparison would measure the same server.
-SERVER_ENGINES = ("openai-http",)
 
 
 def _check_ray(config: pytest.Config, address: str, engines: tuple[str, ...], client_shards: int = 1) -> None:
@@ -577,7 +577,7 @@ def _check_against(config: pytest.Config, ref: str, save_baseline: bool, engines
         )
 
 
-BATCH_INVARIANT_ENGINES = ("static", "inflight", "paged", "paged-prefix")  # perfsuite's own, over its runner
+BATCH_INVARIANT_ENGINES = OWN_ENGINES  # perfsuite's own, over its runner
 
 
 def _check_batch_invariant(values: dict) -> None:

@@ -14,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite.engine.names import INFLIGHT, PAGED, PAGED_PREFIX, STATIC
+
 # Namespace names, not addresses: the report's "no external URL" rule allows exactly these.
 SVG_NAMESPACE_URIS = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")
 
-ENGINE_COLOURS = {"static": "#d95f02", "inflight": "#1b9e77", "paged": "#7570b3", "paged-prefix": "#e7298a"}
+ENGINE_COLOURS = {STATIC: "#d95f02", INFLIGHT: "#1b9e77", PAGED: "#7570b3", PAGED_PREFIX: "#e7298a"}
 LINE_STYLES = ("-", "--", ":", "-.")
 DISTRIBUTIONS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E latency"))
 # Drawn over a distribution where the test split it: TTFT of the requests that hit the prefix cache and missed it

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsuite.engine.names import OWN_ENGINES
 from perfsuite.judge.baselines import write_text_atomic
 from perfsuite.judge.results import (
     AgainstDescription,
@@ -361,7 +362,7 @@ def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | 
 
 
 # The engines the timeline sets side by side, in this order, when tests of the same parameters measured them.
-TIMELINE_ENGINES = ("static", "inflight", "paged", "paged-prefix")
+TIMELINE_ENGINES = OWN_ENGINES
 
 
 def _engine_group(tests: Sequence[TestResult]) -> tuple[TestResult, ...] | None:

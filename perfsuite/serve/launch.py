@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfsuite.engine import Request
+from perfsuite.engine.names import INFLIGHT, PAGED, PAGED_PREFIX
 from perfsuite.serve.app import CompletionServer
 from perfsuite.serve.limits import DEFAULT_MAX_OPEN_REQUESTS, ServeLimits
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_SEQ_LEN = 2048
 # perfsuite's own engines that serve one request at a time as it comes; paged-prefix reuses the KV of prompt
 # prefixes seen before (usage.prompt_tokens_details.cached_tokens and /metrics' prefix cache counters show it).
-SERVE_ENGINES = ("inflight", "paged", "paged-prefix")
+SERVE_ENGINES = (INFLIGHT, PAGED, PAGED_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ class ServeOptions:
     threads: int | None = None
     max_open_requests: int = DEFAULT_MAX_OPEN_REQUESTS
     served_model_name: str | None = None  # None: the model's short name
-    engine: str = "inflight"
+    engine: str = INFLIGHT
 
     def __post_init__(self) -> None:
         if self.engine not in SERVE_ENGINES:
