@@ -71,7 +71,8 @@ def tree_files(folder: Path) -> list[str]:
 def pack_tree(folder: Path) -> PackedTree:
     """``folder``'s files (``tree_files``) as a gzipped tar, in memory."""
     folder = folder.resolve()
-    files, left_out = [], []
+    files: list[str] = []
+    left_out: list[str] = []
     for path in tree_files(folder):
         (left_out if _links_outside(folder, path) else files).append(path)
     buffer = io.BytesIO()

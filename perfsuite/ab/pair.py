@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import perfsuite
 from perfsuite.ab import wire
@@ -138,13 +139,11 @@ class ABRunner:
     @property
     def loaded(self) -> wire.Loaded:
         """What the current tree's first worker loaded: the model's limits the workloads are built for."""
-        self.currents[0].worker()
-        return self.currents[0].loaded
+        return self.currents[0].loaded_model()
 
     def start(self) -> None:
         """One current worker first: once it holds a copy, is there room for all the others?"""
-        self.currents[0].worker()
-        check_room_for_other_copies(self.currents[0].loaded, 2 * self.workers_per_side - 1)
+        check_room_for_other_copies(self.currents[0].loaded_model(), 2 * self.workers_per_side - 1)
         for side_runner in self.currents[1:] + self.references:
             side_runner.worker()
 
@@ -182,13 +181,10 @@ class ABRunner:
         if threads is not None:
             for side_runner in self.references + self.currents:
                 side_runner.set_threads(threads)
+        self._warm_up(spec, encoded, max_concurrency, num_warmups)
         workers = pair_workers(num_pairs, self.workers_per_side)
-        warmups = [(REFERENCE + CURRENT, w) for w in range(self.workers_per_side) for _ in range(num_warmups)]
         runs: dict[str, list[RunResult]] = {REFERENCE: [], CURRENT: []}
         uses: dict[str, list[CpuUse | None]] = {REFERENCE: [], CURRENT: []}
-        for labels, worker in warmups:
-            for label in labels:
-                self.side(label, worker).run(spec, encoded, max_concurrency)
         order = pair_order(num_pairs)
         for labels, worker in zip(order, workers):
             for label in labels:
@@ -202,6 +198,13 @@ class ABRunner:
         return PairedRuns(
             tuple(runs[REFERENCE]), tuple(runs[CURRENT]), order, workers, busy[REFERENCE], busy[CURRENT], threads
         )
+
+    def _warm_up(self, spec: EngineSpec, encoded: tuple[Any, ...], max_concurrency: int | None, runs: int) -> None:
+        """``runs`` discarded runs on every worker, both sides in turn."""
+        for worker in range(self.workers_per_side):
+            for _ in range(runs):
+                for label in REFERENCE + CURRENT:
+                    self.side(label, worker).run(spec, encoded, max_concurrency)
 
     def choose_threads(self) -> int | None:
         """One thread per core other work leaves free, read while every worker is idle; None off the CPU."""

@@ -89,21 +89,32 @@ def prepare_trees(ref: str, rootdir: Path, invocation_dir: Path) -> Trees:
     except BaseException:  # Ctrl-C and SIGTERM too: the session never learns of this snapshot
         shutil.rmtree(snapshot, ignore_errors=True)
         raise
-    reference = snapshot / rootdir.relative_to(Path(toplevel).resolve())
+    in_trees = holds_perfsuite(rootdir)
+    try:
+        folder = snapshot / rootdir.relative_to(Path(toplevel).resolve())
+        reference = _reference_folder(ref, commit, snapshot, folder, in_trees)
+    except ReferenceError:
+        shutil.rmtree(snapshot, ignore_errors=True)
+        raise
+    return Trees(ref, commit, rootdir, reference, current_commit, snapshot, perfsuite_in_trees=in_trees)
+
+
+def _reference_folder(ref: str, commit: str, snapshot: Path, reference: Path, in_trees: bool) -> Path:
+    """``reference`` (the rootdir's folder in the snapshot of ``commit``) if a worker can drive it.
+
+    ``in_trees``: the current tree holds perfsuite, so the reference must hold one new enough for the worker.
+    """
     folder = reference.relative_to(snapshot)
     if not reference.is_dir():
-        shutil.rmtree(snapshot, ignore_errors=True)
         raise ReferenceError(f"--perf-against {ref}: {commit[:12]} has no {folder}/ folder")
-    if holds_perfsuite(rootdir) and not holds_perfsuite(reference):
-        shutil.rmtree(snapshot, ignore_errors=True)
+    if in_trees and not holds_perfsuite(reference):
         raise ReferenceError(
             f"--perf-against {ref}: {commit[:12]} has no perfsuite/ package in {folder}/ (nor in its src/); "
             "give a commit of perfsuite"
         )
-    if holds_perfsuite(rootdir) and not supports_worker(reference):
-        shutil.rmtree(snapshot, ignore_errors=True)
+    if in_trees and not supports_worker(reference):
         raise ReferenceError(f"--perf-against {ref}: {commit[:12]} {_PREDATES}; give {OLDEST_SUPPORTED} or newer")
-    return Trees(ref, commit, rootdir, reference, current_commit, snapshot, perfsuite_in_trees=holds_perfsuite(rootdir))
+    return reference
 
 
 def holds_perfsuite(tree: Path) -> bool:

@@ -32,7 +32,10 @@ def _codec_by_path() -> ModuleType:
     """``perfsuite/codec.py`` of the tree this file is in, under a private name (see the module docstring)."""
     name = "_perfsuite_codec"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "codec.py")
+        path = Path(__file__).resolve().parents[1] / "codec.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load the codec from {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up while a class is made
         spec.loader.exec_module(module)

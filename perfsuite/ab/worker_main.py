@@ -92,10 +92,10 @@ class Worker:
 
         The outermost such module is named: the one the tree lacks (what it imported came along with it).
         """
-        package = sys.modules.get("perfsuite")
-        if getattr(package, "__file__", None) is None:
+        package_file = getattr(sys.modules.get("perfsuite"), "__file__", None)
+        if package_file is None:
             return None  # not imported yet (or a namespace package, which the controller refuses as it says hello)
-        home = Path(package.__file__).resolve().parent
+        home = Path(package_file).resolve().parent
         foreign: dict[str, Path] = {}
         for name, module in list(sys.modules.items()):
             if name in self._checked_modules or not name.startswith("perfsuite."):

@@ -70,6 +70,8 @@ class Worker:
             text=True,
             encoding="utf-8",
         )
+        assert self._process.stdin is not None and self._process.stdout is not None  # both are pipes
+        self._stdin, self._stdout = self._process.stdin, self._process.stdout
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read_lines, name=f"perfsuite-worker-{side.label}", daemon=True).start()
         try:
@@ -92,7 +94,7 @@ class Worker:
         if not self.alive:
             raise self._died(what)
         try:
-            wire.write_message(self._process.stdin, message)
+            wire.write_message(self._stdin, message)
         except (BrokenPipeError, OSError):
             raise self._died(what) from None
         return self._expect(answer, timeout, what)
@@ -101,8 +103,8 @@ class Worker:
         """Ask the worker to stop; kill it if it does not within a few seconds. Never leaves it running."""
         if self.alive:
             try:
-                wire.write_message(self._process.stdin, wire.Shutdown())
-                self._process.stdin.close()
+                wire.write_message(self._stdin, wire.Shutdown())
+                self._stdin.close()
             except (BrokenPipeError, OSError, ValueError):
                 pass
             try:
@@ -126,7 +128,7 @@ class Worker:
         return text[-STDERR_TAIL_CHARS:].strip()
 
     def _read_lines(self) -> None:
-        for line in self._process.stdout:
+        for line in self._stdout:
             self._lines.put(line)
         self._lines.put(None)
 
@@ -217,7 +219,7 @@ class SideRunner:
 
     def worker(self) -> Worker:
         if self._worker is None or not self._worker.alive:
-            self._restart()
+            return self._restart()
         return self._worker
 
     def tokenize(self, text: str) -> tuple[int, ...]:
@@ -229,6 +231,12 @@ class SideRunner:
         if key not in self._built:
             self._built[key] = worker.request(build_message(spec), wire.Built, self._timeout, f"build {spec.name}")
         return self._built[key]
+
+    def loaded_model(self) -> wire.Loaded:
+        """What its worker (started now if it is not running) loaded."""
+        self.worker()
+        assert self.loaded is not None, "a worker starts by loading the model"
+        return self.loaded
 
     def set_threads(self, num_threads: int) -> int:
         """Its worker's intra-op threads from now on (a worker started again gets them again); what it reports."""
@@ -250,7 +258,7 @@ class SideRunner:
             self._worker.close()
             self._worker = None
 
-    def _restart(self) -> None:
+    def _restart(self) -> Worker:
         if self._worker is not None:
             self._worker.close()
         self._worker, self._built = None, {}
@@ -263,7 +271,10 @@ class SideRunner:
             worker.close()
             raise
         self._worker = worker
+        return worker
 
     def _send_threads(self, worker: Worker) -> int:
-        message = wire.SetThreads(self._threads)
-        return worker.request(message, wire.ThreadsSet, self._timeout, f"set {self._threads} threads").num_threads
+        threads = self._threads
+        assert threads is not None, "set_threads chose them"
+        message = wire.SetThreads(threads)
+        return worker.request(message, wire.ThreadsSet, self._timeout, f"set {threads} threads").num_threads

@@ -119,7 +119,8 @@ def check_engine_names(names: tuple[str, ...]) -> tuple[str, ...]:
 def load_factory(name: str) -> EngineFactory:
     target = available_engines().get(name)
     if target is None:
-        check_engine_names((name,))
+        check_engine_names((name,))  # raises, naming the choices
+        raise AssertionError(f"check_engine_names took the unknown engine {name!r}")
     if callable(target):
         return target
     module_name, _, attribute = target.partition(":")

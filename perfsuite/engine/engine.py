@@ -76,6 +76,7 @@ class Engine:
         self.runner = runner
         self.scheduler = scheduler
         kv = scheduler.kv_cache
+        self.kv_cache: Any  # the runner's: slots, or a block pool
         if isinstance(kv, BlockManager):
             self.kv_cache = runner.new_paged_kv_cache(kv.num_blocks, kv.block_size)
             with_paged_decode = getattr(runner, "with_paged_decode", None)
@@ -253,6 +254,7 @@ class Engine:
         for output in step_outputs:
             if output.finished:
                 record = self._records[output.request_id]
+                assert record.finished_time is not None, "a finished output finishes its record"
                 arrivals.finished(record.request, record.token_ids, record.finished_time)
 
     def result(self, start_time: float, end_time: float) -> RunResult:
@@ -280,9 +282,9 @@ def _with_logprobs(output: SchedulerOutput, step_outputs: list[StepOutput], logp
 
 def check_kv_fits(runner: Runner, sizing: KVSizing) -> None:
     """``KVMemoryError`` if the cache would not fit the runner's device; called before anything is allocated."""
-    layout = getattr(runner, "kv_layout", None)
-    if layout is not None:
-        check_kv_memory(sizing, layout, runner.device)
+    layout, device = getattr(runner, "kv_layout", None), getattr(runner, "device", None)
+    if layout is not None and device is not None:
+        check_kv_memory(sizing, layout, device)
 
 
 def static_engine(
@@ -340,18 +342,12 @@ def paged_engine(
     keep measuring the engine without it (see docs/prefix-caching.md).
     """
     if num_kv_blocks is None:
-        blocks_per_request = -(-max_seq_len // kv_block_size)
-        check_kv_fits(runner, default_paged_pool(decode_batch_size, blocks_per_request, kv_block_size))
-        num_kv_blocks = decode_batch_size * blocks_per_request
+        num_kv_blocks = _default_pool(runner, decode_batch_size, max_seq_len, kv_block_size)
     else:
         check_kv_fits(runner, paged_pool(num_kv_blocks, kv_block_size))
-    block_manager = (
-        PrefixCachingBlockManager(num_kv_blocks, kv_block_size)
-        if enable_prefix_caching
-        else BlockManager(num_kv_blocks, kv_block_size)
-    )
+    manager = PrefixCachingBlockManager if enable_prefix_caching else BlockManager
     scheduler = PagedScheduler(
-        block_manager,
+        manager(num_kv_blocks, kv_block_size),
         eos_token_id,
         max_seq_len=max_seq_len,
         decode_batch_size=decode_batch_size,
@@ -359,3 +355,10 @@ def paged_engine(
         max_num_batched_tokens=max_num_batched_tokens,
     )
     return Engine(PAGED_PREFIX if enable_prefix_caching else PAGED, runner, scheduler, **engine_kwargs)
+
+
+def _default_pool(runner: Runner, decode_batch_size: int, max_seq_len: int, kv_block_size: int) -> int:
+    """The blocks that hold what the slot engine's cache holds (``decode_batch_size`` x ``max_seq_len``), checked."""
+    blocks_per_request = -(-max_seq_len // kv_block_size)
+    check_kv_fits(runner, default_paged_pool(decode_batch_size, blocks_per_request, kv_block_size))
+    return decode_batch_size * blocks_per_request

@@ -36,11 +36,16 @@ from typing import Any, Protocol
 class Chunk(Protocol):
     """What the count reads of ``perfsuite.engine.types.ScheduledChunk`` (types.py imports this module)."""
 
-    num_tokens: int
-    start_position: int
-    samples: bool
-    is_prefill: bool
-    is_padding: bool
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def start_position(self) -> int: ...
+    @property
+    def samples(self) -> bool: ...
+    @property
+    def is_prefill(self) -> bool: ...
+    @property
+    def is_padding(self) -> bool: ...
 
 
 NORM_FLOPS_PER_ELEMENT = 4

@@ -150,21 +150,26 @@ def write_model_cache(
             },
         )
         _fsync_tree(tmp)
-        try:
-            os.rename(tmp, final_dir)
-        except OSError:
-            if cache_is_valid(final_dir):  # another process won the race: use its copy
-                return final_dir
-            if final_dir.exists():
-                raise ModelLoadError(
-                    f"{final_dir} exists but is not a complete model cache (it has no "
-                    f"{CACHE_MARKER}); delete it (rm -rf '{final_dir}') and load again"
-                ) from None
-            raise
+        _move_into_place(tmp, final_dir)
         return final_dir
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, final_dir: Path) -> None:
+    """Rename the written ``tmp`` to ``final_dir``; where another process got there first, keep its copy."""
+    try:
+        os.rename(tmp, final_dir)
+    except OSError:
+        if cache_is_valid(final_dir):  # another process won the race: use its copy
+            return
+        if final_dir.exists():
+            raise ModelLoadError(
+                f"{final_dir} exists but is not a complete model cache (it has no "
+                f"{CACHE_MARKER}); delete it (rm -rf '{final_dir}') and load again"
+            ) from None
+        raise
 
 
 def read_model_cache(

@@ -134,11 +134,12 @@ def model_config(spec: ModelSpec | str) -> transformers.PretrainedConfig:
     from transformers import AutoConfig
 
     if spec.kind == KIND_LOCAL:
+        path = spec.local_path
         try:
-            return AutoConfig.from_pretrained(spec.path, local_files_only=True)
+            return AutoConfig.from_pretrained(path, local_files_only=True)
         except Exception as exc:
             raise ModelLoadError(
-                f"cannot read the config of model directory {spec.path}: {exc}; "
+                f"cannot read the config of model directory {path}: {exc}; "
                 "its config.json must be one save_pretrained wrote"
             ) from exc
     gguf = smollm2_gguf_path()
@@ -168,7 +169,7 @@ def config_values(spec: ModelSpec | str) -> dict[str, Any] | None:
     if spec.kind == KIND_RANDOM:
         return dict(RANDOM_CONFIGS[spec.name])
     if spec.kind == KIND_LOCAL:
-        folder = Path(spec.path)
+        folder = Path(spec.local_path)
     else:
         folder = smollm2_cache_dir(smollm2_gguf_path())
         if not cache_is_valid(folder):
@@ -238,13 +239,23 @@ def _check_tied(model: transformers.PreTrainedModel, name: str) -> None:
     inp, out = model.get_input_embeddings(), model.get_output_embeddings()
     if inp is None or out is None:
         return
-    if out.weight.data_ptr() != inp.weight.data_ptr():
+    if _weight_pointer(out) != _weight_pointer(inp):
         model.tie_weights()
-    if out.weight.data_ptr() != inp.weight.data_ptr():
+    if _weight_pointer(out) != _weight_pointer(inp):
         raise ModelLoadError(
             f"model {name!r} should tie lm_head to the input embeddings but they are separate "
             "tensors; its weights are inconsistent: delete its cache directory and load again"
         )
+
+
+def _weight_pointer(module: torch.nn.Module) -> int:
+    """Where ``module.weight``'s storage starts: two modules that share one tensor give the same."""
+    import torch
+
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor):
+        raise ModelLoadError(f"{type(module).__name__}.weight is a {type(weight).__name__}, not a tensor")
+    return weight.data_ptr()
 
 
 def _to_device_dtype(
@@ -266,7 +277,7 @@ def _to_device_dtype(
                 and buf.element_size() > dtype.itemsize
             ):
                 kept.append((module, name, buf))
-    model = model.to(device=device, dtype=dtype)
+    model = model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' wrapper of .to misleads mypy
     for module, name, buf in kept:
         module._buffers[name] = buf.to(device=device)
     return model

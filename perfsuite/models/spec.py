@@ -87,6 +87,13 @@ class ModelSpec:
     path: str | None = None
     seed: int = 0
 
+    @property
+    def local_path(self) -> str:
+        """A ``local`` model's directory (its other kinds have none)."""
+        if self.path is None:
+            raise ValueError(f"model {self.name!r} is a {self.kind} model, which has no directory")
+        return self.path
+
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"ModelSpec.kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
