@@ -88,6 +88,7 @@ from calibrate_e2e import _tail, run_logged  # noqa: E402
 from perfsuite.history.changes import ChangePointPolicy, detect, head_step  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
 from perfsuite.history.series import Series, build_series  # noqa: E402
+from perfsuite.host import cpu_model  # noqa: E402
 from perfsuite.judge.results import Results, ResultsFileError, read_results, results_from_json  # noqa: E402
 
 SERIES_NAMES = ("aa", "creep")
@@ -581,14 +582,6 @@ def grid_report(data: dict[str, Any], resamples: int = 0, seed: int = 0) -> str:
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def _cpu_model() -> str | None:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
 def run_session(args: argparse.Namespace, work: Path, series: str, index: int) -> dict[str, Any]:
     """One pytest session of ``series``; what it injected, its load and wall time. Aborts unless it gave a point."""
     out_dir = work / f"{series}-{index:03d}"
@@ -718,7 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data: dict[str, Any] = {
         "model": args.model, "profile": args.profile, "repeats": args.repeats, "select": args.select,
         "sessions_per_series": args.sessions, "every": args.every, "step": STEP, "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sessions": [], "stores": {},
+        "cpu_model": cpu_model(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sessions": [], "stores": {},
     }  # fmt: skip
     status, keep = 0, args.keep
     plan = session_plan(args.sessions)
