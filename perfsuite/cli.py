@@ -39,7 +39,10 @@ from perfsuite.report.table import format_table, memory_table, prefix_cache_tabl
 from perfsuite.workload import ShapedWorkload, Trace, Vocab, Workload, mixed_workload, parse_workload_option
 
 if TYPE_CHECKING:
+    from perfsuite.adapters import Backend, EngineConfig
+    from perfsuite.engine import Request
     from perfsuite.judge.results import Results
+    from perfsuite.models import LoadedModel
 
 
 MAX_NUM_REQUESTS = 100_000
@@ -508,8 +511,7 @@ def _write_output(path: Path, text: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from perfsuite.adapters import Backend, EngineConfig
-    from perfsuite.adapters.protocol import check_serves_follow_ups
-    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
+    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device
     from perfsuite.models import load_model
 
     workload = _workload(args)
@@ -521,32 +523,16 @@ def _run(args: argparse.Namespace) -> int:
     threads = configure_threads(args.threads) if device == "cpu" else None
     started = time.perf_counter()
     loaded = load_model(args.model, device=device, dtype=args.dtype)
-    print(
-        f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
-        + (f" ({threads} threads)" if threads else "")
-        + f", loaded in {time.perf_counter() - started:.1f}s; {workload.num_requests} requests, "
-        + _described(workload)
-        + f" (seed {workload.seed}), B={args.batch_size}",
-        file=sys.stderr,
-    )
+    _say_loaded(args, loaded, device, threads, time.perf_counter() - started, workload)
     workload.check_context(loaded.max_context)  # before any prompt is built
     backend = Backend.from_loaded(loaded, endpoint=args.endpoint, http_options=http_options)
-    if isinstance(workload, ShapedWorkload):
-        requests = workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
-    else:
-        requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
+    requests = _run_requests(workload, loaded, backend)
     config = EngineConfig(
         args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
     )
     rows, cache_lines = [], []
     for kind in args.engines:
-        engine = _built(kind, backend, config)
-        check_serves_follow_ups(engine, requests)
-        warm_up(engine, requests)
-        progress = None if args.no_progress else Progress(kind, len(requests))
-        result = timed_run(engine, requests, device, on_step=progress)
-        if progress:
-            progress.close()
+        result = _timed_engine_run(args, kind, backend, config, requests, device)
         metrics = run_metrics(result)
         rows.append(_row(result, metrics))
         cache_lines.append(prefix_cache_line(result, metrics))
@@ -554,6 +540,49 @@ def _run(args: argparse.Namespace) -> int:
     for line in filter(None, cache_lines):
         print(line)
     return 0
+
+
+def _say_loaded(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    device: str,
+    threads: int | None,
+    load_s: float,
+    workload: Workload | ShapedWorkload,
+) -> None:
+    print(
+        f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
+        + (f" ({threads} threads)" if threads else "")
+        + f", loaded in {load_s:.1f}s; {workload.num_requests} requests, "
+        + _described(workload)
+        + f" (seed {workload.seed}), B={args.batch_size}",
+        file=sys.stderr,
+    )
+
+
+def _run_requests(workload: Workload | ShapedWorkload, loaded: LoadedModel, backend: Backend) -> list[Request]:
+    """The workload's requests: synthetic ids over the backend's vocabulary, or text through the tokenizer."""
+    if isinstance(workload, ShapedWorkload):
+        assert backend.vocab_size is not None  # Backend.from_loaded reads it from the model and its tokenizer
+        return workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
+    return workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
+
+
+def _timed_engine_run(
+    args: argparse.Namespace, kind: str, backend: Backend, config: EngineConfig, requests: list[Request], device: str
+) -> RunResult:
+    """One engine of ``--engines``: built, checked for follow-ups, warmed up, then timed with a progress bar."""
+    from perfsuite.adapters.protocol import check_serves_follow_ups
+    from perfsuite.measure.timing import timed_run, warm_up
+
+    engine = _built(kind, backend, config)
+    check_serves_follow_ups(engine, requests)
+    warm_up(engine, requests)
+    progress = None if args.no_progress else Progress(kind, len(requests))
+    result = timed_run(engine, requests, device, on_step=progress)
+    if progress:
+        progress.close()
+    return result
 
 
 def prefix_cache_line(result: RunResult, metrics: RunMetrics) -> str | None:

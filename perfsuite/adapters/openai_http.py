@@ -110,6 +110,7 @@ _REJECTION_STATUSES = (400, 415, 422)
 
 def build(backend: Backend, config: EngineConfig) -> OpenAIHttpEngine:
     check_endpoint((SERVER_ENGINE,), backend.endpoint)
+    assert backend.endpoint is not None  # check_endpoint refuses a missing one
     return OpenAIHttpEngine(
         backend.endpoint,
         config.batch_size,
@@ -339,8 +340,11 @@ class OpenAIHttpEngine:
         )
 
     def _payload_builder(self, prompt_format: str | None = None) -> PayloadBuilder:
-        if prompt_format is None:
-            prompt_format = TEXT if self._options.sends_text else self._negotiated.prompt_format
+        if prompt_format is None and self._options.sends_text:
+            prompt_format = TEXT
+        elif prompt_format is None:
+            assert self._negotiated is not None  # a run negotiates before it builds its payloads
+            prompt_format = self._negotiated.prompt_format
         return PayloadBuilder(self._options, self.served_model.model_id, prompt_format, self._detokenize)
 
     # ------------------------------------------------------------------ the probe
@@ -528,6 +532,7 @@ class _Client:
         token_ids = [t for p in pieces for t in self._progress_ids(p)]
         last = len(token_ids) - 1
         outputs = [StepOutput(request_id, t, finish_reason if i == last else None) for i, t in enumerate(token_ids)]
+        assert self._on_step is not None  # called only when there is someone to report to
         self._on_step(outputs)
 
     def _progress_ids(self, piece: Piece) -> Sequence[int]:

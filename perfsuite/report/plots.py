@@ -12,7 +12,10 @@ import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
 
 # Namespace names, not addresses: the report's "no external URL" rule allows exactly these.
 SVG_NAMESPACE_URIS = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")
@@ -265,7 +268,7 @@ def timeline_figure(timelines: Sequence[Timeline], stacked: bool = False) -> str
         for axes in (lanes, queue, kv):
             if axes is not None:
                 axes.tick_params(labelbottom=False)
-    legend = [
+    legend: list[Artist] = [
         Patch(facecolor="#8da0cb", hatch="////", edgecolor="#333333", label="prefill"),
         Patch(facecolor="#8da0cb", label="decode (colour = request)"),
         Patch(facecolor=PADDING_COLOUR, hatch="xx", edgecolor="#777777", label="padding row (static batch)"),
@@ -320,7 +323,7 @@ def _draw_lanes(axes: Any, timeline: Timeline, scale: float) -> None:
     from matplotlib import colormaps
 
     palette = colormaps["tab20"]
-    colour_of = {rid: palette(i % 20) for i, rid in enumerate(timeline.request_order)}
+    colour_of: dict[str | None, Any] = {rid: palette(i % 20) for i, rid in enumerate(timeline.request_order)}
     label_width = 0.06 * timeline.duration
     for span in timeline.spans:
         extent = [(span.start * scale, (span.end - span.start) * scale)]
@@ -366,7 +369,7 @@ def _draw_latency_marks(axes: Any, timeline: Timeline, scale: float) -> None:
     axes.legend(fontsize=7, loc="upper left")
 
 
-def _figure(width: float, height: float, layout: str | None = "constrained") -> Any:
+def _figure(width: float, height: float, layout: Literal["constrained"] | None = "constrained") -> Any:
     import matplotlib
 
     matplotlib.use("Agg")

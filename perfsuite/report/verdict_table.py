@@ -97,6 +97,7 @@ class VerdictRow:
                 "-",
                 self.status,
             )
+        assert self.verdict is not None  # a compared row carries its verdict
         return VerdictCells(
             test=self.test_name,
             metric=self.metric,

@@ -250,7 +250,9 @@ def served_of(engine_name: str, requests: Sequence[Request], result: RunResult) 
             problems.append(f"request {request.request_id!r}: log-probabilities that are not real numbers")
     if problems:
         raise InvalidRunResult(engine_name, problems)
-    return {rid: (tuple(records[rid].output_token_ids), tuple(float(v) for v in logprobs[rid])) for rid in records}
+    return {
+        rid: (tuple(records[rid].output_token_ids), tuple(float(v) for v in logprobs[rid] or ())) for rid in records
+    }
 
 
 def assert_same_bits(

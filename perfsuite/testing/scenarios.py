@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from hypothesis import strategies as st
 
@@ -198,9 +198,25 @@ def scenarios(
     )
 
 
+class ScenarioSize(TypedDict, total=False):
+    """The size arguments of ``scenarios``, for a named size passed as ``**size``."""
+
+    min_requests: int
+    max_requests: int
+    max_prompt_len: int
+    max_new_tokens: int
+    max_batch_size: int
+
+
 # More requests than any pool of a long scenario holds: slots, blocks and request ids are reused after the pool
 # wraps, several times over (a batch of at most 3, a paged pool of the longest request and at most one block more).
-LONG = {"min_requests": 16, "max_requests": 24, "max_prompt_len": 8, "max_new_tokens": 8, "max_batch_size": 3}
+LONG: ScenarioSize = {
+    "min_requests": 16,
+    "max_requests": 24,
+    "max_prompt_len": 8,
+    "max_new_tokens": 8,
+    "max_batch_size": 3,
+}
 
 
 def long_scenarios(vocab_size: int, avoid_token_ids: Collection[int] = ()) -> st.SearchStrategy[Scenario]:
