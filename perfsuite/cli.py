@@ -52,6 +52,15 @@ MAX_PORT = 65_535
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_command(commands)
+    _add_report_commands(commands)
+    _add_history_command(commands)
+    _add_serve_command(commands)
+    _add_init_command(commands)
+    return parser
+
+
+def _add_run_command(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="run the default mixed workload on static and in-flight engines and print a table",
@@ -69,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
     run.add_argument("--token-budget", type=positive_int, help="in-flight: max tokens per step (default: no limit)")
+    _add_workload_arguments(run)
+    run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
+    run.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
+    run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
+    _add_server_client_arguments(run)
+    run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
+
+
+def _add_workload_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--num-requests",
         type=integer_at_least(1, "a positive integer", MAX_NUM_REQUESTS, ": the workload is built before it runs"),
@@ -85,17 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
         "trace:FILE[,block_size=512,time_scale=1,max_requests=N] (docs/workloads.md)",
     )
     run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
-    run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
-    run.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
-    run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
-    _add_server_client_arguments(run)
-    run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
-    _add_report_commands(commands)
-    _add_history_command(commands)
-    _add_serve_command(commands)
-    _add_init_command(commands)
-    return parser
 
 
 def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
