@@ -40,7 +40,10 @@ from perfsuite.report.table import format_table, memory_table, prefix_cache_tabl
 from perfsuite.workload import ShapedWorkload, Trace, Vocab, Workload, mixed_workload, parse_workload_option
 
 if TYPE_CHECKING:
+    from perfsuite.adapters import Backend, EngineConfig
+    from perfsuite.engine import Request
     from perfsuite.judge.results import Results
+    from perfsuite.models import LoadedModel
 
 
 MAX_NUM_REQUESTS = 100_000
@@ -50,6 +53,15 @@ MAX_PORT = 65_535
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_command(commands)
+    _add_report_commands(commands)
+    _add_history_command(commands)
+    _add_serve_command(commands)
+    _add_init_command(commands)
+    return parser
+
+
+def _add_run_command(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="run the default mixed workload on static and in-flight engines and print a table",
@@ -67,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=positive_int, default=8, help="static batch / in-flight decode batch (8)")
     run.add_argument("--prefill-batch-size", type=positive_int, help="in-flight: new requests per step (default: B)")
     run.add_argument("--token-budget", type=positive_int, help="in-flight: max tokens per step (default: no limit)")
+    _add_workload_arguments(run)
+    run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
+    run.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
+    run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
+    _add_server_client_arguments(run)
+    run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
+
+
+def _add_workload_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--num-requests",
         type=integer_at_least(1, "a positive integer", MAX_NUM_REQUESTS, ": the workload is built before it runs"),
@@ -83,17 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
         "trace:FILE[,block_size=512,time_scale=1,max_requests=N] (docs/workloads.md)",
     )
     run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
-    run.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    run.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
-    run.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
-    run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
-    _add_server_client_arguments(run)
-    run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
-    _add_report_commands(commands)
-    _add_history_command(commands)
-    _add_serve_command(commands)
-    _add_init_command(commands)
-    return parser
 
 
 def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
@@ -509,8 +520,7 @@ def _write_output(path: Path, text: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from perfsuite.adapters import Backend, EngineConfig
-    from perfsuite.adapters.protocol import check_serves_follow_ups
-    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
+    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device
     from perfsuite.models import load_model
 
     workload = _workload(args)
@@ -522,32 +532,16 @@ def _run(args: argparse.Namespace) -> int:
     threads = configure_threads(args.threads) if device == "cpu" else None
     started = time.perf_counter()
     loaded = load_model(args.model, device=device, dtype=args.dtype)
-    print(
-        f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
-        + (f" ({threads} threads)" if threads else "")
-        + f", loaded in {time.perf_counter() - started:.1f}s; {workload.num_requests} requests, "
-        + _described(workload)
-        + f" (seed {workload.seed}), B={args.batch_size}",
-        file=sys.stderr,
-    )
+    _say_loaded(args, loaded, device, threads, time.perf_counter() - started, workload)
     workload.check_context(loaded.max_context)  # before any prompt is built
     backend = Backend.from_loaded(loaded, endpoint=args.endpoint, http_options=http_options)
-    if isinstance(workload, ShapedWorkload):
-        requests = workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
-    else:
-        requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
+    requests = _run_requests(workload, loaded, backend)
     config = EngineConfig(
         args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
     )
     rows, cache_lines = [], []
     for kind in args.engines:
-        engine = _built(kind, backend, config)
-        check_serves_follow_ups(engine, requests)
-        warm_up(engine, requests)
-        progress = None if args.no_progress else Progress(kind, len(requests))
-        result = timed_run(engine, requests, device, on_step=progress)
-        if progress:
-            progress.close()
+        result = _timed_engine_run(args, kind, backend, config, requests, device)
         metrics = run_metrics(result)
         rows.append(_row(result, metrics))
         cache_lines.append(prefix_cache_line(result, metrics))
@@ -555,6 +549,49 @@ def _run(args: argparse.Namespace) -> int:
     for line in filter(None, cache_lines):
         print(line)
     return 0
+
+
+def _say_loaded(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    device: str,
+    threads: int | None,
+    load_s: float,
+    workload: Workload | ShapedWorkload,
+) -> None:
+    print(
+        f"perfsuite run: {loaded.spec.name} {args.dtype} on {device}"
+        + (f" ({threads} threads)" if threads else "")
+        + f", loaded in {load_s:.1f}s; {workload.num_requests} requests, "
+        + _described(workload)
+        + f" (seed {workload.seed}), B={args.batch_size}",
+        file=sys.stderr,
+    )
+
+
+def _run_requests(workload: Workload | ShapedWorkload, loaded: LoadedModel, backend: Backend) -> list[Request]:
+    """The workload's requests: synthetic ids over the backend's vocabulary, or text through the tokenizer."""
+    if isinstance(workload, ShapedWorkload):
+        assert backend.vocab_size is not None  # Backend.from_loaded reads it from the model and its tokenizer
+        return workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
+    return workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
+
+
+def _timed_engine_run(
+    args: argparse.Namespace, kind: str, backend: Backend, config: EngineConfig, requests: list[Request], device: str
+) -> RunResult:
+    """One engine of ``--engines``: built, checked for follow-ups, warmed up, then timed with a progress bar."""
+    from perfsuite.adapters.protocol import check_serves_follow_ups
+    from perfsuite.measure.timing import timed_run, warm_up
+
+    engine = _built(kind, backend, config)
+    check_serves_follow_ups(engine, requests)
+    warm_up(engine, requests)
+    progress = None if args.no_progress else Progress(kind, len(requests))
+    result = timed_run(engine, requests, device, on_step=progress)
+    if progress:
+        progress.close()
+    return result
 
 
 def prefix_cache_line(result: RunResult, metrics: RunMetrics) -> str | None:

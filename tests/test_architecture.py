@@ -108,11 +108,11 @@ ALLOWED = {
     "host": set(),  # the CPU's name and byte counts as people read them: the standard library only
     "workload": {"engine"},
     "measure": {"engine", "host"},
-    "adapters": {"engine", "models"},
+    "adapters": {"engine"},
     "codec": set(),  # the structural codec of the A/B wire and results.json: the standard library only
     "judge": {"codec", "engine", "measure"},
     # the run history: the store (results in, results out), each test's series, their change points
-    "history": {"engine", "judge", "measure"},
+    "history": {"judge"},
     "report": {"engine", "judge", "history", "host"},
     "correctness": {"adapters", "engine"},
     # the correctness kit for users' tests: nothing of perfsuite imports it
@@ -166,8 +166,36 @@ def import_graph() -> dict[str, set[str]]:
     }
 
 
+def layer_imports() -> dict[str, set[str]]:
+    """Each layer's imports of other layers, read from the source."""
+    found: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        found.setdefault(unit_of(module), set()).update(unit_of(t) for t in targets if unit_of(t) != unit_of(module))
+    return found
+
+
 def test_every_layer_is_listed():
     assert {unit_of(module) for module in import_graph()} <= set(ALLOWED)
+
+
+def test_every_listed_layer_exists():
+    missing = sorted(set(ALLOWED) - {unit_of(module) for module in import_graph()})
+    assert not missing, f"ALLOWED lists layers perfsuite/ no longer has: {missing}"
+
+
+def test_every_allowed_dependency_is_used():
+    """An allowance nothing uses is a door left open: drop it, and a new import has to argue for it."""
+    used = layer_imports()
+    unused = sorted(
+        f"{layer} -> {target}" for layer, targets in ALLOWED.items() for target in targets - used.get(layer, set())
+    )
+    assert not unused, "ALLOWED permits imports no module makes: " + "; ".join(unused)
+
+
+def test_every_pure_module_exists():
+    modules = set(import_graph())
+    missing = sorted(set(PURE_MODULES) - modules)
+    assert not missing, f"PURE_MODULES lists modules perfsuite/ no longer has: {missing}"
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
@@ -222,3 +250,37 @@ def test_the_ab_worker_loads_nothing_of_the_controllers_perfsuite(name):
     not_stdlib = sorted(m for m in imported if m not in sys.stdlib_module_names)
     assert not not_stdlib, f"perfsuite/ab/{name} imports {not_stdlib} when loaded"
 
+
+
+# -- function length -----------------------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES = 40
+
+
+def has_long_reason(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A function may be longer when its docstring has a line `Long: <why splitting it would hurt>`."""
+    docstring = ast.get_docstring(function) or ""
+    return any(line.strip().startswith("Long: ") and line.strip()[len("Long: "):].strip()
+               for line in docstring.splitlines())
+
+
+def long_functions() -> list[str]:
+    """Every def and async def (methods and nested ones included) over the limit, as path:line (N lines)."""
+    found = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES and not has_long_reason(node):
+                where = path.relative_to(PACKAGE_ROOT.parent)
+                found.append(f"{where}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_40_lines_without_a_reason():
+    offenders = long_functions()
+    assert not offenders, (
+        f"{len(offenders)} functions over {MAX_FUNCTION_LINES} lines without a `Long: <reason>` docstring line:\n"
+        + "\n".join(offenders)
+    )

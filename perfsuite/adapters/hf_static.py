@@ -83,7 +83,8 @@ class _RowsFinished(StoppingCriteria):
         self.rows = rows
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        return torch.tensor([row.is_finished for row in self.rows], device=input_ids.device)
+        # torch types every tensor as Tensor; transformers names the bool one BoolTensor
+        return torch.tensor([row.is_finished for row in self.rows], device=input_ids.device)  # type: ignore[return-value]
 
 
 def _batch_counters(rows: Sequence[RecordBuilder], num_steps: int) -> EngineCounters:

@@ -111,6 +111,7 @@ _REJECTION_STATUSES = (400, 415, 422)
 
 def build(backend: Backend, config: EngineConfig) -> OpenAIHttpEngine:
     check_endpoint((SERVER_ENGINE,), backend.endpoint)
+    assert backend.endpoint is not None  # check_endpoint refuses a missing one
     return OpenAIHttpEngine(
         backend.endpoint,
         config.batch_size,
@@ -340,8 +341,11 @@ class OpenAIHttpEngine:
         )
 
     def _payload_builder(self, prompt_format: str | None = None) -> PayloadBuilder:
-        if prompt_format is None:
-            prompt_format = TEXT if self._options.sends_text else self._negotiated.prompt_format
+        if prompt_format is None and self._options.sends_text:
+            prompt_format = TEXT
+        elif prompt_format is None:
+            assert self._negotiated is not None  # a run negotiates before it builds its payloads
+            prompt_format = self._negotiated.prompt_format
         return PayloadBuilder(self._options, self.served_model.model_id, prompt_format, self._detokenize)
 
     # ------------------------------------------------------------------ the probe
@@ -401,12 +405,10 @@ async def _send_all(
 ) -> list[Received]:
     """Send each request at its arrival time, at most ``num_clients`` at once, in arrival order.
 
-    Open loop: a request's arrival is its scheduled time, so waiting for a free
-    client counts as queueing. Closed loop: its arrival is when it is sent.
-    An open-loop request also records when it was scheduled, when it could
-    first have gone (its schedule, or the moment a busy client freed) and when
-    it went: the gap between the last two is this loop's own lateness
-    (``perfsuite.measure.send_lag``), e.g. while it parses other streams.
+    Open loop: a request's arrival is its scheduled time, so waiting for a free client counts as queueing. Closed
+    loop: its arrival is when it is sent. An open-loop request also records when it was scheduled, when it could
+    first have gone (its schedule, or the moment a busy client freed) and when it went: the gap between the last
+    two is this loop's own lateness (``perfsuite.measure.send_lag``), e.g. while it parses other streams.
     """
     free_clients = asyncio.Semaphore(num_clients)
     releases: list[float] = []  # when each request's client was freed, in order
@@ -414,20 +416,15 @@ async def _send_all(
     try:
         for request in requests:
             scheduled = start + request.arrival_time
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await _sleep_until(scheduled)
             num_released = len(releases) if free_clients.locked() else None
             await free_clients.acquire()
             sent = time.perf_counter()
-            if any(task.done() and not task.cancelled() and task.exception() for task in tasks):
+            if _any_failed(tasks):
                 free_clients.release()
                 break  # a request failed; gather below raises its error
             arrival = sent if closed_loop else scheduled
-            # Only this loop acquires: the first release after it found none free is the one that let it go.
-            freed = releases[num_released] if num_released is not None and len(releases) > num_released else None
-            ready = scheduled if freed is None else max(scheduled, freed)
-            times = None if closed_loop else SendTimes(scheduled, ready, sent)
+            times = None if closed_loop else SendTimes(scheduled, _ready_time(scheduled, releases, num_released), sent)
             payload = payloads[request.request_id]
             sending = _send_one(client, request, payload, arrival, free_clients, releases, times)
             tasks.append(asyncio.create_task(sending))
@@ -436,6 +433,26 @@ async def _send_all(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _sleep_until(moment: float) -> None:
+    delay = moment - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _any_failed(tasks: Sequence[asyncio.Task]) -> bool:
+    return any(task.done() and not task.cancelled() and task.exception() for task in tasks)
+
+
+def _ready_time(scheduled: float, releases: Sequence[float], num_released: int | None) -> float:
+    """When a request could first have gone: its schedule, or the release of a client it waited for.
+
+    ``num_released``: the releases counted when it found no client free (None: one was free). Only the send loop
+    acquires, so the first release after that is the one that let it go.
+    """
+    freed = releases[num_released] if num_released is not None and len(releases) > num_released else None
+    return scheduled if freed is None else max(scheduled, freed)
 
 
 async def _send_one(
@@ -529,6 +546,7 @@ class _Client:
         token_ids = [t for p in pieces for t in self._progress_ids(p)]
         last = len(token_ids) - 1
         outputs = [StepOutput(request_id, t, finish_reason if i == last else None) for i, t in enumerate(token_ids)]
+        assert self._on_step is not None  # called only when there is someone to report to
         self._on_step(outputs)
 
     def _progress_ids(self, piece: Piece) -> Sequence[int]:

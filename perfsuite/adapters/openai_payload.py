@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from perfsuite.adapters.http_options import HttpClientOptions
 from perfsuite.engine.types import Request
@@ -71,6 +72,7 @@ class PayloadBuilder:
         return body
 
     def _text(self, request: Request) -> str:
+        assert self.detokenize is not None  # __post_init__: a builder that sends text has a detokenizer
         return self.detokenize(request.prompt_token_ids)
 
     def _eos_fields(self, request: Request) -> dict:
@@ -83,7 +85,7 @@ class PayloadBuilder:
         return fields
 
 
-def detokenizer(tokenizer: object) -> Detokenize:
+def detokenizer(tokenizer: Any) -> Detokenize:
     """A Hugging Face tokenizer's ``decode`` that keeps every token (special ones too) and its spacing."""
 
     def detokenize(token_ids: Sequence[int]) -> str:

@@ -171,7 +171,7 @@ def to_record(received: Received, encode_text: Callable[[str], Sequence[int]]) -
 
 
 def _exact_record(received: Received) -> RequestRecord:
-    token_ids = tuple(t for p in received.pieces for t in p.token_ids)
+    token_ids = tuple(t for p in received.pieces for t in p.token_ids or ())  # every piece has ids here
     usage = received.num_usage_tokens
     if usage is not None and usage != len(token_ids):
         raise OpenAIHttpError(
@@ -179,7 +179,7 @@ def _exact_record(received: Received) -> RequestRecord:
             f"usage counts {usage} completion tokens; the stream lost or invented tokens, so this server's "
             "output cannot be measured (report it to the server's maintainers)"
         )
-    token_times = tuple(p.arrival for p in received.pieces for _ in p.token_ids)
+    token_times = tuple(p.arrival for p in received.pieces for _ in p.token_ids or ())
     return _record(received, token_ids, token_times, None)
 
 

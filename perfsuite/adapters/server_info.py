@@ -105,8 +105,8 @@ def fetch_server_info(base_url: str, *, api_key: str | None = None, timeout_s: f
         reason = error_message(_decoded(error.read()))
         raise ServerInfoError(f"GET {url} answered HTTP {error.code}{hint}: {reason}") from None
     except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise ServerInfoError(f"cannot reach the server at {url}: {reason}; is it running? (--perf-endpoint)") from None
+        cause: object = getattr(error, "reason", error)
+        raise ServerInfoError(f"cannot reach the server at {url}: {cause}; is it running? (--perf-endpoint)") from None
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):

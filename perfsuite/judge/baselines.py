@@ -51,7 +51,7 @@ import re
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -278,6 +278,7 @@ def _first_non_finite(data: Any, where: str = "") -> tuple[str, float] | None:
     """Where in ``data`` the first NaN or infinity lies (``['tests'][0]['change']``), and the value."""
     if isinstance(data, float) and not math.isfinite(data):
         return where or "the document", data
+    children: Iterable[tuple[Any, Any]]
     if isinstance(data, Mapping):
         children = data.items()
     elif isinstance(data, (list, tuple)):

@@ -154,20 +154,15 @@ def compare_paired(
 ) -> Comparison:
     """Judge one metric on pairs (reference[i], current[i]); the verdict uses the raw p until ``adjust`` runs.
 
-    The fields read differently from perfsuite.judge.stats.compare's:
-    ``change`` is the median pair ratio minus one, exp(median(log ratios)) - 1,
-    a paired estimate rather than the ratio of the two medians; ``ci_low`` and
-    ``ci_high`` bound the median ratio current / reference (exp of the Walsh
-    interval of the log ratios: the ABBA order makes them symmetric about
-    their centre, so their pseudo-median is their median); n_baseline and
-    n_current are both the number of pairs. ``min_detectable_effect`` is the
-    smallest further slowdown of every pair that a lone regression among
-    ``num_comparisons`` would be flagged for (``paired_minimum_detectable_effect``).
+    The fields read differently from perfsuite.judge.stats.compare's: ``change`` is the median pair ratio minus
+    one, exp(median(log ratios)) - 1, a paired estimate rather than the ratio of the two medians; ``ci_low`` and
+    ``ci_high`` bound the median ratio current / reference (exp of the Walsh interval of the log ratios: the ABBA
+    order makes them symmetric about their centre, so their pseudo-median is their median); n_baseline and
+    n_current are both the number of pairs. ``min_detectable_effect`` is the smallest further slowdown of every
+    pair that a lone regression among ``num_comparisons`` would be flagged for (``paired_minimum_detectable_effect``).
     """
     log_ratios = _log_ratios(metric, reference, current)
-    oriented = _oriented(log_ratios, direction)
-    p_worse = wilcoxon_signed_rank_upper_p(oriented)
-    p_better = wilcoxon_signed_rank_upper_p([-d for d in oriented])
+    p_worse, p_better = _one_sided_p_values(_oriented(log_ratios, direction))
     log_low, log_high = walsh_confidence_interval(log_ratios, policy.confidence)
     comparison = Comparison(
         metric=metric,
@@ -183,13 +178,23 @@ def compare_paired(
         p_better=p_better,
         p_adjusted=min(p_worse, p_better),
         verdict=Verdict.INCONCLUSIVE,
-        # From the pairs' spread alone (centred on no change), as the stored mode's MDE is from the baseline's:
-        # the smallest slowdown these conditions could show, not what is left to show beyond this run's change.
-        min_detectable_effect=paired_minimum_detectable_effect(
-            _centred(oriented), direction, policy.alpha / max(1, num_comparisons), policy.min_effect
-        ),
+        min_detectable_effect=_paired_mde(_oriented(log_ratios, direction), direction, policy, num_comparisons),
     )
     return with_verdict(comparison, p_worse, p_better, policy)
+
+
+def _one_sided_p_values(oriented: list[float]) -> tuple[float, float]:
+    """Wilcoxon's p that the current tree is worse, and that it is better (``oriented``: positive is worse)."""
+    return wilcoxon_signed_rank_upper_p(oriented), wilcoxon_signed_rank_upper_p([-d for d in oriented])
+
+
+def _paired_mde(oriented: list[float], direction: Direction, policy: Policy, num_comparisons: int) -> float | None:
+    """From the pairs' spread alone (centred on no change), as the stored mode's MDE is from the baseline's.
+
+    The smallest slowdown these conditions could show, not what is left to show beyond this run's change.
+    """
+    alpha = policy.alpha / max(1, num_comparisons)
+    return paired_minimum_detectable_effect(_centred(oriented), direction, alpha, policy.min_effect)
 
 
 def _log_ratios(metric: str, reference: Sequence[float], current: Sequence[float]) -> list[float]:

@@ -426,6 +426,23 @@ class PerfOptions:
 
 def read_options(config: pytest.Config) -> PerfOptions:
     check_rootdir_unmoved(config, [_flag(name) for name, *_ in _OPTIONS])
+    values = _option_values(config)
+    enabled = config.getoption("perf")
+    save_baseline = config.getoption("perf_save_baseline")
+    if save_baseline and not enabled:
+        raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
+    _check_modes(config, values, save_baseline)
+    batch_invariant = config.getoption("perf_batch_invariant")
+    if batch_invariant:
+        _check_batch_invariant(values)
+    sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
+    if enabled:
+        _check_what_the_tests_need(values, sweep)
+    return _perf_options(config, values, enabled, save_baseline, batch_invariant, sweep)
+
+
+def _option_values(config: pytest.Config) -> dict[str, Any]:
+    """Each option's value: the command line's, else the ini key's, else its default; parsed."""
     values = {}
     for name, parse, default, _ in _OPTIONS:
         value = config.getoption(name)
@@ -436,30 +453,42 @@ def read_options(config: pytest.Config) -> PerfOptions:
             except argparse.ArgumentTypeError as error:
                 raise pytest.UsageError(f"[tool.pytest.ini_options] {name} = {raw!r}: {error}") from None
         values[name] = value
-    enabled = config.getoption("perf")
-    save_baseline = config.getoption("perf_save_baseline")
-    if save_baseline and not enabled:
-        raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
+    return values
+
+
+def _check_modes(config: pytest.Config, values: dict[str, Any], save_baseline: bool) -> None:
+    """The engines named, and the combinations of --perf-against, --perf-ray and --perf-client-shards."""
     try:
         check_engine_names(values["perf_engines"])
     except UnknownEngineError as error:
         raise pytest.UsageError(f"--perf-engines: {error}") from None
-    against = values["perf_against"]
-    if against is not None:
-        _check_against(config, against, save_baseline, values["perf_engines"])
+    if values["perf_against"] is not None:
+        _check_against(config, values["perf_against"], save_baseline, values["perf_engines"])
     if values["perf_ray"] is not None:
         _check_ray(config, values["perf_ray"], values["perf_engines"], values["perf_client_shards"])
     if values["perf_client_shards"] > 1:
         _check_client_shards(values)
-    batch_invariant = config.getoption("perf_batch_invariant")
-    if batch_invariant:
-        _check_batch_invariant(values)
-    min_effect = values["perf_min_effect"]
-    if min_effect is None:
-        min_effect = PAIRED_MIN_EFFECT if against is not None else STORED_MIN_EFFECT
-    sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
-    if enabled:
-        _check_what_the_tests_need(values, sweep)
+
+
+def _min_effect(values: dict[str, Any]) -> float:
+    """--perf-min-effect, else the mode's default (A/B pairs see smaller changes than stored baselines)."""
+    if values["perf_min_effect"] is not None:
+        return values["perf_min_effect"]
+    return PAIRED_MIN_EFFECT if values["perf_against"] is not None else STORED_MIN_EFFECT
+
+
+def _perf_options(
+    config: pytest.Config,
+    values: dict[str, Any],
+    enabled: bool,
+    save_baseline: bool,
+    batch_invariant: bool,
+    sweep: Sweep | None,
+) -> PerfOptions:
+    """The session's options from the checked values.
+
+    Long: one keyword per field of PerfOptions, a table read top to bottom; halves of it would be read side by side.
+    """
     profile = PROFILES[values["perf_profile"]]
     rootdir = Path(config.rootpath)
     return PerfOptions(
@@ -480,10 +509,10 @@ def read_options(config: pytest.Config) -> PerfOptions:
         repeats=values["perf_repeats"] or profile.repeats,
         baseline_dir=rootdir / values["perf_baseline_dir"],
         report_dir=rootdir / values["perf_report_dir"],
-        policy=Policy(alpha=values["perf_alpha"], min_effect=min_effect),
+        policy=Policy(alpha=values["perf_alpha"], min_effect=_min_effect(values)),
         strict=_ini_switch(config, "perf_strict"),
         busy_threshold=values["perf_busy_threshold"],
-        against=against,
+        against=values["perf_against"],
         worker_timeout=values["perf_worker_timeout"],
         against_workers=values["perf_against_workers"],
         against_threads=values["perf_against_threads"],

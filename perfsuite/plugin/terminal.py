@@ -84,22 +84,8 @@ def _write_results(
     history_error: str | None,
 ) -> None:
     if perf_session.results:
-        write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
-        tables = (
-            memory_table(perf_session.results),
-            prefix_cache_table(perf_session.results),
-            utilization_table(perf_session.results),
-        )
-        for table in tables:
-            if table is not None:
-                write(table)
-    for recorded in perf_session.determinism:  # recorded, never judged: shown, failing nothing
-        write(f"unique completions: {recorded.test_id} ({recorded.engine_name}): {recorded.completions.describe()}")
-    for warning in perf_session.warnings:
-        write(f"warning: {warning}", yellow=True)
-    for late in perf_session.late_regressions:
-        write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
-    _write_change_points(write, perf_session)
+        _write_tables(write, perf_session)
+    _write_notes(write, perf_session)
     for error in (output_error, history_error):
         if error is not None:
             write(f"perfsuite error: {error}", red=True, bold=True)
@@ -123,6 +109,30 @@ def _write_results(
         write(f"report: {written.report}")
     if written.history is not None:
         write(f"history: {written.history}")
+
+
+def _write_tables(write: Callable[..., None], perf_session: PerfSession) -> None:
+    """The verdict table, then the memory, prefix cache and utilization tables of the runs that have them."""
+    write(verdict_table(perf_session.results, paired=perf_session.against is not None).text())
+    tables = (
+        memory_table(perf_session.results),
+        prefix_cache_table(perf_session.results),
+        utilization_table(perf_session.results),
+    )
+    for table in tables:
+        if table is not None:
+            write(table)
+
+
+def _write_notes(write: Callable[..., None], perf_session: PerfSession) -> None:
+    """What the session recorded besides the verdicts: completions, warnings, late regressions, change points."""
+    for recorded in perf_session.determinism:  # recorded, never judged: shown, failing nothing
+        write(f"unique completions: {recorded.test_id} ({recorded.engine_name}): {recorded.completions.describe()}")
+    for warning in perf_session.warnings:
+        write(f"warning: {warning}", yellow=True)
+    for late in perf_session.late_regressions:
+        write(f"regression found by the session-wide correction at session end: {late}", red=True, bold=True)
+    _write_change_points(write, perf_session)
 
 
 def _write_change_points(write: Callable[..., None], perf_session: PerfSession) -> None:

@@ -12,7 +12,10 @@ import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
 
 from perfsuite.engine.names import INFLIGHT, PAGED, PAGED_PREFIX, STATIC
 
@@ -233,41 +236,76 @@ def timeline_figure(timelines: Sequence[Timeline], stacked: bool = False) -> str
     any run recorded its KV cache; each step that preempted requests gets a
     marker there and a line across the slot lanes.
     """
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    seconds = max(t.duration for t in timelines) or 1.0
-    scale, unit = (1e3, "ms") if seconds < 2 else (1.0, "s")
-    max_slots = max(t.num_slots for t in timelines)
-    lane_height = max(1.6, 0.32 * max_slots)
-    with_kv = any(t.has_kv for t in timelines)
-    heights = [lane_height, 1.2, 1.2, 1.2] if with_kv else [lane_height, 1.2, 1.2]
+    shared = _SharedAxes.of(timelines)
+    lane_height = max(1.6, 0.32 * shared.max_slots)
+    heights = [lane_height, 1.2, 1.2, 1.2] if shared.with_kv else [lane_height, 1.2, 1.2]
     per_run = len(heights)
     columns, rows = (1, len(timelines)) if stacked else (len(timelines), 1)
     figure = _figure(9 if stacked else 7 * columns, (sum(heights) + 0.8) * rows)
     grid = figure.add_gridspec(per_run * rows, columns, height_ratios=heights * rows, hspace=0.12)
-    max_waiting = max((w for t in timelines for _, w in t.queue), default=0)
-    max_blocks = max((t.kv_pool or 0 for t in timelines if t.has_kv), default=0)
     for index, timeline in enumerate(timelines):
         row, column = (index, 0) if stacked else (0, index)
-        lanes = figure.add_subplot(grid[per_run * row, column])
-        queue = figure.add_subplot(grid[per_run * row + 1, column], sharex=lanes)
-        kv = figure.add_subplot(grid[per_run * row + 2, column], sharex=lanes) if with_kv else None
-        marks = figure.add_subplot(grid[per_run * row + per_run - 1, column], sharex=lanes)
-        _draw_lanes(lanes, timeline, scale)
-        lanes.set_xlim(0, seconds * scale)
-        lanes.set_ylim(max_slots - 0.5, -0.5)
-        lanes.set_title(timeline.title, fontsize=10)
-        _draw_queue(queue, timeline, scale, max_waiting)
-        if kv is not None:
-            _draw_kv(kv, timeline, scale, max_blocks)
-            _draw_preemptions(lanes, kv, timeline, scale)
-        _draw_latency_marks(marks, timeline, scale)
-        marks.set_xlabel(f"time since the run started ({unit})")
-        for axes in (lanes, queue, kv):
-            if axes is not None:
-                axes.tick_params(labelbottom=False)
-    legend = [
+        cells = [grid[per_run * row + i, column] for i in range(per_run)]
+        _draw_run(figure, cells, timeline, shared)
+    legend = _timeline_legend(shared.with_kv)
+    figure.legend(handles=legend, loc="outside upper center", ncol=len(legend), fontsize=8, frameon=False)
+    return figure_to_svg(figure)
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedAxes:
+    """What every run of one timeline figure shares, so runs read against each other: the time axis and ranges."""
+
+    seconds: float
+    scale: float  # seconds to the axis' unit
+    unit: str
+    max_slots: int
+    max_waiting: int
+    max_blocks: int
+    with_kv: bool
+
+    @classmethod
+    def of(cls, timelines: Sequence[Timeline]) -> _SharedAxes:
+        seconds = max(t.duration for t in timelines) or 1.0
+        scale, unit = (1e3, "ms") if seconds < 2 else (1.0, "s")
+        return cls(
+            seconds,
+            scale,
+            unit,
+            max_slots=max(t.num_slots for t in timelines),
+            max_waiting=max((w for t in timelines for _, w in t.queue), default=0),
+            max_blocks=max((t.kv_pool or 0 for t in timelines if t.has_kv), default=0),
+            with_kv=any(t.has_kv for t in timelines),
+        )
+
+
+def _draw_run(figure: Any, cells: Sequence[Any], timeline: Timeline, shared: _SharedAxes) -> None:
+    """One run's lanes, queue, KV use (when the figure has a KV row) and latency marks, in its grid ``cells``."""
+    scale = shared.scale
+    lanes = figure.add_subplot(cells[0])
+    queue = figure.add_subplot(cells[1], sharex=lanes)
+    kv = figure.add_subplot(cells[2], sharex=lanes) if shared.with_kv else None
+    marks = figure.add_subplot(cells[-1], sharex=lanes)
+    _draw_lanes(lanes, timeline, scale)
+    lanes.set_xlim(0, shared.seconds * scale)
+    lanes.set_ylim(shared.max_slots - 0.5, -0.5)
+    lanes.set_title(timeline.title, fontsize=10)
+    _draw_queue(queue, timeline, scale, shared.max_waiting)
+    if kv is not None:
+        _draw_kv(kv, timeline, scale, shared.max_blocks)
+        _draw_preemptions(lanes, kv, timeline, scale)
+    _draw_latency_marks(marks, timeline, scale)
+    marks.set_xlabel(f"time since the run started ({shared.unit})")
+    for axes in (lanes, queue, kv):
+        if axes is not None:
+            axes.tick_params(labelbottom=False)
+
+
+def _timeline_legend(with_kv: bool) -> list[Artist]:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    legend: list[Artist] = [
         Patch(facecolor="#8da0cb", hatch="////", edgecolor="#333333", label="prefill"),
         Patch(facecolor="#8da0cb", label="decode (colour = request)"),
         Patch(facecolor=PADDING_COLOUR, hatch="xx", edgecolor="#777777", label="padding row (static batch)"),
@@ -275,8 +313,7 @@ def timeline_figure(timelines: Sequence[Timeline], stacked: bool = False) -> str
     ]
     if with_kv:
         legend.append(Line2D([], [], color=PREEMPTION_COLOUR, marker="v", linestyle=":", label="preemption"))
-    figure.legend(handles=legend, loc="outside upper center", ncol=len(legend), fontsize=8, frameon=False)
-    return figure_to_svg(figure)
+    return legend
 
 
 def _draw_kv(axes: Any, timeline: Timeline, scale: float, max_blocks: int) -> None:
@@ -322,7 +359,7 @@ def _draw_lanes(axes: Any, timeline: Timeline, scale: float) -> None:
     from matplotlib import colormaps
 
     palette = colormaps["tab20"]
-    colour_of = {rid: palette(i % 20) for i, rid in enumerate(timeline.request_order)}
+    colour_of: dict[str | None, Any] = {rid: palette(i % 20) for i, rid in enumerate(timeline.request_order)}
     label_width = 0.06 * timeline.duration
     for span in timeline.spans:
         extent = [(span.start * scale, (span.end - span.start) * scale)]
@@ -368,7 +405,7 @@ def _draw_latency_marks(axes: Any, timeline: Timeline, scale: float) -> None:
     axes.legend(fontsize=7, loc="upper left")
 
 
-def _figure(width: float, height: float, layout: str | None = "constrained") -> Any:
+def _figure(width: float, height: float, layout: Literal["constrained"] | None = "constrained") -> Any:
     import matplotlib
 
     matplotlib.use("Agg")

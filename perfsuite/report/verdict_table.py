@@ -23,6 +23,7 @@ from perfsuite.report.table import format_table
 
 if TYPE_CHECKING:
     from perfsuite.judge.results import TestResult
+    from perfsuite.judge.stats import Comparison
 
 VERDICTS = ("regressed", "noisy", "improved", "unchanged", "inconclusive")  # the worst news first
 NO_VERDICT = "no baseline"
@@ -97,6 +98,7 @@ class VerdictRow:
                 "-",
                 self.status,
             )
+        assert self.verdict is not None  # a compared row carries its verdict
         return VerdictCells(
             test=self.test_name,
             metric=self.metric,
@@ -146,42 +148,37 @@ def format_figure(value: float | None) -> str:
 
 def _rows_of(result: TestResult) -> list[VerdictRow]:
     test_id, status = result.test_id, result.judgement.baseline_status
-    rows = [
-        VerdictRow(
-            test_id,
-            RowKind.COMPARED,
-            c.metric,
-            c.baseline_median,
-            c.current_median,
-            status,
-            verdict=c.verdict,
-            change_percent=c.change_percent,
-            ci_low=c.ci_low,
-            ci_high=c.ci_high,
-            p_adjusted=c.p_adjusted,
-            min_detectable_effect=c.min_detectable_effect,
-        )
-        for c in result.judgement.comparisons
-    ]
-    if not result.judgement.comparisons and result.capacity is not None:
-        rows.append(
-            VerdictRow(
-                test_id, RowKind.CAPACITY, "capacity_under_slo", None, result.capacity.requests_per_second, status
-            )
-        )
-    elif not result.judgement.comparisons:
-        rows.append(
-            VerdictRow(
-                test_id,
-                RowKind.NOT_COMPARED,
-                "output_throughput",
-                None,
-                result.measurement.summary.output_throughput,
-                status,
-            )
-        )
+    rows = [_compared_row(test_id, status, c) for c in result.judgement.comparisons]
+    if not result.judgement.comparisons:
+        rows.append(_uncompared_row(result, status))
     rows += [
         VerdictRow(test_id, RowKind.COUNTER_CHANGED, change.name, change.baseline, change.current, "counter changed")
         for change in result.judgement.counter_changes
     ]
     return rows
+
+
+def _compared_row(test_id: str, status: str, c: Comparison) -> VerdictRow:
+    return VerdictRow(
+        test_id,
+        RowKind.COMPARED,
+        c.metric,
+        c.baseline_median,
+        c.current_median,
+        status,
+        verdict=c.verdict,
+        change_percent=c.change_percent,
+        ci_low=c.ci_low,
+        ci_high=c.ci_high,
+        p_adjusted=c.p_adjusted,
+        min_detectable_effect=c.min_detectable_effect,
+    )
+
+
+def _uncompared_row(result: TestResult, status: str) -> VerdictRow:
+    """A test judged on nothing: its capacity, or else its output throughput, shown without a verdict."""
+    if result.capacity is not None:
+        capacity = result.capacity.requests_per_second
+        return VerdictRow(result.test_id, RowKind.CAPACITY, "capacity_under_slo", None, capacity, status)
+    throughput = result.measurement.summary.output_throughput
+    return VerdictRow(result.test_id, RowKind.NOT_COMPARED, "output_throughput", None, throughput, status)

@@ -139,6 +139,8 @@ _OTHER_ENDPOINT = {"messages": "/v1/chat/completions", "prompt": "/v1/completion
 
 # (text, add_special_tokens) -> token ids
 Tokenize = Callable[[str, bool], Sequence[int]]
+# text -> token ids, special tokens settled by the request
+TokenizeText = Callable[[str], Sequence[int]]
 
 
 def parse_completion_request(body: object, limits: PromptLimits, tokenize: Tokenize) -> CompletionRequest:
@@ -266,7 +268,7 @@ def _request(
 # --------------------------------------------------------------------------- prompts
 
 
-def _completion_prompts(prompt: object, limits: PromptLimits, tokenize: Tokenize) -> list[tuple[int, ...]]:
+def _completion_prompts(prompt: object, limits: PromptLimits, tokenize: TokenizeText) -> list[tuple[int, ...]]:
     if prompt is None:
         raise invalid_request(
             "prompt is required: a string, a list of token ids, or a list of either (several prompts)", "prompt"
@@ -298,7 +300,7 @@ def _as_batch(prompt: object) -> list | None:
     return None
 
 
-def _one_prompt(prompt: object, where: str, vocab_size: int, tokenize: Tokenize) -> tuple[int, ...]:
+def _one_prompt(prompt: object, where: str, vocab_size: int, tokenize: TokenizeText) -> tuple[int, ...]:
     if isinstance(prompt, str):
         token_ids = tuple(tokenize(prompt))
     elif isinstance(prompt, list):

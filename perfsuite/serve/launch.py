@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfsuite.engine import Request
+from perfsuite.engine import Engine, Request
 from perfsuite.engine.names import INFLIGHT, PAGED, PAGED_PREFIX
 from perfsuite.serve.app import CompletionServer
 from perfsuite.serve.limits import DEFAULT_MAX_OPEN_REQUESTS, ServeLimits
@@ -79,6 +79,7 @@ def build_server(options: ServeOptions) -> CompletionServer:
         engine = build_engine(options.engine, Backend.from_loaded(loaded), config)
     except KVMemoryError as error:
         raise ValueError(f"{error.message('--batch-size')}, or lower --max-seq-len") from None
+    assert isinstance(engine, Engine)  # SERVE_ENGINES are perfsuite's own, which the worker steps
     warm_up(engine, [Request("warm-up", tuple(loaded.tokenizer("Hello")["input_ids"]) or (0,))])
     served_name = options.served_model_name or short_model_name(loaded)
     print(

@@ -188,6 +188,7 @@ class EngineWorker:
                 self._cached_tokens.pop(request_id, None)
 
     def _submit_abort(self, request_id: str) -> None:
+        assert self._executor is not None  # a stream exists only once start() made the executor
         try:
             self._executor.submit(self._abort, request_id)
         except RuntimeError:  # the executor is shut down: the server is stopping

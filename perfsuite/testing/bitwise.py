@@ -130,9 +130,18 @@ def compositions(
     max_seq_len = max_prompt_len + MAX_NEW_TOKENS
     allowed = [token for token in range(vocab_size) if token not in frozenset(avoid_token_ids)]
     batch = draw(st.sampled_from(list(batch_sizes)))
+    knobs = [f"batch of {batch}"]
+    needle, requests, shared = _draw_batch(draw, batch, allowed, max_prompt_len, knobs)
+    scenario = _draw_scenario(draw, needle, requests, shared > 0, max_prompt_len, kv_block_sizes, knobs)
+    return Composition(scenario, needle.request_id, tuple(knobs), max_seq_len)
+
+
+def _draw_batch(
+    draw: st.DrawFn, batch: int, allowed: Sequence[int], max_prompt_len: int, knobs: list[str]
+) -> tuple[Request, tuple[Request, ...], int]:
+    """The needle, the batch in arrival order (the needle at a drawn place) and how many prompt tokens they share."""
     needle_prompt = tuple(draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=max_prompt_len)))
     needle = Request("needle", needle_prompt, SamplingParams(draw(st.integers(1, MAX_NEW_TOKENS)), ignore_eos=True))
-    knobs = [f"batch of {batch}"]
     shared = draw(st.integers(0, len(needle_prompt))) if batch > 1 and draw(st.booleans()) else 0
     if shared:
         knobs.append(f"companions start with the needle's first {shared} token(s) (served with prefix caching too)")
@@ -143,8 +152,21 @@ def compositions(
         for index in range(batch - 1)
     ]
     place = draw(st.integers(0, len(companions)))
-    requests = (*companions[:place], needle, *companions[place:])
-    budget = max_seq_len * batch
+    return needle, (*companions[:place], needle, *companions[place:]), shared
+
+
+def _draw_scenario(
+    draw: st.DrawFn,
+    needle: Request,
+    requests: tuple[Request, ...],
+    prefix_caching: bool,
+    max_prompt_len: int,
+    kv_block_sizes: Sequence[int],
+    knobs: list[str],
+) -> Scenario:
+    """The batch served under drawn knobs: a token budget, a block size, a tight paged pool, the needle's step."""
+    batch = len(requests)
+    budget = (max_prompt_len + MAX_NEW_TOKENS) * batch
     if draw(st.booleans()):
         budget = draw(st.integers(1, max_prompt_len))
         knobs.append(f"a budget of {budget} tokens a step (chunked prefill)")
@@ -156,7 +178,7 @@ def compositions(
     needle_step = draw(st.integers(0, 3))
     if needle_step:
         knobs.append(f"the needle arrives at step {needle_step} of a step-driven run")
-    scenario = Scenario(
+    return Scenario(
         requests=requests,
         arrival_steps=tuple(needle_step if r is needle else 0 for r in requests),
         batch_size=batch,
@@ -165,9 +187,8 @@ def compositions(
         num_kv_blocks=num_kv_blocks,
         kv_block_size=block_size,
         paged_batch_size=batch,
-        prefix_caching=shared > 0,
+        prefix_caching=prefix_caching,
     )
-    return Composition(scenario, needle.request_id, tuple(knobs), max_seq_len)
 
 
 def _companion(
@@ -250,7 +271,9 @@ def served_of(engine_name: str, requests: Sequence[Request], result: RunResult) 
             problems.append(f"request {request.request_id!r}: log-probabilities that are not real numbers")
     if problems:
         raise InvalidRunResult(engine_name, problems)
-    return {rid: (tuple(records[rid].output_token_ids), tuple(float(v) for v in logprobs[rid])) for rid in records}
+    return {
+        rid: (tuple(records[rid].output_token_ids), tuple(float(v) for v in logprobs[rid] or ())) for rid in records
+    }
 
 
 def assert_same_bits(

@@ -70,6 +70,10 @@ def check_engine(
         engine = engine(scenario.engine_config(max_seq_len or scenario.max_total_tokens))
     requests = scenario.timed_requests(seconds_per_step)
     if tolerance is not None:
+        if not isinstance(reference, CachedReference):
+            raise TypeError(
+                "a per-token verdict (tolerance=...) needs a CachedReference with a scorer (cached_reference)"
+            )
         return _check_engine_tokens(engine, requests, reference, tolerance)
     if getattr(engine, "base_url", None):
         return check_server_greedy(engine, requests, reference, near_tie_tolerance)
@@ -146,6 +150,7 @@ def check_runner(
     if tolerance is None:
         expected, margins = reference.outputs(scenario.requests)
     runs = []
+    check: GreedyCheck | TokenCheck
     for engine in scenario.engines(runner, eos_token_id, max_seq_len or scenario.max_total_tokens):
         outputs = drive(engine, scenario)
         if tolerance is not None:

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,7 +44,7 @@ from perfsuite.adapters.registry import checked_engine, load_factory
 from perfsuite.testing import bitwise as bitwise_lane
 from perfsuite.testing.checks import check_engine, check_runner
 from perfsuite.testing.reference import CachedReference, cached_reference
-from perfsuite.testing.scenarios import Scenario, long_scenarios, scenarios
+from perfsuite.testing.scenarios import Scenario, ScenarioSize, long_scenarios, scenarios
 from perfsuite.testing.time_limit import NoAnswer, call_within, resolve_max_seconds
 from perfsuite.testing.verdict import LogitTolerance
 
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_EXAMPLES = 25
 _REMOVED = object()  # near_tie_tolerance and max_near_ties: refused, with the per-token verdict named
 # Smaller than perfsuite's own property's scenarios: an engine of unknown speed serves every example.
-SMALL = {"max_requests": 6, "max_prompt_len": 24, "max_new_tokens": 12, "max_batch_size": 4}
+SMALL: ScenarioSize = {"max_requests": 6, "max_prompt_len": 24, "max_new_tokens": 12, "max_batch_size": 4}
 SMALL_MAX_SEQ_LEN = SMALL["max_prompt_len"] + SMALL["max_new_tokens"]
 # With the default strategy, each run also serves this many long scenarios (``long_scenarios``: more requests than
 # the pool holds). Two, since Hypothesis' first example is its simplest (every request in order, one token each).
@@ -71,7 +71,7 @@ def equivalence_test(
     dtype: str = "float64",
     device: str = "cpu",
     endpoint: str | None = None,
-    strategy: SearchStrategy[Scenario] | None = None,
+    strategy: SearchStrategy[Any] | None = None,  # of Scenario; of bitwise.Composition with bitwise=True
     max_seq_len: int | None = None,
     seconds_per_step: float = 0.0,
     ulps: float | None = None,
@@ -142,6 +142,8 @@ def equivalence_test(
     factory gets then holds ``ModelRunner(logprobs=True)``, batch invariant
     with ``batch_invariant=True`` (which the lane alone takes), and the
     ``EngineConfig`` says so.
+
+    Long: the docstring is the public reference of the kit's main entry (mkdocstrings); the body is ten lines.
     """
     _refuse_near_tie_arguments(near_tie_tolerance, max_near_ties)
     limit = resolve_max_seconds(max_seconds_per_example)
@@ -151,12 +153,42 @@ def equivalence_test(
         return _bitwise_engine_test(engine, model_under_test, batch_invariant, strategy, max_examples, limit)
     if batch_invariant:
         raise ValueError("batch_invariant=True builds the runner the bitwise lane checks: pass bitwise=True with it")
-    max_examples = DEFAULT_MAX_EXAMPLES if max_examples is None else max_examples
-    tolerance = LogitTolerance.for_dtype(dtype, ulps)
-    long_strategy = None
-    if strategy is None:
-        strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
-        long_strategy = model_under_test.long_scenarios()
+    per_token = _PerToken.of(model_under_test, strategy, max_seq_len, ulps, max_examples, limit)
+    return _per_token_engine_test(engine, model_under_test, per_token, seconds_per_step)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PerToken:
+    """A per-token ready test's settings, the defaults filled in: the strategies, the limits and the tolerance."""
+
+    strategy: SearchStrategy[Scenario]
+    long_strategy: SearchStrategy[Scenario] | None  # the default strategy's long scenarios; None with the user's
+    max_seq_len: int | None
+    tolerance: LogitTolerance
+    max_examples: int
+    limit: float
+
+    @classmethod
+    def of(
+        cls,
+        model_under_test: _ModelUnderTest,
+        strategy: SearchStrategy[Scenario] | None,
+        max_seq_len: int | None,
+        ulps: float | None,
+        max_examples: int | None,
+        limit: float,
+    ) -> _PerToken:
+        tolerance = LogitTolerance.for_dtype(model_under_test.dtype, ulps)
+        max_examples = DEFAULT_MAX_EXAMPLES if max_examples is None else max_examples
+        if strategy is not None:
+            return cls(strategy, None, max_seq_len, tolerance, max_examples, limit)
+        small, long = model_under_test.small_scenarios(), model_under_test.long_scenarios()
+        return cls(small, long, max_seq_len or SMALL_MAX_SEQ_LEN, tolerance, max_examples, limit)
+
+
+def _per_token_engine_test(
+    engine: str | EngineFactory, model_under_test: _ModelUnderTest, per_token: _PerToken, seconds_per_step: float
+) -> Callable[[], None]:
     factory = functools.cache(lambda: load_factory(engine) if isinstance(engine, str) else engine)
 
     def check_one(scenario: Scenario) -> None:
@@ -166,14 +198,14 @@ def equivalence_test(
             build,
             scenario,
             model_under_test.reference(),
-            max_seq_len=max_seq_len,
+            max_seq_len=per_token.max_seq_len,
             seconds_per_step=seconds_per_step,
-            tolerance=tolerance,
+            tolerance=per_token.tolerance,
         )
         check.assert_passed()
 
     prepare = lambda: (model_under_test.reference(), factory())  # noqa: E731
-    return _ready_test(check_one, strategy, max_examples, _engine_name(engine), limit, prepare, long_strategy)
+    return _ready_test(check_one, per_token, _engine_name(engine), prepare)
 
 
 def runner_equivalence_test(
@@ -182,7 +214,7 @@ def runner_equivalence_test(
     model: str = "tiny-random",
     dtype: str = "float64",
     device: str = "cpu",
-    strategy: SearchStrategy[Scenario] | None = None,
+    strategy: SearchStrategy[Any] | None = None,  # of Scenario; of bitwise.Composition with bitwise=True
     max_seq_len: int | None = None,
     ulps: float | None = None,
     max_examples: int | None = None,
@@ -210,12 +242,13 @@ def runner_equivalence_test(
     if bitwise:
         _refuse_per_token_arguments(ulps=ulps, max_seq_len=max_seq_len)
         return _bitwise_runner_test(make_runner, model_under_test, strategy, max_examples, limit)
-    max_examples = DEFAULT_MAX_EXAMPLES if max_examples is None else max_examples
-    tolerance = LogitTolerance.for_dtype(dtype, ulps)
-    long_strategy = None
-    if strategy is None:
-        strategy, max_seq_len = model_under_test.small_scenarios(), max_seq_len or SMALL_MAX_SEQ_LEN
-        long_strategy = model_under_test.long_scenarios()
+    per_token = _PerToken.of(model_under_test, strategy, max_seq_len, ulps, max_examples, limit)
+    return _per_token_runner_test(make_runner, model_under_test, per_token)
+
+
+def _per_token_runner_test(
+    make_runner: Callable[[LoadedModel], Runner], model_under_test: _ModelUnderTest, per_token: _PerToken
+) -> Callable[[], None]:
     runner_of = functools.cache(lambda: make_runner(model_under_test.loaded()))
 
     def check_one(scenario: Scenario) -> None:
@@ -224,14 +257,14 @@ def runner_equivalence_test(
             scenario,
             model_under_test.reference(),
             eos_token_id=model_under_test.loaded().eos_token_id,
-            max_seq_len=max_seq_len,
-            tolerance=tolerance,
+            max_seq_len=per_token.max_seq_len,
+            tolerance=per_token.tolerance,
         )
         check.assert_passed()
 
     label = getattr(make_runner, "__name__", "runner")
     prepare = lambda: (model_under_test.reference(), runner_of())  # noqa: E731
-    return _ready_test(check_one, strategy, max_examples, label, limit, prepare, long_strategy)
+    return _ready_test(check_one, per_token, label, prepare)
 
 
 def _refuse_near_tie_arguments(near_tie_tolerance: object, max_near_ties: object) -> None:
@@ -305,6 +338,10 @@ class _ModelUnderTest:
     def __init__(self, model: str, dtype: str, device: str, endpoint: str | None) -> None:
         self._key = (model, dtype, device)
         self._endpoint = endpoint
+
+    @property
+    def dtype(self) -> str:
+        return self._key[1]
 
     def loaded(self) -> LoadedModel:
         return _load(*self._key)
@@ -384,20 +421,18 @@ def _check_within(check_one: Callable[[Scenario], None], scenario: Scenario, max
 
 
 def _ready_test(
-    check_one: Callable[[Scenario], None],
-    strategy: SearchStrategy[Scenario],
-    max_examples: int,
-    label: str,
-    max_seconds: float,
-    prepare: Callable[[], object],
-    long_strategy: SearchStrategy[Scenario] | None = None,
+    check_one: Callable[[Scenario], None], per_token: _PerToken, label: str, prepare: Callable[[], object]
 ) -> Callable[[], None]:
-    """The Hypothesis test over ``strategy``; with a ``long_strategy``, a test that runs it, then long examples."""
+    """The Hypothesis test over the settings' strategy; with a long strategy too, a test that runs it, then long examples."""
     name = re.sub(r"\W", "_", f"{label}_equals_unbatched_greedy_decoding")
-    small = _hypothesis_test(check_one, strategy, max_examples, name, label, max_seconds, prepare)
-    if long_strategy is None:
+    max_seconds = per_token.limit
+    small = _hypothesis_test(check_one, per_token.strategy, per_token.max_examples, name, label, max_seconds, prepare)
+    if per_token.long_strategy is None:
         return small
-    long = _hypothesis_test(check_one, long_strategy, NUM_LONG_EXAMPLES, f"{name}_long", label, max_seconds, prepare)
+    long_name = f"{name}_long"
+    long = _hypothesis_test(
+        check_one, per_token.long_strategy, NUM_LONG_EXAMPLES, long_name, label, max_seconds, prepare
+    )
 
     def test() -> None:
         small()

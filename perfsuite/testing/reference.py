@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from perfsuite.correctness import GreedyOutput, GreedyReference
 from perfsuite.engine import Request
-from perfsuite.testing.verdict import TokenScores
+from perfsuite.testing.verdict import LogitsAtTokens
 
 if TYPE_CHECKING:
     from perfsuite.models import LoadedModel
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class TokenScorer(Protocol):
     """The teacher-forced reference (``perfsuite.engine.reference.TeacherForcedScorer``)."""
 
-    def score(self, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> TokenScores: ...
+    def score(self, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> LogitsAtTokens: ...
 
 
 # float32 logits of SmolLM2 differ by ~1e-5 between batch shapes; a flip needs
@@ -57,14 +57,14 @@ class CachedReference:
         self.decoder = decoder
         self.scorer = scorer
         self._cache: dict[tuple, GreedyOutput] = {}
-        self._scores: dict[tuple, TokenScores] = {}
+        self._scores: dict[tuple, LogitsAtTokens] = {}
 
     @property
     def eos_token_id(self) -> int | None:
         """The model's EOS, as the decoder knows it (None when it says none)."""
         return getattr(self.decoder, "eos_token_id", None)
 
-    def score(self, request: Request, tokens: tuple[int, ...]) -> TokenScores:
+    def score(self, request: Request, tokens: tuple[int, ...]) -> LogitsAtTokens:
         """The reference's logits at each of ``tokens``, the output of ``request``, given the tokens before it."""
         if self.scorer is None:
             raise ValueError(

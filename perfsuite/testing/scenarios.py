@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from hypothesis import strategies as st
 
@@ -26,6 +26,8 @@ from perfsuite.engine import Engine, Request, SamplingParams, inflight_engine, p
 if TYPE_CHECKING:
     from perfsuite.engine.engine import Runner
 
+# With blocks of 16 in the mix, 29% of runs of perfsuite's paged engine preempted; with 1, 2 and 4, about
+# 60%. The block-table walk does not depend on the block size beyond p // block_size.
 DEFAULT_KV_BLOCK_SIZES = (1, 2, 4)
 
 
@@ -170,37 +172,81 @@ def scenarios(
     ``avoid_token_ids`` (a tokenizer's special tokens, say) are never drawn
     into a prompt; the prompts of perfsuite's own tests use every id.
     """
-    prompt_token = st.integers(0, vocab_size - 1)
-    if avoid_token_ids:
-        avoided = frozenset(avoid_token_ids)
-        prompt_token = st.sampled_from([token for token in range(vocab_size) if token not in avoided])
+    prompt_token = _prompt_tokens(vocab_size, avoid_token_ids)
     num_requests = draw(st.integers(min_requests, max_requests))
+    requests, arrival_steps = _draw_requests(draw, num_requests, prompt_token, max_prompt_len, max_new_tokens)
+    batch_size = draw(st.integers(1, max_batch_size))
+    kv_block_size = draw(st.sampled_from(list(kv_block_sizes)))
+    batching = _Batching(batch_size, kv_block_size, 2 * max_prompt_len, max_batch_size)
+    return _draw_scheduling(draw, requests, arrival_steps, batching)
+
+
+def _draw_requests(
+    draw: st.DrawFn, num_requests: int, prompt_token: st.SearchStrategy[int], max_prompt_len: int, max_new_tokens: int
+) -> tuple[list[Request], list[int]]:
+    """``num_requests`` requests of drawn prompts, each arriving at a step in 0..2 x ``max_new_tokens``."""
     requests, arrival_steps = [], []
     for index in range(num_requests):
-        prompt = draw(st.lists(prompt_token, min_size=1, max_size=max_prompt_len))
-        params = SamplingParams(draw(st.integers(1, max_new_tokens)), ignore_eos=draw(st.booleans()))
-        requests.append(Request(f"r{index}", tuple(prompt), params))
+        prompt = tuple(draw(st.lists(prompt_token, min_size=1, max_size=max_prompt_len)))
+        requests.append(_draw_request(draw, index, prompt, max_new_tokens))
         arrival_steps.append(draw(st.integers(0, 2 * max_new_tokens)))
-    batch_size = draw(st.integers(1, max_batch_size))
-    # With blocks of 16 in the mix, 29% of runs of perfsuite's paged engine preempted; with 1, 2 and 4, about
-    # 60%. The block-table walk does not depend on the block size beyond p // block_size.
-    kv_block_size = draw(st.sampled_from(list(kv_block_sizes)))
-    num_blocks_longest = max(-(-request.max_total_tokens // kv_block_size) for request in requests)
+    return requests, arrival_steps
+
+
+def _draw_request(draw: st.DrawFn, index: int, prompt: tuple[int, ...], max_new_tokens: int) -> Request:
+    params = SamplingParams(draw(st.integers(1, max_new_tokens)), ignore_eos=draw(st.booleans()))
+    return Request(f"r{index}", prompt, params)
+
+
+@dataclass(frozen=True, slots=True)
+class _Batching:
+    """The drawn batch size and block size, and the bounds the rest of a scenario's knobs are drawn within."""
+
+    batch_size: int
+    kv_block_size: int
+    max_budget: int  # the per-step token budget is drawn in 1..max_budget
+    max_batch_size: int
+    prefix_caching: bool = False
+
+
+def _draw_scheduling(
+    draw: st.DrawFn, requests: Sequence[Request], arrival_steps: Sequence[int], batching: _Batching
+) -> Scenario:
+    """The scenario: a prefill batch and token budget drawn below the batch, a pool of the longest request + 0..1."""
+    batch_size, block_size = batching.batch_size, batching.kv_block_size
+    num_blocks_longest = max(-(-request.max_total_tokens // block_size) for request in requests)
     return Scenario(
         requests=tuple(requests),
         arrival_steps=tuple(arrival_steps),
         batch_size=batch_size,
         prefill_batch_size=draw(st.integers(1, batch_size)),
-        max_num_batched_tokens=draw(st.integers(1, 2 * max_prompt_len)),
+        max_num_batched_tokens=draw(st.integers(1, batching.max_budget)),
         num_kv_blocks=num_blocks_longest + draw(st.integers(0, 1)),
-        kv_block_size=kv_block_size,
-        paged_batch_size=draw(st.integers(max(2, batch_size), max_batch_size + 2)),
+        kv_block_size=block_size,
+        paged_batch_size=draw(st.integers(max(2, batch_size), batching.max_batch_size + 2)),
+        prefix_caching=batching.prefix_caching,
     )
+
+
+class ScenarioSize(TypedDict, total=False):
+    """The size arguments of ``scenarios``, for a named size passed as ``**size``."""
+
+    min_requests: int
+    max_requests: int
+    max_prompt_len: int
+    max_new_tokens: int
+    max_batch_size: int
 
 
 # More requests than any pool of a long scenario holds: slots, blocks and request ids are reused after the pool
 # wraps, several times over (a batch of at most 3, a paged pool of the longest request and at most one block more).
-LONG = {"min_requests": 16, "max_requests": 24, "max_prompt_len": 8, "max_new_tokens": 8, "max_batch_size": 3}
+LONG: ScenarioSize = {
+    "min_requests": 16,
+    "max_requests": 24,
+    "max_prompt_len": 8,
+    "max_new_tokens": 8,
+    "max_batch_size": 3,
+}
 
 
 def long_scenarios(vocab_size: int, avoid_token_ids: Collection[int] = ()) -> st.SearchStrategy[Scenario]:
@@ -241,35 +287,35 @@ def shared_prefix_scenarios(
     requests, arrival_steps = [], []
     for index in range(draw(st.integers(2, max_requests))):
         kind = draw(st.sampled_from(SHARING_KINDS)) if prompts else "shares_blocks"
-        if kind == "same":
-            prompt = draw(st.sampled_from(prompts))
-        elif kind == "prefix_of":
-            earlier = draw(st.sampled_from(prompts))
-            prompt = earlier[: draw(st.integers(1, len(earlier)))]
-        elif kind == "shares_blocks":
-            stem = draw(st.sampled_from(stems))
-            cut = draw(st.integers(0, len(stem) // block_size)) * block_size + draw(st.integers(0, block_size - 1))
-            suffix = draw(st.lists(prompt_token, min_size=1, max_size=max(1, max_prompt_len // 4)))
-            prompt = (tuple(stem[:cut]) + tuple(suffix))[:max_prompt_len]
-        else:
-            prompt = tuple(draw(st.lists(prompt_token, min_size=1, max_size=max_prompt_len)))
-        prompts.append(prompt)
-        params = SamplingParams(draw(st.integers(1, max_new_tokens)), ignore_eos=draw(st.booleans()))
-        requests.append(Request(f"r{index}", prompt, params))
+        prompts.append(_draw_shared_prompt(draw, kind, prompts, stems, prompt_token, block_size, max_prompt_len))
+        requests.append(_draw_request(draw, index, prompts[-1], max_new_tokens))
         arrival_steps.append(draw(st.integers(0, 6)))
     batch_size = draw(st.integers(1, max_batch_size))
-    num_blocks_longest = max(-(-request.max_total_tokens // block_size) for request in requests)
-    return Scenario(
-        requests=tuple(requests),
-        arrival_steps=tuple(arrival_steps),
-        batch_size=batch_size,
-        prefill_batch_size=draw(st.integers(1, batch_size)),
-        max_num_batched_tokens=draw(st.integers(1, max_prompt_len)),
-        num_kv_blocks=num_blocks_longest + draw(st.integers(0, 1)),
-        kv_block_size=block_size,
-        paged_batch_size=draw(st.integers(max(2, batch_size), max_batch_size + 2)),
-        prefix_caching=True,
-    )
+    batching = _Batching(batch_size, block_size, max_prompt_len, max_batch_size, prefix_caching=True)
+    return _draw_scheduling(draw, requests, arrival_steps, batching)
+
+
+def _draw_shared_prompt(
+    draw: st.DrawFn,
+    kind: str,
+    earlier_prompts: Sequence[tuple[int, ...]],
+    stems: Sequence[Sequence[int]],
+    prompt_token: st.SearchStrategy[int],
+    block_size: int,
+    max_prompt_len: int,
+) -> tuple[int, ...]:
+    """A prompt of one of ``SHARING_KINDS``, as ``shared_prefix_scenarios`` says."""
+    if kind == "same":
+        return draw(st.sampled_from(earlier_prompts))
+    if kind == "prefix_of":
+        earlier = draw(st.sampled_from(earlier_prompts))
+        return earlier[: draw(st.integers(1, len(earlier)))]
+    if kind == "shares_blocks":
+        stem = draw(st.sampled_from(stems))
+        cut = draw(st.integers(0, len(stem) // block_size)) * block_size + draw(st.integers(0, block_size - 1))
+        suffix = draw(st.lists(prompt_token, min_size=1, max_size=max(1, max_prompt_len // 4)))
+        return (tuple(stem[:cut]) + tuple(suffix))[:max_prompt_len]
+    return tuple(draw(st.lists(prompt_token, min_size=1, max_size=max_prompt_len)))
 
 
 def _prompt_tokens(vocab_size: int, avoid_token_ids: Collection[int]) -> st.SearchStrategy[int]:

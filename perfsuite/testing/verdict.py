@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from perfsuite.engine.types import Request
 
@@ -104,7 +105,18 @@ class TokenScores:
     token_logits: tuple[float, ...]
 
 
-Scorer = Callable[[Request, tuple[int, ...]], TokenScores]
+class LogitsAtTokens(Protocol):
+    """What the verdict reads of a scorer's answer: ``TokenScores``, or the engine's ``TokenLogits``."""
+
+    @property
+    def argmax_tokens(self) -> tuple[int, ...]: ...
+    @property
+    def argmax_logits(self) -> tuple[float, ...]: ...
+    @property
+    def token_logits(self) -> tuple[float, ...]: ...
+
+
+Scorer = Callable[[Request, tuple[int, ...]], LogitsAtTokens]
 """``(request, the engine's output tokens) -> TokenScores`` for those tokens (``CachedReference.score``)."""
 
 
@@ -134,6 +146,7 @@ class WrongToken:
         if self.kind == "after the end":
             ended = f"after the output should have ended ({self.expected_len})"
             return f"{where}: engine token {self.engine_token} {ended}"
+        assert self.reference_logit is not None and self.engine_logit is not None  # a wrong-token row has both
         gap = self.reference_logit - self.engine_logit
         return (
             f"{where}: engine token {self.engine_token} (reference logit {self.engine_logit:.6g}), reference argmax "
@@ -246,7 +259,7 @@ class _Tally:
     def add(self, request: Request, tokens: tuple[int, ...], score: Scorer, eos_token_id: int | None) -> None:
         end, why = expected_length(request, tokens, eos_token_id)
         scored = tokens[:end]
-        scores = score(request, scored) if scored else TokenScores((), (), ())
+        scores: LogitsAtTokens = score(request, scored) if scored else TokenScores((), (), ())
         for position, token in enumerate(scored):
             self._judge(request.request_id, position, token, scores, len(tokens), why)
         if len(tokens) > end:
@@ -255,7 +268,7 @@ class _Tally:
             self.wrong.append(self._ended(request.request_id, len(tokens), "missing", None, len(tokens), why))
 
     def _judge(
-        self, request_id: str, position: int, token: int, scores: TokenScores, num_tokens: int, why: str
+        self, request_id: str, position: int, token: int, scores: LogitsAtTokens, num_tokens: int, why: str
     ) -> None:
         self.num_checked += 1
         if position >= len(scores.argmax_tokens):  # the scorer stops at a token id past the vocabulary
