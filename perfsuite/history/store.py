@@ -4,8 +4,11 @@
 with its directory) or a SQLAlchemy database URL (``sqlite:///...``,
 ``postgresql+psycopg://...``); ``append`` adds one session's ``Results``,
 ``sessions`` reads them back as ``Results``, oldest first, and
-``import_files`` brings in results.json files written before the store
-existed (``reports/history/*.json`` among them).
+``import_files`` brings in results.json files (written before the store
+existed, or on another machine). ``read_sessions`` is the reader for a store
+that must exist already (``perfsuite report --history``, ``perfsuite history
+show``). The store is perfsuite's one run history: no other copy of a
+session is kept.
 
 Each append is one transaction: a session killed while appending leaves no
 row of its own and every earlier row as it was. SQLite writers take the
@@ -37,7 +40,7 @@ from perfsuite.history import rows, schema
 from perfsuite.history.location import ELSEWHERE, URL_FORM, HistoryError, Location, prepare_sqlite_file, resolve
 from perfsuite.judge.results import Results, ResultsFileError, read_results, results_from_json
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "HistoryError", "HistoryStore", "ImportReport"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "HistoryError", "HistoryStore", "ImportReport", "read_sessions"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 _WRITE = "perfsuite_write"  # the execution option that makes a SQLite transaction begin IMMEDIATE
@@ -201,6 +204,23 @@ class HistoryStore:
         return _DatabaseErrors(self._location, doing)
 
 
+def read_sessions(
+    location: str | os.PathLike, *, fingerprint: str | None = None, newest: int | None = None
+) -> list[Results]:
+    """The sessions of an existing store, oldest first, as ``HistoryStore.sessions`` filters them.
+
+    A file path where no store is yet is a ``HistoryError`` rather than a new
+    store: a reader that created one would only ever read nothing.
+    """
+    if not (isinstance(location, str) and "://" in location) and not Path(location).exists():
+        raise HistoryError(
+            f"{location}: no history store there; `pytest --perf` creates it (--perf-history), "
+            "`perfsuite history import RESULTS.json...` fills it from results files, or pass --store"
+        )
+    with HistoryStore.open(location) as store:
+        return store.sessions(fingerprint=fingerprint, newest=newest)
+
+
 def _insert_tests(connection: sa.Connection, results: Results, session_id: int) -> None:
     test_rows = rows.test_rows(results, session_id)
     if test_rows:
@@ -218,7 +238,7 @@ def _results_files(paths: Iterable[Path], problems: list[str]) -> Iterator[Path]
             continue
         found = sorted(path.glob("*.json"))
         if not found:
-            problems.append(f"{path}: no *.json files in it; pass results files, or a folder of them (reports/history)")
+            problems.append(f"{path}: no *.json files in it; pass results files, or a folder of them")
         yield from found
 
 

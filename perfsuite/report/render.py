@@ -5,7 +5,8 @@ what results.json holds) into HTML through ``templates/report.html.j2``; the
 figures come from ``perfsuite.report.plots`` as inline SVG, so the file makes
 no network request; the verdict table's rows and cells are
 ``perfsuite.report.verdict_table``'s, as the terminal and ``perfsuite compare``
-print them. ``write_report`` is what the plugin calls after a session.
+print them. ``write_report`` is what the plugin calls after a session, with the
+session's ``Results`` in memory.
 An A/B session (``--perf-against REF``) is shown as one: its columns and
 legends name side A (REF) and side B (the current tree), never a baseline,
 and each test adds its pair ratios and A's timed run stacked above B's.
@@ -32,9 +33,6 @@ from perfsuite.judge.results import (
     RunTimeline,
     TestResult,
     TimelineStep,
-    archive_results,
-    read_history,
-    read_results,
 )
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import determinism as determinism_view
@@ -178,21 +176,14 @@ def sides_of(results: Results) -> Sides:
     return STORED_SIDES if results.against is None else PAIRED_SIDES
 
 
-def write_report(report_dir: Path, history: Sequence[Results] | None = None) -> Path:
-    """Render ``report_dir/results.json`` into ``report_dir/report.html``.
+def write_report(results: Results, report_dir: Path, history: Sequence[Results] = ()) -> Path:
+    """Render ``results`` (the session the plugin just finished) into ``report_dir/report.html``; its path.
 
-    ``history``: the earlier sessions its trends draw (the run history store's,
-    ``perfsuite.history``). None: the report keeps its own, a copy of each
-    results.json in ``report_dir/history/``, and draws those.
+    ``history``: the earlier sessions its trends draw, read from the run
+    history store (``perfsuite.history.store``); none when the session keeps
+    no history (``--perf-history none``).
     """
-    report_dir = Path(report_dir)
-    results = read_results(report_dir / "results.json")
-    if history is None:
-        archive_results(results, report_dir / "history")
-        history, problems = read_history(report_dir / "history", newest=MAX_HISTORY_RUNS)
-        if problems:
-            results = dataclasses.replace(results, warnings=(*results.warnings, *problems))
-    path = report_dir / "report.html"
+    path = Path(report_dir) / "report.html"
     write_text_atomic(path, render_report(results, history))
     return path
 

@@ -82,7 +82,7 @@ def history_section(
 
 
 def _runs_up_to(results: Results, history: Sequence[Results], max_runs: int) -> list[Results]:
-    """Stored runs before this one, one per ``created_at`` (this run is archived in history too), then this one."""
+    """Stored runs before this one, one per ``created_at`` (a store may hold this run already), then this one."""
     created = results.created_at or ""
     earlier = {run.created_at or "": run for run in history if (run.created_at or "") < created}
     return [*[earlier[key] for key in sorted(earlier)][-(max_runs - 1) :], results]
