@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfsuite.engine import FinishReason, Request, SamplingParams, build_engine
-from perfsuite.engine.arrivals import ArrivalQueue, resolved_prompts
+from perfsuite.engine.admission import ArrivalQueue, resolved_prompts
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference
 from perfsuite.engine.types import FollowUp
 
@@ -159,7 +159,7 @@ class FakeReference:
 
 
 def test_the_greedy_check_decodes_a_follow_up_on_the_conversation_its_reference_made():
-    from perfsuite.correctness import check_greedy_equal
+    from perfsuite.testing.greedy import check_greedy_equal
 
     requests = conversation("s0", 3, think_time=0.0)
     reference = FakeReference()

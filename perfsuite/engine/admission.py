@@ -1,4 +1,7 @@
-"""When a run's requests get into an engine, and what is recorded of each.
+"""Admission: when a run's requests get into an engine, and what is recorded of each.
+
+When they are scheduled to arrive is the workload's (``perfsuite.workload.arrivals``); this module
+lets each in.
 
 Pure Python, no torch. ``Engine.run`` and every peer adapter (hf-static,
 hf-cb, vllm) serve a run with these, so their latencies are comparable:
