@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 install: $(STAMP)
 
-# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with its docs and ray extras unconstrained
+# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with the extras `make install` installs
+# (docs, ray, dev), unconstrained
 # (the newest releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
 # A new transformers or torch version is a new fingerprint: re-record baselines (see docs/development.md).
 lock:
@@ -39,7 +40,7 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install -q "$(TORCH)"; \
-	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray]"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray,dev]"; \
 	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable \
 		| grep -viE '^($(LOCK_EXCLUDE))==' | LC_ALL=C sort -f -t= -k1,1 > "$$tmp/pins"; \
 	if grep -v '^[A-Za-z0-9._-]*==[^ ;@]*$$' "$$tmp/pins"; then echo "make lock: not a plain pin (above)"; exit 1; fi; \
@@ -75,10 +76,12 @@ baselines: $(STAMP)
 run: $(STAMP)
 	$(BIN)/perfsuite run
 
-# Two phases (conftest.py): the tests not marked `timing` under pytest-xdist ($(TEST_WORKERS) workers; most wait on
+# `make lint` and `make docs`, then two phases (conftest.py): the tests not marked `timing` (nor `cluster` or `browser`,
+# the tiers below) under pytest-xdist ($(TEST_WORKERS) workers; most wait on
 # subprocesses), then the `timing` ones alone (they read the machine's load or must see a slowdown). pytest exits 5
-# when a phase collects nothing (e.g. a -k filter that matches none of its tests): that phase passes. The docs are
-# built first (seconds); pytest runs whatever they gave, and any of the three failing fails `make test`.
+# when a phase collects nothing (e.g. a -k filter that matches none of its tests): that phase passes. The static
+# checks and the docs come first (seconds); pytest runs whatever they gave, and any of the four failing fails
+# `make test`.
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint; lint=$$?; \
 	$(MAKE) --no-print-directory docs; docs=$$?; \
