@@ -39,7 +39,10 @@ from perfsuite.report.table import format_table, memory_table, prefix_cache_tabl
 from perfsuite.workload import ShapedWorkload, Trace, Vocab, Workload, mixed_workload, parse_workload_option
 
 if TYPE_CHECKING:
+    from perfsuite.adapters import Backend, BatchingEngine
+    from perfsuite.engine import Request
     from perfsuite.judge.results import Results
+    from perfsuite.models import LoadedModel
 
 
 MAX_NUM_REQUESTS = 100_000
@@ -47,8 +50,18 @@ MAX_PORT = 65_535
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand's parser; each ``_add_*`` adds one command's."""
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_command(commands)
+    _add_report_commands(commands)
+    _add_history_command(commands)
+    _add_serve_command(commands)
+    _add_init_command(commands)
+    return parser
+
+
+def _add_run_command(commands) -> None:  # perfsuite run: the workload, the engines' knobs, a server client's options
     run = commands.add_parser(
         "run",
         help="run the default mixed workload on static and in-flight engines and print a table",
@@ -88,11 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="do not print progress to stderr")
     _add_server_client_arguments(run)
     run.set_defaults(command_parser=run)  # for errors of combinations, with run's usage line
-    _add_report_commands(commands)
-    _add_history_command(commands)
-    _add_serve_command(commands)
-    _add_init_command(commands)
-    return parser
 
 
 def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
@@ -478,8 +486,7 @@ def _write_output(path: Path, text: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from perfsuite.adapters import Backend, EngineConfig
-    from perfsuite.adapters.protocol import check_serves_follow_ups
-    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device, timed_run, warm_up
+    from perfsuite.measure.timing import configure_threads, max_seq_len_for, resolve_device
     from perfsuite.models import load_model
 
     workload = _workload(args)
@@ -501,22 +508,13 @@ def _run(args: argparse.Namespace) -> int:
     )
     workload.check_context(loaded.max_context)  # before any prompt is built
     backend = Backend.from_loaded(loaded, endpoint=args.endpoint, http_options=http_options)
-    if isinstance(workload, ShapedWorkload):
-        requests = workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
-    else:
-        requests = workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
+    requests = _run_requests(workload, loaded, backend)
     config = EngineConfig(
         args.batch_size, max_seq_len_for(requests, loaded.max_context), args.prefill_batch_size, args.token_budget
     )
     rows, cache_lines = [], []
     for kind in args.engines:
-        engine = _built(kind, backend, config)
-        check_serves_follow_ups(engine, requests)
-        warm_up(engine, requests)
-        progress = None if args.no_progress else Progress(kind, len(requests))
-        result = timed_run(engine, requests, device, on_step=progress)
-        if progress:
-            progress.close()
+        result = _measured(kind, _built(kind, backend, config), requests, device, show_progress=not args.no_progress)
         metrics = run_metrics(result)
         rows.append(_row(result, metrics))
         cache_lines.append(prefix_cache_line(result, metrics))
@@ -524,6 +522,31 @@ def _run(args: argparse.Namespace) -> int:
     for line in filter(None, cache_lines):
         print(line)
     return 0
+
+
+def _run_requests(workload: Workload | ShapedWorkload, loaded: LoadedModel, backend: Backend) -> list[Request]:
+    """The workload's requests: its prompts tokenised, or (a shaped workload) token ids from the model's vocabulary."""
+    if not isinstance(workload, ShapedWorkload):
+        return list(workload.requests(lambda text: loaded.tokenizer(text)["input_ids"]))
+    if backend.vocab_size is None:  # Backend.from_loaded always sets it
+        raise ValueError(f"{loaded.spec.name}: no vocabulary size to draw the workload's token ids from")
+    return list(workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids)))
+
+
+def _measured(
+    kind: str, engine: BatchingEngine, requests: list[Request], device: str, show_progress: bool
+) -> RunResult:
+    """One engine's timed run after a discarded warm-up, with a progress line on stderr when asked."""
+    from perfsuite.adapters.protocol import check_serves_follow_ups
+    from perfsuite.measure.timing import timed_run, warm_up
+
+    check_serves_follow_ups(engine, requests)
+    warm_up(engine, requests)
+    progress = Progress(kind, len(requests)) if show_progress else None
+    result = timed_run(engine, requests, device, on_step=progress)
+    if progress:
+        progress.close()
+    return result
 
 
 def prefix_cache_line(result: RunResult, metrics: RunMetrics) -> str | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -187,7 +188,10 @@ class HistoryStore:
             stored = _session_id(connection, session["session_key"])
             if stored is not None:
                 return stored, False
-            session_id = connection.execute(sa.insert(schema.sessions).values(session)).inserted_primary_key[0]
+            inserted = connection.execute(sa.insert(schema.sessions).values(session)).inserted_primary_key
+            if inserted is None:  # SQLite and PostgreSQL always say; a dialect that does not cannot be a store
+                raise HistoryError(f"{self.location}: the database did not return the new session's id")
+            session_id = inserted[0]
             _insert_tests(connection, results, session_id)
             return session_id, True
 
@@ -197,8 +201,8 @@ class HistoryStore:
         except ResultsFileError as error:
             raise HistoryError(f"{error} (a stored session perfsuite cannot read: please report it)") from None
 
-    def _transaction(self, write: bool) -> _Transaction:
-        return _Transaction(self._engine, write)
+    def _transaction(self, write: bool) -> AbstractContextManager[sa.Connection]:
+        return _transaction(self._engine, write)
 
     def _database_errors(self, doing: str) -> _DatabaseErrors:
         return _DatabaseErrors(self._location, doing)
@@ -363,32 +367,11 @@ def _sqlite_begin(connection: sa.Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-class _Transaction:
-    """``with _Transaction(engine, write) as connection``: one connection, one transaction, committed on success."""
-
-    def __init__(self, engine: sa.Engine, write: bool) -> None:
-        self._engine = engine
-        self._write = write
-        self._connection: sa.Connection | None = None
-        self._transaction: sa.RootTransaction | None = None
-
-    def __enter__(self) -> sa.Connection:
-        self._connection = self._engine.connect().execution_options(**{_WRITE: self._write})
-        try:
-            self._transaction = self._connection.begin()
-        except BaseException:
-            self._connection.close()
-            raise
-        return self._connection
-
-    def __exit__(self, kind, error, trace) -> None:
-        try:
-            if kind is None:
-                self._transaction.commit()
-            else:
-                self._transaction.rollback()
-        finally:
-            self._connection.close()
+@contextmanager
+def _transaction(engine: sa.Engine, write: bool) -> Iterator[sa.Connection]:
+    """One connection, one transaction: committed when the block ends, rolled back when it raises; closed either way."""
+    with engine.connect().execution_options(**{_WRITE: write}) as connection, connection.begin():
+        yield connection
 
 
 class _DatabaseErrors:

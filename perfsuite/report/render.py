@@ -333,8 +333,9 @@ def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | 
     if group is None:
         return None
     timelines = [
-        _timeline_of(test.measurement.timeline, f"{test.measurement.engine_name}: {_test_name(test.test_id)}")
+        _timeline_of(timeline, f"{test.measurement.engine_name}: {_test_name(test.test_id)}")
         for test in group
+        if (timeline := test.measurement.timeline) is not None  # each has one: _engine_group chose them by it
     ]
     names = [_test_name(t.test_id) for t in group]
     caption = f"One timed run of {', '.join(names[:-1])} and {names[-1]}: same parameters, only the engine differs."
@@ -370,7 +371,7 @@ def _engine_group(tests: Sequence[TestResult]) -> tuple[TestResult, ...] | None:
     def clarity(group: tuple[TestResult, ...]) -> tuple:
         first = group[0].measurement  # static, where the group has it
         # A closed loop keeps its clients' requests outside the engine, so its queue stays empty.
-        has_queue = any(step.num_waiting for step in first.timeline.steps)
+        has_queue = first.timeline is not None and any(step.num_waiting for step in first.timeline.steps)
         padding = first.counters.num_padding_tokens
         preemptions = sum(t.measurement.counters.num_preemptions for t in group)
         return first.arrival_rate is None, has_queue, len(group), preemptions, padding, first.parameters.concurrency
@@ -399,9 +400,10 @@ def _timeline_of(timeline: RunTimeline, title: str) -> plots.Timeline:
 
 def _slot_spans(steps: Sequence[TimelineStep], num_slots: int) -> list[plots.Span]:
     """Consecutive steps that keep a slot on the same thing merge into one span."""
-    done, open_spans = [], {}
+    done: list[plots.Span] = []
+    open_spans: dict[int, plots.Span] = {}
     for step in steps:
-        occupied = {}
+        occupied: dict[int, tuple[str, str | None]] = {}
         for chunk in step.chunks:
             kind = "padding" if chunk.is_padding else "prefill" if chunk.is_prefill else "decode"
             occupied[chunk.slot] = (kind, None if chunk.is_padding else chunk.request_id)
@@ -444,7 +446,8 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
 
 def pair_ratios(test: TestResult) -> list[plots.PairRatios]:
     """Each compared metric's ratios B/A, pair by pair (``samples[m][i] / reference_samples[m][i]``)."""
-    reference, found = test.reference, []
+    reference = test.reference
+    found: list[plots.PairRatios] = []
     if reference is None:
         return found
     for comparison in test.judgement.comparisons:
@@ -466,8 +469,10 @@ def _pair_ratio_figure(test: TestResult, min_effect: float) -> Figure | None:
     return Figure(caption, plots.pair_ratio_figure(pairs, min_effect))
 
 
-def _paired_timelines(test: TestResult, against: AgainstDescription) -> Figure | None:
-    if test.measurement.timeline is None or test.reference is None or test.reference.timeline is None:
+def _paired_timelines(test: TestResult, against: AgainstDescription | None) -> Figure | None:
+    if against is None or test.measurement.timeline is None or test.reference is None:
+        return None
+    if test.reference.timeline is None:
         return None
     current = f"B: current tree at {against.current_commit[:12]}" if against.current_commit else "B: current tree"
     runs = [

@@ -52,7 +52,10 @@ def history_section(
     ordered = _runs_up_to(results, history, max_runs)
     headline = {name: SERIES_METRICS[name] for name in UNITS}
     all_series = build_series(ordered, {test.test_id for test in results.tests}, headline)
-    shown, trends, rows, note = [], [], [], None
+    shown: list[Series] = []
+    trends: list[plots.Trend] = []
+    rows: list[ChangeRow] = []
+    note: str | None = None
     for test in results.tests:
         series = _series_of(test, all_series, results)
         if series is None or len(series.points) < 2:
