@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test test-cluster lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
+.PHONY: perf test test-cluster test-browser lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 install: $(STAMP)
 
-# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with its docs and ray extras unconstrained
+# Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with the extras `make install` installs
+# (docs, ray, dev), unconstrained
 # (the newest releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
 # A new transformers or torch version is a new fingerprint: re-record baselines (see docs/development.md).
 lock:
@@ -39,7 +40,7 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install -q "$(TORCH)"; \
-	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray]"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray,dev]"; \
 	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable \
 		| grep -viE '^($(LOCK_EXCLUDE))==' | LC_ALL=C sort -f -t= -k1,1 > "$$tmp/pins"; \
 	if grep -v '^[A-Za-z0-9._-]*==[^ ;@]*$$' "$$tmp/pins"; then echo "make lock: not a plain pin (above)"; exit 1; fi; \
@@ -75,10 +76,12 @@ baselines: $(STAMP)
 run: $(STAMP)
 	$(BIN)/perfsuite run
 
-# Two phases (conftest.py): the tests not marked `timing` under pytest-xdist ($(TEST_WORKERS) workers; most wait on
+# `make lint` and `make docs`, then two phases (conftest.py): the tests not marked `timing` (nor `cluster` or `browser`,
+# the tiers below) under pytest-xdist ($(TEST_WORKERS) workers; most wait on
 # subprocesses), then the `timing` ones alone (they read the machine's load or must see a slowdown). pytest exits 5
-# when a phase collects nothing (e.g. a -k filter that matches none of its tests): that phase passes. The docs are
-# built first (seconds); pytest runs whatever they gave, and any of the three failing fails `make test`.
+# when a phase collects nothing (e.g. a -k filter that matches none of its tests): that phase passes. The static
+# checks and the docs come first (seconds); pytest runs whatever they gave, and any of the four failing fails
+# `make test`.
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint; lint=$$?; \
 	$(MAKE) --no-print-directory docs; docs=$$?; \
@@ -103,6 +106,19 @@ lint: $(STAMP)
 test-cluster: $(STAMP)
 	PERFSUITE_TEST_PHASE=cluster $(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the cluster phase"; rc=0; fi; exit $$rc
+
+# The tests marked `browser` (tests/test_report.py): the report rendered in headless Chromium, a dependency the suite
+# does not install, so a tier of its own beside `make test` that installs it first (Debian/Ubuntu's `chromium`
+# package, with apt-get as root or through sudo) when neither chromium nor chromium-browser is on PATH. Here a
+# missing browser fails the test rather than skipping it. Exit 5 (nothing collected, e.g. a -k filter) passes.
+test-browser: $(STAMP)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+		if [ "$$(id -u)" -eq 0 ]; then sudo=; else sudo=sudo; fi; \
+		echo "make test-browser: installing chromium with apt-get"; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	PERFSUITE_TEST_PHASE=browser $(BIN)/python -m pytest --durations=5 $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the browser phase"; rc=0; fi; exit $$rc
 
 # The docs site (mkdocs.yml): --strict fails on a broken link, a page left out of the nav or a stale API
 # reference. Seconds. Not --quiet: it hides the warnings that --strict counts, and then nothing fails.

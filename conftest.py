@@ -10,10 +10,14 @@ with ``dev`` becomes an ``@example`` on its test so it stays fixed.
 of them wait on subprocesses, and a 2-core runner has a core to spare),
 then ``timing`` runs the ``timing`` ones alone. Those read the machine's
 load or detect a slowdown; beside another xdist worker, perfsuite would
-rightly call their runs noisy. A third phase, ``cluster`` (``make
-test-cluster``, not part of ``make test``), runs the tests marked ``cluster``:
-they start a real multi-node Ray cluster on this machine, minutes of a 2-core
-runner. Unset (a plain ``pytest``), every test runs.
+rightly call their runs noisy. Two tiers stand beside ``make test``, each a
+phase of its own that ``make test`` leaves out: ``cluster`` (``make
+test-cluster``) runs the tests marked ``cluster``, which start a real
+multi-node Ray cluster on this machine, minutes of a 2-core runner; and
+``browser`` (``make test-browser``, which installs Chromium first) runs the
+tests marked ``browser``, which render the report in headless Chromium, a
+dependency the suite does not install. Unset (a plain ``pytest``), every test
+runs.
 
 In the parallel phase each worker runs on a CPU of its own: torch sizes its
 thread pool by the CPUs a process may use, so two workers with two threads
@@ -46,7 +50,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 PHASE_VARIABLE = "PERFSUITE_TEST_PHASE"
-PHASES = ("parallel", "timing", "cluster")
+PHASES = ("parallel", "timing", "cluster", "browser")
+TIERS = ("cluster", "browser")  # markers whose tests run only in their own phase (a make target of their own)
 ROOT = Path(__file__).resolve().parent
 
 
@@ -73,6 +78,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _phase_of(item: pytest.Item) -> str:
-    if item.get_closest_marker("cluster") is not None:
-        return "cluster"
+    for tier in TIERS:
+        if item.get_closest_marker(tier) is not None:
+            return tier
     return "timing" if item.get_closest_marker("timing") is not None else "parallel"

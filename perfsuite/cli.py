@@ -51,6 +51,7 @@ MAX_PORT = 65_535
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand's parser; each ``_add_*`` adds one command's."""
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run_command(commands)
@@ -208,7 +209,12 @@ def _add_report_commands(commands) -> None:
     )
     report.add_argument("results", type=Path, help="a results.json written by `pytest --perf`")
     report.add_argument("-o", "--output", type=Path, help="HTML file to write (default: report.html beside RESULTS)")
-    report.add_argument("--history", type=Path, metavar="DIR", help="earlier results documents, e.g. reports/history")
+    report.add_argument(
+        "--history",
+        metavar="LOCATION",
+        help="draw each test's trend from this run history store, a SQLite file or a database URL, as "
+        f"--perf-history takes (e.g. {DEFAULT_LOCATION}; default: no trend)",
+    )
     compare = commands.add_parser(
         "compare",
         help="judge NEW against OLD and print the verdict table",
@@ -295,7 +301,7 @@ def _add_history_command(commands) -> None:
     actions = history.add_subparsers(dest="history_command", required=True, metavar="ACTION")
     importing = actions.add_parser(
         "import",
-        help="append earlier results.json files (and reports/history/*.json) to the store",
+        help="append results.json files (written before the store, or on another machine) to the store",
         description="Append each results file (a directory: its *.json files) to the store, any schema version. A "
         "session the store holds already is not added twice; a file that cannot be read is named and the rest "
         "imported (exit status 2).",
@@ -314,18 +320,11 @@ def _add_history_command(commands) -> None:
         "median over the repeats, probe-normalised) and its change points (commit range, size, p, regression or "
         "improvement).",
     )
-    source = show.add_mutually_exclusive_group()
-    source.add_argument(
+    show.add_argument(
         "--store",
         default=DEFAULT_LOCATION,
         metavar="LOCATION",
         help=f"the history store, a SQLite file or a database URL, as --perf-history takes ({DEFAULT_LOCATION})",
-    )
-    source.add_argument(
-        "--results-dir",
-        type=Path,
-        metavar="DIR",
-        help="instead of the store: a directory of results.json files (reports/history)",
     )
     show.add_argument("-k", dest="keyword", metavar="SUBSTRING", help="only tests whose id contains SUBSTRING")
     show.add_argument("--metric", choices=sorted(SERIES_METRICS), help="only this metric (default: every one)")
@@ -395,18 +394,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from perfsuite.judge.results import ResultsFileError, read_history, read_results
-    from perfsuite.report.render import render_report
+    from perfsuite.judge.results import read_results
+    from perfsuite.report.render import MAX_HISTORY_RUNS, render_report
 
     results = read_results(args.results)
     history: list[Results] = []
     if args.history is not None:
-        if not args.history.is_dir():
-            what = "is a file, not a directory" if args.history.exists() else "no such directory"
-            raise ResultsFileError(f"{args.history}: {what}; pass the history folder, e.g. reports/history")
-        history, problems = read_history(args.history)
-        if problems:
-            raise ResultsFileError(problems[0])
+        from perfsuite.history.store import read_sessions
+
+        history = read_sessions(args.history, fingerprint=results.fingerprint, newest=MAX_HISTORY_RUNS)
     _write_output(args.output or args.results.with_name("report.html"), render_report(results, history))
     return 0
 
@@ -457,7 +453,7 @@ def _history_show(args: argparse.Namespace) -> int:
     if not series:
         wanted = f"of tests matching -k {args.keyword!r}" if args.keyword else "of any test"
         raise ValueError(
-            f"no series {wanted} in the {len(sessions)} sessions of {args.results_dir or args.store}; "
+            f"no series {wanted} in the {len(sessions)} sessions of {args.store}; "
             "`perfsuite history show` without -k lists every one"
         )
     print(history_listing([detect(s) for s in series]))
@@ -465,39 +461,14 @@ def _history_show(args: argparse.Namespace) -> int:
 
 
 def load_sessions(args: argparse.Namespace) -> list[Results]:
-    """The sessions ``history show`` reads, oldest first: the store's, or the results files of ``--results-dir``."""
-    if args.results_dir is not None:
-        return _sessions_in_directory(args.results_dir)
-    from perfsuite.history.store import HistoryError, HistoryStore
+    """The sessions ``history show`` reads from the store ``--store`` names, oldest first."""
+    from perfsuite.history.location import resolve
+    from perfsuite.history.store import HistoryError, read_sessions
 
-    if "://" not in args.store and not Path(args.store).exists():
-        raise HistoryError(
-            f"{args.store}: no history store there; `pytest --perf` creates it (--perf-history), "
-            "`perfsuite history import reports/history` fills it from earlier results files, or pass --store"
-        )
-    with HistoryStore.open(args.store) as store:
-        sessions = store.sessions()
+    sessions = read_sessions(args.store)
     if not sessions:
-        raise HistoryError(f"{store.location}: the history store holds no session yet; run `pytest --perf` first")
-    return sessions
-
-
-def _sessions_in_directory(directory: Path) -> list[Results]:
-    from perfsuite.judge.results import ResultsFileError, read_history
-
-    if not directory.is_dir():
-        what = "is a file, not a directory" if directory.exists() else "no such directory"
-        raise ResultsFileError(
-            f"{directory}: {what}; pass --results-dir the folder where `pytest --perf` keeps each "
-            "session's results (reports/history under its --perf-report-dir)"
-        )
-    sessions, problems = read_history(directory)
-    if problems:
-        raise ResultsFileError(problems[0])
-    if not sessions:
-        raise ResultsFileError(
-            f"{directory}: no results files (*.json) in it; each `pytest --perf` session keeps one in reports/history"
-        )
+        shown = resolve(args.store).shown  # a URL without its password
+        raise HistoryError(f"{shown}: the history store holds no session yet; run `pytest --perf` first")
     return sessions
 
 

@@ -145,7 +145,7 @@ def _paired_test(test: TestResult, ratios: tuple[float, ...], policy: Policy) ->
 
 
 def earlier_run(results: Results, created_at: str, throughput_factor: float) -> Results:
-    """A stored earlier run of the same tests, as ``reports/history/*.json`` holds."""
+    """An earlier run of the same tests, as the run history store holds it."""
     tests = tuple(
         changed(test, samples=with_samples(test.measurement.samples, "output_throughput", throughput_factor))
         for test in results.tests

@@ -28,12 +28,12 @@ PURE_MODULES = [
     "perfsuite.workload.shaped",
     "perfsuite.workload.trace",
     "perfsuite.workload.jsonl",
-    "perfsuite.engine.arrivals",
+    "perfsuite.engine.admission",
     "perfsuite.measure.metrics",
     "perfsuite.measure.capacity",
     "perfsuite.measure.capacity_runs",
     "perfsuite.measure.prefix_cache",
-    "perfsuite.correctness",
+    "perfsuite.testing.greedy",
     "perfsuite.testing",
     "perfsuite.models",
     "perfsuite.workload",
@@ -114,9 +114,9 @@ ALLOWED = {
     # the run history: the store (results in, results out), each test's series, their change points
     "history": {"judge"},
     "report": {"engine", "judge", "history", "host"},
-    "correctness": {"adapters", "engine"},
-    # the correctness kit for users' tests: nothing of perfsuite imports it
-    "testing": {"adapters", "correctness", "engine", "models"},
+    # the correctness kit for users' tests (its token comparison, testing/greedy.py, among it): nothing of perfsuite
+    # imports it
+    "testing": {"adapters", "engine", "models"},
     "serve": {"adapters", "engine", "measure", "models"},
     "argtypes": set(),
     # ab/worker_main.py imports the *tree under test's* adapters, measure and models, inside its functions;
@@ -126,9 +126,9 @@ ALLOWED = {
     # the A/B pool (cluster/pairs.py) is handed its node actor's class (ab/on_ray.py) by the plugin
     "cluster": {"adapters", "codec", "engine", "measure", "models"},
     "plugin": {"ab", "adapters", "argtypes", "cluster", "codec", "engine", "history", "judge", "measure", "models",
-               "report", "workload", "correctness"},
+               "report", "workload"},
     "cli": {"adapters", "argtypes", "engine", "history", "judge", "measure", "models", "report", "serve", "workload",
-            "correctness", "scaffold"},
+            "scaffold"},
     "scaffold": set(),  # perfsuite init: templates and a writer, nothing else of perfsuite
     "__main__": {"cli"},
     "suites": {"plugin"},  # the shipped perf tests: they read the session's options

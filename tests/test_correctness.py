@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfsuite.correctness import assert_outputs_equal, find_divergences
+from perfsuite.testing.greedy import assert_outputs_equal, find_divergences
 
 
 def test_report_names_request_position_tokens_and_margin():

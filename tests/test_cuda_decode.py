@@ -27,7 +27,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from perfsuite.correctness import assert_outputs_equal
+from perfsuite.testing.greedy import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, paged_engine, static_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.models import load_model

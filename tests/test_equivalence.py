@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import event, example, given, settings
 
-from perfsuite.correctness import assert_outputs_equal, find_divergences
+from perfsuite.testing.greedy import assert_outputs_equal, find_divergences
 from perfsuite.engine import Request, SamplingParams, inflight_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.models import load_model

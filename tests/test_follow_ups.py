@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from own_engines import own_engine
 
 from perfsuite.engine import FinishReason, Request, SamplingParams
-from perfsuite.engine.arrivals import ArrivalQueue, resolved_prompts
+from perfsuite.engine.admission import ArrivalQueue, resolved_prompts
 from perfsuite.engine.fake_runner import FakeRunner, fake_reference
 from perfsuite.engine.types import FollowUp
-from own_engines import own_engine
 
 VOCAB = 97
 
@@ -160,7 +160,7 @@ class FakeReference:
 
 
 def test_the_greedy_check_decodes_a_follow_up_on_the_conversation_its_reference_made():
-    from perfsuite.correctness import check_greedy_equal
+    from perfsuite.testing.greedy import check_greedy_equal
 
     requests = conversation("s0", 3, think_time=0.0)
     reference = FakeReference()

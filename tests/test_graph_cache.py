@@ -13,7 +13,7 @@ import gc
 import pytest
 import torch
 
-from perfsuite.correctness import assert_outputs_equal
+from perfsuite.testing.greedy import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, static_engine
 from perfsuite.engine.graph_cache import DecodeShape, GraphCache
 from perfsuite.engine.model_runner import ModelRunner

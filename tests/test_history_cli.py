@@ -1,4 +1,4 @@
-"""``perfsuite history show``: each series of a folder of results files, its runs and its change points."""
+"""``perfsuite history show``: each series of the run history store, its runs and its change points."""
 
 from __future__ import annotations
 
@@ -8,24 +8,26 @@ import pytest
 
 from history_builders import TEST_ID, commit_of, session, sessions, step_values
 from perfsuite.cli import main
-from perfsuite.judge.results import archive_results, write_results
+from perfsuite.history.store import HistoryStore
+from perfsuite.judge.results import write_results
 
 OTHER_TEST = "tests/perf/test_latency.py::test_latency[inflight]"
 
 
 @pytest.fixture
-def history_dir(tmp_path):
+def history_store(tmp_path):
     """22 sessions of TEST_ID whose throughput drops 12% at the 21st, and 3 of another test."""
-    folder = tmp_path / "history"
-    for run in sessions(step_values(20, 2, step=-0.12)):
-        archive_results(run, folder)
-    for index in range(3):
-        archive_results(session(30 + index, 50.0, test_id=OTHER_TEST), folder)
-    return folder
+    path = tmp_path / "history.sqlite"
+    with HistoryStore.open(path) as store:
+        for run in sessions(step_values(20, 2, step=-0.12)):
+            store.append(run)
+        for index in range(3):
+            store.append(session(30 + index, 50.0, test_id=OTHER_TEST))
+    return path
 
 
-def test_show_lists_each_series_with_its_runs_and_change_points(history_dir, capsys):
-    assert main(["history", "show", "--results-dir", str(history_dir), "-k", "throughput"]) == 0
+def test_show_lists_each_series_with_its_runs_and_change_points(history_store, capsys):
+    assert main(["history", "show", "--store", str(history_store), "-k", "throughput"]) == 0
     out = capsys.readouterr().out
     assert OTHER_TEST not in out
     lines = out.splitlines()
@@ -38,58 +40,44 @@ def test_show_lists_each_series_with_its_runs_and_change_points(history_dir, cap
     assert "regression" in change and "(at the head)" in change and "p=" in change and "-1" in change
 
 
-def test_show_without_a_filter_lists_every_series_and_says_which_were_too_short(history_dir, capsys):
-    assert main(["history", "show", "--results-dir", str(history_dir), "--metric", "output_throughput"]) == 0
+def test_show_without_a_filter_lists_every_series_and_says_which_were_too_short(history_store, capsys):
+    assert main(["history", "show", "--store", str(history_store), "--metric", "output_throughput"]) == 0
     out = capsys.readouterr().out
     assert f"{TEST_ID}  output_throughput" in out and f"{OTHER_TEST}  output_throughput" in out
     assert "change points: not searched (3 runs, fewer than the 6 a search needs)" in out
 
 
-@pytest.mark.parametrize(
-    ("setup", "message"),
-    [
-        ("missing", "history: no such directory; pass --results-dir"),
-        ("file", "history: is a file, not a directory; pass --results-dir"),
-        ("empty", "no results files (*.json) in it"),
-        ("corrupt", "broken.json is not a readable JSON file"),
-    ],
-)
-def test_a_missing_empty_or_unreadable_history_is_one_line_and_exit_2(tmp_path, capsys, setup, message):
-    folder = tmp_path / "history"
-    if setup == "file":
-        write_results(folder, session(0, 100.0))  # a results file where its folder was meant
-    elif setup != "missing":
-        folder.mkdir()
-    if setup == "corrupt":
-        write_results(folder / "a.json", session(0, 100.0))
-        (folder / "broken.json").write_text("{")
-    assert main(["history", "show", "--results-dir", str(folder)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("perfsuite: error: ") and message in err and err.count("\n") == 1
-
-
-def test_a_filter_that_matches_nothing_says_so(history_dir, capsys):
-    assert main(["history", "show", "--results-dir", str(history_dir), "-k", "nonesuch"]) == 2
+def test_a_filter_that_matches_nothing_says_so(history_store, capsys):
+    assert main(["history", "show", "--store", str(history_store), "-k", "nonesuch"]) == 2
     assert "no series of tests matching -k 'nonesuch' in the 25 sessions" in capsys.readouterr().err
 
 
-def test_without_otava_show_names_the_pip_command(history_dir, capsys, monkeypatch):
+def test_without_otava_show_names_the_pip_command(history_store, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "otava.analysis", None)
-    assert main(["history", "show", "--results-dir", str(history_dir), "-k", "throughput"]) == 2
+    assert main(["history", "show", "--store", str(history_store), "-k", "throughput"]) == 2
     assert 'pip install --no-deps "apache-otava==0.8.0"' in capsys.readouterr().err
 
 
 # -- the store: what `pytest --perf` appends each session to, and what `history show` reads by default ------------
 
 
-def test_show_reads_the_store_that_import_filled_from_a_results_folder(history_dir, tmp_path, capsys):
+def test_show_reads_the_store_that_import_filled_from_a_results_folder(tmp_path, capsys):
+    folder = tmp_path / "results"
+    for index, run in enumerate(sessions(step_values(20, 2, step=-0.12))):
+        write_results(folder / f"{index:02d}.json", run)
     store = tmp_path / "history.sqlite"
-    assert main(["history", "import", str(history_dir), "--store", str(store)]) == 0
-    assert "imported 25 session(s)" in capsys.readouterr().out
+    assert main(["history", "import", str(folder), "--store", str(store)]) == 0
+    assert "imported 22 session(s)" in capsys.readouterr().out
     assert main(["history", "show", "--store", str(store), "-k", "throughput"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "22 runs;" in lines[1] and "change points: 1" in lines
     assert any(line.startswith(f"  {commit_of(19)[:7]}..{commit_of(20)[:7]}") for line in lines)
+
+
+def test_show_takes_no_folder_of_results_files_the_store_is_the_one_history(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["history", "show", "--results-dir", str(tmp_path)])
+    assert "unrecognized arguments: --results-dir" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("setup", "message"), [("missing", "no history store there"), ("empty", "holds no session")])

@@ -56,6 +56,14 @@ def test_a_perf_session_appends_what_it_wrote_to_results_json_to_the_default_sto
         assert store.sessions() == [read_results(project.path / "reports" / "results.json")]
 
 
+def test_a_session_under_history_none_writes_no_history_anywhere(project):
+    result = project.runpytest_subprocess(*ARGS, "--perf-history", "none")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["change points: not checked: no run history is kept (--perf-history none)"])
+    assert sorted(path.name for path in (project.path / "reports").iterdir()) == ["report.html", "results.json"]
+    assert "history:" not in result.stdout.str()
+
+
 def finished_session(root: Path, history_store: Path) -> PerfSession:
     """A session with one recorded test, finished: results.json written, nothing appended yet."""
     session = fake_session(root)

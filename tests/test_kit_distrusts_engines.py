@@ -15,7 +15,7 @@ import pytest
 from hypothesis import strategies as st
 
 from perfsuite.adapters.builtin import build_inflight
-from perfsuite.correctness import InvalidRunResult, validate_run_result
+from perfsuite.testing.greedy import InvalidRunResult, validate_run_result
 from perfsuite.engine import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.testing import Scenario, equivalence_test, runner_equivalence_test

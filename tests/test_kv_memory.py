@@ -6,7 +6,7 @@ depends on the machine it runs on.
 
 from __future__ import annotations
 
-import time
+import tracemalloc
 
 import pytest
 
@@ -118,11 +118,10 @@ class RecordingRunner(FakeRunner):
 def test_every_engine_checks_its_cache_before_asking_the_runner_for_it(available, build, knob):
     available(GiB)
     runner = RecordingRunner()
-    started = time.perf_counter()
     with pytest.raises(KVMemoryError) as refused:
         build(runner)
-    assert time.perf_counter() - started < 1, "refused before building anything the size of the cache"
-    assert runner.caches == [] and refused.value.sizing.knob == knob
+    assert runner.caches == [], "refused before building anything the size of the cache"
+    assert refused.value.sizing.knob == knob
     assert f"lower {knob} to " in str(refused.value)
 
 
@@ -135,9 +134,14 @@ def test_a_cache_that_fits_is_built(available):
 
 
 def test_a_pool_costs_nothing_until_its_blocks_are_used():
-    started = time.perf_counter()
-    blocks = BlockManager(num_blocks=10**12, block_size=16)
-    assert time.perf_counter() - started < 0.1
+    """Memory, not time, is the claim here: how fast a pool is built is bench/kv_pool.py's to say."""
+    tracemalloc.start()
+    try:
+        blocks = BlockManager(num_blocks=10**12, block_size=16)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**10, f"a pool of 10**12 blocks took {peak} bytes to build: it must not hold a block each"
     assert blocks.num_free_blocks == 10**12 and blocks.allocate("a", 40) == (0, 1, 2)
 
 

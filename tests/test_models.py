@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from perfsuite.cache_dir import CACHE_DIR_ENV
 from perfsuite import models as M
 from perfsuite.models import (
     DEFAULT_MODEL,
@@ -451,7 +452,7 @@ def fake_gguf(tmp_path, monkeypatch):
         fresh = load_model("tiny-random")
         return fresh.model, fresh.tokenizer
 
-    monkeypatch.setenv(model_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(model_load, "smollm2_gguf_path", lambda: gguf)
     monkeypatch.setattr(model_load, "load_gguf_model", fake_reader)
     return gguf, calls

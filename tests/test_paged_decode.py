@@ -29,7 +29,7 @@ from perfsuite.engine.decode_buckets import bucket_for, decode_buckets
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.models import load_model
-from perfsuite.correctness import assert_outputs_equal
+from perfsuite.testing.greedy import assert_outputs_equal
 from perfsuite.testing import Scenario, cached_reference, drive, scenarios
 
 MAX_SEQ_LEN = 64

@@ -180,27 +180,13 @@ def test_report_modules_import_neither_torch_nor_plotting_libraries():
 # -- write_report, the plugin's call ------------------------------------------------
 
 
-def test_write_report_keeps_each_run_in_history(tmp_path, judged):
-    reports = tmp_path / "reports"
-    reports.mkdir()
+def test_write_report_renders_the_results_it_is_handed_and_the_history_it_is_given(tmp_path, judged):
     small = first_tests(judged, 2)
-    for stamp in ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"):
-        write_results(reports / "results.json", dataclasses.replace(small, created_at=stamp))
-        path = write_report(reports)
-    assert path == reports / "report.html"
-    assert sorted(p.name for p in (reports / "history").iterdir()) == [
-        "2026-01-01T00-00-00+00-00.json",
-        "2026-01-02T00-00-00+00-00.json",
-    ]
+    earlier = earlier_run(small, "2026-01-01T00:00:00+00:00", 0.9)
+    path = write_report(dataclasses.replace(small, created_at="2026-01-02T00:00:00+00:00"), tmp_path, [earlier])
+    assert path == tmp_path / "report.html"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"], "no results.json read, no copy kept"
     assert "2 runs on this machine" in path.read_text()
-
-
-def test_write_report_skips_a_corrupt_history_file_and_says_so(tmp_path, judged):
-    (tmp_path / "history").mkdir(parents=True)
-    (tmp_path / "history" / "broken.json").write_text("{")
-    write_results(tmp_path / "results.json", first_tests(judged, 1))
-    page = write_report(tmp_path).read_text()
-    assert "broken.json" in page and "delete it" in page
 
 
 def test_the_shipped_perf_suite_in_smoke_mode_and_its_report(pytester):
@@ -261,12 +247,11 @@ def test_cli_report_renders_a_results_file(results_file, tmp_path, capsys):
     assert 'id="verdict-table"' in output.read_text()
 
 
-def test_cli_report_reads_a_history_folder(results_file, tmp_path, judged):
-    history = tmp_path / "history"
-    history.mkdir()
-    earlier = earlier_run(first_tests(judged, 3), "2025-12-30T00:00:00+00:00", 0.9)
-    write_results(history / "a.json", earlier)
-    assert main(["report", str(results_file), "--history", str(history)]) == 0
+def test_cli_report_draws_the_trend_from_a_history_store(results_file, tmp_path, judged):
+    store = tmp_path / "history.sqlite"
+    with HistoryStore.open(store) as history:
+        history.append(earlier_run(first_tests(judged, 3), "2025-12-30T00:00:00+00:00", 0.9))
+    assert main(["report", str(results_file), "--history", str(store)]) == 0
     assert "2 runs on this machine" in (tmp_path / "report.html").read_text()
 
 
@@ -285,13 +270,17 @@ def test_cli_names_the_bad_file_and_the_fix(command, content, message, tmp_path,
     assert str(bad) in err and message in err and "pytest --perf" in err
 
 
-@pytest.mark.parametrize(("setup", "what"), [("missing", "no such directory"), ("file", "is a file, not a directory")])
-def test_cli_report_names_a_missing_history_folder_or_a_file_given_for_it(results_file, tmp_path, capsys, setup, what):
+@pytest.mark.parametrize(
+    ("setup", "what"), [("missing", "no history store there"), ("folder", "is a directory; give the store's file path")]
+)
+def test_cli_report_names_a_missing_history_store_or_a_folder_given_for_it(results_file, tmp_path, capsys, setup, what):
     history = tmp_path / "history"
-    if setup == "file":
-        history.write_text("{}")
+    if setup == "folder":
+        history.mkdir()
     assert main(["report", str(results_file), "--history", str(history)]) == 2
-    assert f"{history}: {what}; pass the history folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"perfsuite: error: {history}") and what in err
+    assert setup != "missing" or not history.exists(), "reading a history must not create a store"
 
 
 def test_cli_compare_prints_the_verdict_table_and_fails_on_a_regression(tmp_path, measured, capsys):
@@ -388,21 +377,15 @@ def test_cli_output_that_cannot_be_written_is_one_line_naming_the_path_and_why(
 
 
 def chromium_binary() -> str:
-    """Debian's Chromium, installed on the spot where this runs as root with apt; else skip."""
+    """Headless Chromium from PATH. The suite installs nothing: ``make test-browser`` installs it, then runs this tier,
+    where a missing browser fails; anywhere else (a plain ``pytest``) it skips, saying how to get it."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("headless Chromium is missing and cannot be installed here: run `apt-get install chromium`")
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            pytest.skip(f"could not install Chromium: `{' '.join(command)}` failed ({error})")
-        if done.returncode != 0:
-            pytest.skip(f"could not install Chromium: `{' '.join(command)}` failed: {done.stderr.strip()[-300:]}")
-    return shutil.which("chromium") or pytest.skip("apt-get installed chromium but it is not on PATH")
+    message = "headless Chromium is not on PATH (chromium or chromium-browser): `make test-browser` installs it"
+    if os.environ.get("PERFSUITE_TEST_PHASE") == "browser":
+        pytest.fail(f"{message}, and the browser tier is running without it: its install step failed")
+    pytest.skip(message)
 
 
 def run_chromium(binary: str, profile: Path, *arguments: str) -> subprocess.CompletedProcess:
@@ -410,6 +393,7 @@ def run_chromium(binary: str, profile: Path, *arguments: str) -> subprocess.Comp
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.browser
 def test_a_real_browser_renders_the_report(html, tmp_path):
     binary = chromium_binary()
     page = tmp_path / "report.html"

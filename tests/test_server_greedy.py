@@ -18,7 +18,7 @@ import dataclasses
 import pytest
 
 from perfsuite.adapters import Backend, EngineConfig, build_engine
-from perfsuite.correctness import check_server_greedy, greedy_check_requests
+from perfsuite.testing.greedy import check_server_greedy, greedy_check_requests
 from perfsuite.plugin.stash import perf_options
 from perfsuite.testing import equivalence_test, near_tie_tolerance
 

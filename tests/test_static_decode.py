@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 
-from perfsuite.correctness import assert_outputs_equal
+from perfsuite.testing.greedy import assert_outputs_equal
 from perfsuite.engine import Request, SamplingParams, ScheduledChunk, SchedulerOutput, inflight_engine
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.static_decode import StaticDecodeStep

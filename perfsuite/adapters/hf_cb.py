@@ -49,7 +49,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 
 from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
-from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.admission import ArrivalQueue, RecordBuilder
 from perfsuite.engine.names import HF_CB
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 
@@ -81,7 +81,7 @@ class HFContinuousBatchingEngine:
         on_step: Callable[[list[StepOutput]], None] | None = None,
         max_concurrency: int | None = None,
     ) -> RunResult:
-        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.engine.arrivals``).
+        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.engine.admission``).
 
         ``on_step`` sees a request's outputs when its result arrives, all at
         once: the manager reports finished requests, not steps.

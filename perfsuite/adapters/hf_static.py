@@ -37,7 +37,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
-from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.admission import ArrivalQueue, RecordBuilder
 from perfsuite.engine.names import HF_STATIC
 from perfsuite.engine.types import EngineCounters, Request, RunResult, StepOutput
 
@@ -137,7 +137,7 @@ class HFStaticEngine:
         on_step: StepHook | None = None,
         max_concurrency: int | None = None,
     ) -> RunResult:
-        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.engine.arrivals``).
+        """Serve ``requests`` with ``Engine.run``'s semantics (see ``perfsuite.engine.admission``).
 
         Requests get in between steps, as in ``Engine.run``; one that gets in
         while a batch runs waits for the next batch.

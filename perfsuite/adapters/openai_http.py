@@ -85,7 +85,7 @@ from perfsuite.adapters.server_info import (
     auth_headers,
     fetch_server_info,
 )
-from perfsuite.engine.arrivals import refuse_follow_ups
+from perfsuite.engine.admission import refuse_follow_ups
 from perfsuite.engine.names import OPENAI_HTTP
 from perfsuite.engine.types import (
     EngineCounters,

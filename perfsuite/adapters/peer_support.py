@@ -1,4 +1,4 @@
-"""What the peer adapters check before a run; their run semantics come from ``perfsuite.engine.arrivals``.
+"""What the peer adapters check before a run; their run semantics come from ``perfsuite.engine.admission``.
 
 Pure Python, no torch. A peer adapter drives someone else's engine but keeps
 ``Engine.run``'s semantics, or its latencies would not be comparable: it

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from perfsuite.adapters.http_options import HttpClientOptions
-from perfsuite.engine.arrivals import refuse_follow_ups
+from perfsuite.engine.admission import refuse_follow_ups
 from perfsuite.engine.types import DecodeMode, Request, RunResult, StepOutput
 
 

@@ -2,7 +2,7 @@
 
 Registered only where ``vllm`` is importable (``make peers`` builds such a
 virtual environment, ``.venv-peers``). It serves perfsuite's requests with
-``Engine.run``'s semantics (``perfsuite.engine.arrivals``): a request is
+``Engine.run``'s semantics (``perfsuite.engine.admission``): a request is
 added to vLLM's ``LLMEngine`` once its arrival time has passed (or a closed-loop
 client is free), between two ``step()`` calls, as perfsuite's engines add
 requests between two forward steps. So ``--perf-engines inflight,vllm`` runs
@@ -67,7 +67,7 @@ from typing import Any
 
 from perfsuite.adapters.peer_support import check_requests_fit
 from perfsuite.adapters.protocol import Backend, EngineConfig
-from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.admission import ArrivalQueue, RecordBuilder
 from perfsuite.engine.names import VLLM
 from perfsuite.engine.types import EngineCounters, Request, RunResult, SamplingParams, StepOutput
 

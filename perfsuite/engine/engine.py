@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.admission import ArrivalQueue, RecordBuilder
 from perfsuite.engine.block_manager import BlockManager
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.kv_memory import KVSizing, check_kv_memory, default_paged_pool, paged_pool, slot_cache

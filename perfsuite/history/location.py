@@ -40,7 +40,7 @@ def _from_url(text: str) -> Location:
     except sa.exc.ArgumentError as error:
         raise HistoryError(f"{text!r} is not a database URL ({error}); {URL_FORM}, or give a file path") from None
     shown = url.render_as_string(hide_password=True)
-    database = url.database
+    database = url.database or ""
     is_sqlite = url.get_backend_name() == "sqlite"
     if is_sqlite and _in_memory(url):
         raise HistoryError(

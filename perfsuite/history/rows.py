@@ -14,8 +14,8 @@ from perfsuite.judge.results import Results, TestResult
 def session_key(results: Results) -> str:
     """What makes two appends the same session: when it was made, its commit, its machine, and each test's samples.
 
-    Appending the same ``Results`` again, or importing the results.json (or
-    reports/history copy) of a session already stored, finds this key and
+    Appending the same ``Results`` again, or importing the results.json of a
+    session already stored, finds this key and
     adds nothing. Two different sessions never share it: even two CI jobs of
     one commit on identical runners that finish in the same second measured
     different samples.

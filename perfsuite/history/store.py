@@ -4,8 +4,11 @@
 with its directory) or a SQLAlchemy database URL (``sqlite:///...``,
 ``postgresql+psycopg://...``); ``append`` adds one session's ``Results``,
 ``sessions`` reads them back as ``Results``, oldest first, and
-``import_files`` brings in results.json files written before the store
-existed (``reports/history/*.json`` among them).
+``import_files`` brings in results.json files (written before the store
+existed, or on another machine). ``read_sessions`` is the reader for a store
+that must exist already (``perfsuite report --history``, ``perfsuite history
+show``). The store is perfsuite's one run history: no other copy of a
+session is kept.
 
 Each append is one transaction: a session killed while appending leaves no
 row of its own and every earlier row as it was. SQLite writers take the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,7 +41,7 @@ from perfsuite.history import rows, schema
 from perfsuite.history.location import ELSEWHERE, URL_FORM, HistoryError, Location, prepare_sqlite_file, resolve
 from perfsuite.judge.results import Results, ResultsFileError, read_results, results_from_json
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "HistoryError", "HistoryStore", "ImportReport"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "HistoryError", "HistoryStore", "ImportReport", "read_sessions"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 _WRITE = "perfsuite_write"  # the execution option that makes a SQLite transaction begin IMMEDIATE
@@ -184,7 +188,10 @@ class HistoryStore:
             stored = _session_id(connection, session["session_key"])
             if stored is not None:
                 return stored, False
-            session_id = connection.execute(sa.insert(schema.sessions).values(session)).inserted_primary_key[0]
+            inserted = connection.execute(sa.insert(schema.sessions).values(session)).inserted_primary_key
+            if inserted is None:  # SQLite and PostgreSQL always say; a dialect that does not cannot be a store
+                raise HistoryError(f"{self.location}: the database did not return the new session's id")
+            session_id = inserted[0]
             _insert_tests(connection, results, session_id)
             return session_id, True
 
@@ -194,11 +201,28 @@ class HistoryStore:
         except ResultsFileError as error:
             raise HistoryError(f"{error} (a stored session perfsuite cannot read: please report it)") from None
 
-    def _transaction(self, write: bool) -> _Transaction:
-        return _Transaction(self._engine, write)
+    def _transaction(self, write: bool) -> AbstractContextManager[sa.Connection]:
+        return _transaction(self._engine, write)
 
     def _database_errors(self, doing: str) -> _DatabaseErrors:
         return _DatabaseErrors(self._location, doing)
+
+
+def read_sessions(
+    location: str | os.PathLike, *, fingerprint: str | None = None, newest: int | None = None
+) -> list[Results]:
+    """The sessions of an existing store, oldest first, as ``HistoryStore.sessions`` filters them.
+
+    A file path where no store is yet is a ``HistoryError`` rather than a new
+    store: a reader that created one would only ever read nothing.
+    """
+    if not (isinstance(location, str) and "://" in location) and not Path(location).exists():
+        raise HistoryError(
+            f"{location}: no history store there; `pytest --perf` creates it (--perf-history), "
+            "`perfsuite history import RESULTS.json...` fills it from results files, or pass --store"
+        )
+    with HistoryStore.open(location) as store:
+        return store.sessions(fingerprint=fingerprint, newest=newest)
 
 
 def _insert_tests(connection: sa.Connection, results: Results, session_id: int) -> None:
@@ -218,7 +242,7 @@ def _results_files(paths: Iterable[Path], problems: list[str]) -> Iterator[Path]
             continue
         found = sorted(path.glob("*.json"))
         if not found:
-            problems.append(f"{path}: no *.json files in it; pass results files, or a folder of them (reports/history)")
+            problems.append(f"{path}: no *.json files in it; pass results files, or a folder of them")
         yield from found
 
 
@@ -343,32 +367,11 @@ def _sqlite_begin(connection: sa.Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-class _Transaction:
-    """``with _Transaction(engine, write) as connection``: one connection, one transaction, committed on success."""
-
-    def __init__(self, engine: sa.Engine, write: bool) -> None:
-        self._engine = engine
-        self._write = write
-        self._connection: sa.Connection | None = None
-        self._transaction: sa.RootTransaction | None = None
-
-    def __enter__(self) -> sa.Connection:
-        self._connection = self._engine.connect().execution_options(**{_WRITE: self._write})
-        try:
-            self._transaction = self._connection.begin()
-        except BaseException:
-            self._connection.close()
-            raise
-        return self._connection
-
-    def __exit__(self, kind, error, trace) -> None:
-        try:
-            if kind is None:
-                self._transaction.commit()
-            else:
-                self._transaction.rollback()
-        finally:
-            self._connection.close()
+@contextmanager
+def _transaction(engine: sa.Engine, write: bool) -> Iterator[sa.Connection]:
+    """One connection, one transaction: committed when the block ends, rolled back when it raises; closed either way."""
+    with engine.connect().execution_options(**{_WRITE: write}) as connection, connection.begin():
+        yield connection
 
 
 class _DatabaseErrors:

@@ -104,8 +104,6 @@ __all__ = [  # the timeline and summary types are measure's, named here so the r
     "TimelineRequest",
     "TimelineStep",
     "UniqueCompletions",
-    "archive_results",
-    "read_history",
     "read_results",
     "results_from_json",
     "write_results",
@@ -515,26 +513,6 @@ def _flat_measurements(test: Mapping[str, Any]) -> dict[str, Any]:
 
 def _optional_environment_problem(environment: Any) -> str | None:
     return None if environment is None else environment_problem(environment)
-
-
-def read_history(directory: Path, newest: int | None = None) -> tuple[list[Results], list[str]]:
-    """The stored results in ``directory`` (the ``newest`` by name), and why any is unusable."""
-    documents, problems = [], []
-    paths = sorted(Path(directory).glob("*.json"))
-    for path in paths[-newest:] if newest else paths:
-        try:
-            documents.append(read_results(path))
-        except ResultsFileError as error:
-            problems.append(f"{error} (or delete it from the history)")
-    return documents, problems
-
-
-def archive_results(results: Results, history_dir: Path) -> Path:
-    """Keep a copy of one run's results under ``history_dir``, named by when it was made."""
-    stamp = (results.created_at or "unknown").replace(":", "-")
-    path = Path(history_dir) / f"{stamp}.json"
-    write_results(path, results)
-    return path
 
 
 def _comparison_from_json(data: Mapping[str, Any]) -> Comparison:

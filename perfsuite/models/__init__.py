@@ -23,7 +23,6 @@ functions, so importing this package stays cheap.
 
 from perfsuite.models.cache import (
     cache_is_valid,
-    cache_root,
     read_model_cache,
     smollm2_cache_dir,
     write_model_cache,
@@ -48,7 +47,6 @@ __all__ = [
     "ModelSpec",
     "build_byte_tokenizer",
     "cache_is_valid",
-    "cache_root",
     "check_model_path",
     "config_values",
     "context_of",

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfsuite.cache_dir import CACHE_DIR_ENV, cache_root  # noqa: F401  (re-exported: models.cache.cache_root)
+from perfsuite.cache_dir import cache_root
 from perfsuite.models.gguf import smollm2_gguf_path
 from perfsuite.models.spec import ModelLoadError
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfsuite.cache_dir import CACHE_DIR_ENV
 from perfsuite.models.cache import (
-    CACHE_DIR_ENV,
     cache_is_valid,
     file_sha256,
     read_model_cache,

@@ -61,8 +61,6 @@ from perfsuite.measure.capacity_runs import (
     CapacityRuns,
     SearchChoices,
     rate_scaling_mismatch,
-    start_concurrency,  # noqa: F401 - where tests and callers have always found it
-    start_rate,  # noqa: F401
 )
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.measure.environment import Environment

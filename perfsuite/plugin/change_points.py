@@ -2,10 +2,8 @@
 
 The history is ``--perf-history``'s store (``perfsuite.history.store``): the
 sessions before this one, read before this one is appended. With the store
-off (``--perf-history none``), the report directory's ``history/`` folder
-(one results.json per earlier session, kept by
-``perfsuite.report.render.write_report``) stands in. ``history_sessions`` is
-the one place that reads either.
+off (``--perf-history none``) there is no history, and so no change point.
+``history_sessions`` is the one place the plugin reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from pathlib import Path
 
 from perfsuite.history.changes import ChangePointPolicy
 from perfsuite.history.head import HeadCheck, check_head
-from perfsuite.judge.results import Results, read_history
+from perfsuite.judge.results import Results
 from perfsuite.plugin.options import PerfOptions
 
 POLICY = ChangePointPolicy()
@@ -27,6 +25,7 @@ class History:
 
     sessions: list[Results]
     unreadable: str | None = None  # the store's error: no change point can be searched
+    kept: bool = True  # False: --perf-history none, so there is no history to search
 
 
 def history_sessions(options: PerfOptions, fingerprint: str | None) -> History:
@@ -38,8 +37,7 @@ def history_sessions(options: PerfOptions, fingerprint: str | None) -> History:
     says so on its own line).
     """
     if options.history_store is None:
-        sessions, _ = read_history(Path(options.report_dir) / "history", newest=POLICY.window_len)
-        return History(sessions)  # an unreadable file is named among the report's warnings (write_report)
+        return History([], kept=False)
     location = options.history_store
     if isinstance(location, Path) and not location.exists():
         return History([])  # the first session: appending creates the store
@@ -54,6 +52,8 @@ def history_sessions(options: PerfOptions, fingerprint: str | None) -> History:
 
 def check_session(document: Results, history: History) -> HeadCheck:
     """The head change points of the session that ``document`` (its results.json) describes."""
+    if not history.kept:
+        return HeadCheck(not_checked="no run history is kept (--perf-history none)")
     if history.unreadable is not None:
         return HeadCheck(unavailable=f"the run history could not be read: {history.unreadable}")
     return check_head(history.sessions, document, POLICY)

@@ -163,13 +163,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     try:
         results_path = perf_session.finish()
-        if results_path is not None:
+        if results_path is not None and perf_session.finished is not None:
             config.stash[RESULTS_KEY] = results_path
             from perfsuite.report.render import write_report  # jinja2 and matplotlib: only a --perf run pays
 
-            kept = perf_session.options.history_store is not None  # else the report keeps its own, in history/
-            history = perf_session.earlier_sessions if kept else None
-            config.stash[REPORT_KEY] = write_report(perf_session.options.report_dir, history)
+            report_dir, earlier = perf_session.options.report_dir, perf_session.earlier_sessions
+            config.stash[REPORT_KEY] = write_report(perf_session.finished, report_dir, earlier)
     except OutputError as error:
         config.stash[OUTPUT_ERROR_KEY] = str(error)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -403,7 +403,7 @@ class PerfSession:
 
         Every measured session is kept, a ``--perf-save-baseline`` one too: its
         samples are as much a point of the series as any other run's. Raises
-        ``perfsuite.history.HistoryError`` when the store cannot be opened or written.
+        ``perfsuite.history.store.HistoryError`` when the store cannot be opened or written.
         """
         location = self.options.history_store
         if location is None or self.finished is None:

@@ -5,7 +5,8 @@ what results.json holds) into HTML through ``templates/report.html.j2``; the
 figures come from ``perfsuite.report.plots`` as inline SVG, so the file makes
 no network request; the verdict table's rows and cells are
 ``perfsuite.report.verdict_table``'s, as the terminal and ``perfsuite compare``
-print them. ``write_report`` is what the plugin calls after a session.
+print them. ``write_report`` is what the plugin calls after a session, with the
+session's ``Results`` in memory.
 An A/B session (``--perf-against REF``) is shown as one: its columns and
 legends name side A (REF) and side B (the current tree), never a baseline,
 and each test adds its pair ratios and A's timed run stacked above B's.
@@ -33,9 +34,6 @@ from perfsuite.judge.results import (
     RunTimeline,
     TestResult,
     TimelineStep,
-    archive_results,
-    read_history,
-    read_results,
 )
 from perfsuite.report import capacity as capacity_view
 from perfsuite.report import determinism as determinism_view
@@ -179,21 +177,14 @@ def sides_of(results: Results) -> Sides:
     return STORED_SIDES if results.against is None else PAIRED_SIDES
 
 
-def write_report(report_dir: Path, history: Sequence[Results] | None = None) -> Path:
-    """Render ``report_dir/results.json`` into ``report_dir/report.html``.
+def write_report(results: Results, report_dir: Path, history: Sequence[Results] = ()) -> Path:
+    """Render ``results`` (the session the plugin just finished) into ``report_dir/report.html``; its path.
 
-    ``history``: the earlier sessions its trends draw (the run history store's,
-    ``perfsuite.history``). None: the report keeps its own, a copy of each
-    results.json in ``report_dir/history/``, and draws those.
+    ``history``: the earlier sessions its trends draw, read from the run
+    history store (``perfsuite.history.store``); none when the session keeps
+    no history (``--perf-history none``).
     """
-    report_dir = Path(report_dir)
-    results = read_results(report_dir / "results.json")
-    if history is None:
-        archive_results(results, report_dir / "history")
-        history, problems = read_history(report_dir / "history", newest=MAX_HISTORY_RUNS)
-        if problems:
-            results = dataclasses.replace(results, warnings=(*results.warnings, *problems))
-    path = report_dir / "report.html"
+    path = Path(report_dir) / "report.html"
     write_text_atomic(path, render_report(results, history))
     return path
 
@@ -343,8 +334,9 @@ def _timeline_figure(tests: Sequence[TestResult], against: AgainstDescription | 
     if group is None:
         return None
     timelines = [
-        _timeline_of(test.measurement.timeline, f"{test.measurement.engine_name}: {_test_name(test.test_id)}")
+        _timeline_of(timeline, f"{test.measurement.engine_name}: {_test_name(test.test_id)}")
         for test in group
+        if (timeline := test.measurement.timeline) is not None  # each has one: _engine_group chose them by it
     ]
     names = [_test_name(t.test_id) for t in group]
     caption = f"One timed run of {', '.join(names[:-1])} and {names[-1]}: same parameters, only the engine differs."
@@ -380,7 +372,7 @@ def _engine_group(tests: Sequence[TestResult]) -> tuple[TestResult, ...] | None:
     def clarity(group: tuple[TestResult, ...]) -> tuple:
         first = group[0].measurement  # static, where the group has it
         # A closed loop keeps its clients' requests outside the engine, so its queue stays empty.
-        has_queue = any(step.num_waiting for step in first.timeline.steps)
+        has_queue = first.timeline is not None and any(step.num_waiting for step in first.timeline.steps)
         padding = first.counters.num_padding_tokens
         preemptions = sum(t.measurement.counters.num_preemptions for t in group)
         return first.arrival_rate is None, has_queue, len(group), preemptions, padding, first.parameters.concurrency
@@ -409,9 +401,10 @@ def _timeline_of(timeline: RunTimeline, title: str) -> plots.Timeline:
 
 def _slot_spans(steps: Sequence[TimelineStep], num_slots: int) -> list[plots.Span]:
     """Consecutive steps that keep a slot on the same thing merge into one span."""
-    done, open_spans = [], {}
+    done: list[plots.Span] = []
+    open_spans: dict[int, plots.Span] = {}
     for step in steps:
-        occupied = {}
+        occupied: dict[int, tuple[str, str | None]] = {}
         for chunk in step.chunks:
             kind = "padding" if chunk.is_padding else "prefill" if chunk.is_prefill else "decode"
             occupied[chunk.slot] = (kind, None if chunk.is_padding else chunk.request_id)
@@ -454,7 +447,8 @@ def _section(test: TestResult, rows: Sequence[VerdictRow], results: Results) -> 
 
 def pair_ratios(test: TestResult) -> list[plots.PairRatios]:
     """Each compared metric's ratios B/A, pair by pair (``samples[m][i] / reference_samples[m][i]``)."""
-    reference, found = test.reference, []
+    reference = test.reference
+    found: list[plots.PairRatios] = []
     if reference is None:
         return found
     for comparison in test.judgement.comparisons:
@@ -476,8 +470,10 @@ def _pair_ratio_figure(test: TestResult, min_effect: float) -> Figure | None:
     return Figure(caption, plots.pair_ratio_figure(pairs, min_effect))
 
 
-def _paired_timelines(test: TestResult, against: AgainstDescription) -> Figure | None:
-    if test.measurement.timeline is None or test.reference is None or test.reference.timeline is None:
+def _paired_timelines(test: TestResult, against: AgainstDescription | None) -> Figure | None:
+    if against is None or test.measurement.timeline is None or test.reference is None:
+        return None
+    if test.reference.timeline is None:
         return None
     current = f"B: current tree at {against.current_commit[:12]}" if against.current_commit else "B: current tree"
     runs = [

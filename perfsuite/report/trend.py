@@ -52,7 +52,10 @@ def history_section(
     ordered = _runs_up_to(results, history, max_runs)
     headline = {name: SERIES_METRICS[name] for name in UNITS}
     all_series = build_series(ordered, {test.test_id for test in results.tests}, headline)
-    shown, trends, rows, note = [], [], [], None
+    shown: list[Series] = []
+    trends: list[plots.Trend] = []
+    rows: list[ChangeRow] = []
+    note: str | None = None
     for test in results.tests:
         series = _series_of(test, all_series, results)
         if series is None or len(series.points) < 2:
@@ -82,7 +85,7 @@ def history_section(
 
 
 def _runs_up_to(results: Results, history: Sequence[Results], max_runs: int) -> list[Results]:
-    """Stored runs before this one, one per ``created_at`` (this run is archived in history too), then this one."""
+    """Stored runs before this one, one per ``created_at`` (a store may hold this run already), then this one."""
     created = results.created_at or ""
     earlier = {run.created_at or "": run for run in history if (run.created_at or "") < created}
     return [*[earlier[key] for key in sorted(earlier)][-(max_runs - 1) :], results]

@@ -53,10 +53,10 @@ Importing this package imports Hypothesis but not torch; the model is
 loaded when a test first needs it.
 """
 
-from perfsuite.correctness import Divergence, GreedyCheck
 from perfsuite.testing.bitwise import Composition, NoLogprobs, compositions
 from perfsuite.testing.checks import EngineBuilder, RunnerCheck, ScheduledRun, check_engine, check_runner
 from perfsuite.testing.drive import drive
+from perfsuite.testing.greedy import Divergence, GreedyCheck
 from perfsuite.testing.ready_tests import equivalence_test, runner_equivalence_test
 from perfsuite.testing.reference import (
     FLOAT32_NEAR_TIE,

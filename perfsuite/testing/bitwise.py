@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 
-from perfsuite.correctness import InvalidRunResult, validate_run_result
 from perfsuite.engine import Request, SamplingParams
 from perfsuite.testing.drive import drive
+from perfsuite.testing.greedy import InvalidRunResult, validate_run_result
 from perfsuite.testing.scenarios import DEFAULT_KV_BLOCK_SIZES, Scenario
 
 if TYPE_CHECKING:

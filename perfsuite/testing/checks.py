@@ -5,7 +5,7 @@ server through ``openai-http`` included): the scenario's arrivals become
 arrival times. ``check_runner`` puts a model runner (``new_kv_cache``,
 ``new_paged_kv_cache``, ``execute``) under perfsuite's static, in-flight and
 paged schedulers and drives them step by step. Both report every divergence
-with the reference's top-1/top-2 margin (``perfsuite.correctness``), so a
+with the reference's top-1/top-2 margin (``perfsuite.testing.greedy``), so a
 near-tie flip reads apart from a bug; neither asserts, the caller decides.
 """
 
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfsuite.adapters.protocol import BatchingEngine, EngineConfig
-from perfsuite.correctness import (
+from perfsuite.engine import EngineCounters
+from perfsuite.testing.drive import drive
+from perfsuite.testing.greedy import (
     Divergence,
     GreedyCheck,
     GreedyReference,
@@ -27,8 +29,6 @@ from perfsuite.correctness import (
     server_name,
     validate_run_result,
 )
-from perfsuite.engine import EngineCounters
-from perfsuite.testing.drive import drive
 from perfsuite.testing.reference import CachedReference
 from perfsuite.testing.scenarios import Scenario
 from perfsuite.testing.verdict import LogitTolerance, TokenCheck, check_tokens

@@ -123,7 +123,7 @@ def equivalence_test(
     ``TypeError`` saying so.
 
     What ``run`` returns is checked before any token is compared
-    (``perfsuite.correctness.validate_run_result``: a ``RunResult``, one
+    (``perfsuite.testing.greedy.validate_run_result``: a ``RunResult``, one
     record for each request sent and no other, int token ids); a result that
     is not fails naming each problem.
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from perfsuite.correctness import GreedyOutput, GreedyReference
 from perfsuite.engine import Request
+from perfsuite.testing.greedy import GreedyOutput, GreedyReference
 from perfsuite.testing.verdict import LogitsAtTokens
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import pytest
 from peer_servers import incomplete_tests, run_logged
 
 from perfsuite.adapters import EngineConfig, available_engines
-from perfsuite.correctness import check_greedy_equal, greedy_check_requests
+from perfsuite.testing.greedy import check_greedy_equal, greedy_check_requests
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this interpreter: run the peers tier in .venv-peers")
 

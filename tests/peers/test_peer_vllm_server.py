@@ -9,7 +9,7 @@ from peer_servers import ROOT, incomplete_tests, run_logged
 
 from perfsuite.adapters import Backend, EngineConfig, build_engine
 from perfsuite.adapters.http_options import HttpClientOptions
-from perfsuite.correctness import check_server_greedy, greedy_check_requests
+from perfsuite.testing.greedy import check_server_greedy, greedy_check_requests
 from perfsuite.engine.reference import ReferenceDecoder
 from perfsuite.models import load_model
 from perfsuite.judge.catalogue import RAW_SERVER_FIGURES

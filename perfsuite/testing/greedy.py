@@ -182,10 +182,11 @@ def assert_outputs_equal(
 
 
 class GreedyOutput(Protocol):
-    """What the reference decodes for one request (``perfsuite.engine.reference.ReferenceOutput``)."""
+    """What the reference decodes for one request (``perfsuite.engine.reference.ReferenceOutput``, frozen)."""
 
     @property
     def token_ids(self) -> Sequence[int]: ...
+
     @property
     def top2_margins(self) -> Sequence[float]: ...
 

@@ -1,11 +1,11 @@
-"""``perfsuite.engine.arrivals``: when a run's requests get in, and their records, for the engine and peers alike."""
+"""``perfsuite.engine.admission``: when a run's requests get in, and their records, for the engine and peers alike."""
 
 from __future__ import annotations
 
 import pytest
 
 from perfsuite.engine import FinishReason, Request, SamplingParams, StepOutput
-from perfsuite.engine.arrivals import ArrivalQueue, RecordBuilder
+from perfsuite.engine.admission import ArrivalQueue, RecordBuilder
 
 
 class Clock:

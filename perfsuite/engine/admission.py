@@ -1,4 +1,7 @@
-"""When a run's requests get into an engine, and what is recorded of each.
+"""Admission: when a run's requests get into an engine, and what is recorded of each.
+
+When they are scheduled to arrive is the workload's (``perfsuite.workload.arrivals``); this module
+lets each in.
 
 Pure Python, no torch. ``Engine.run`` and every peer adapter (hf-static,
 hf-cb, vllm) serve a run with these, so their latencies are comparable:
@@ -73,6 +76,7 @@ class ArrivalQueue:
         """``request`` (as the engine served it) finished at ``finished_time``: its follow-ups become due."""
         offset = finished_time - self.start_time
         for child in self._follow_ups.pop(request.request_id, ()):
+            assert child.follows is not None  # follow_ups_by_parent holds only requests that follow another
             due = child.continued(request.prompt_token_ids, tuple(output_token_ids), offset + child.follows.think_time)
             bisect.insort(self._pending, due, key=lambda r: r.arrival_time)
 
