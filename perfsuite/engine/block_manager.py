@@ -81,6 +81,10 @@ class BlockManager:
     def cache_computed_blocks(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Make ``request_id``'s full computed blocks findable by ``cached_prefix``: nothing to do without one."""
 
+    def full_block_hashes(self, token_ids: Sequence[int], first: int, stop: int) -> list[bytes]:
+        """The chained hashes of ``token_ids``' full blocks ``first`` to ``stop``: none without a prefix cache."""
+        return []
+
     @property
     def num_evicted_blocks(self) -> int:
         """Cached blocks evicted so far to make room (always 0 without a prefix cache)."""

@@ -14,13 +14,17 @@ match the unbatched reference that runs the Hugging Face model itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from perfsuite.engine.projection import SHARED_CHOICES, KernelChooser, Projection, batch_invariant_projection
+
+if TYPE_CHECKING:
+    from perfsuite.engine.types import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -53,7 +57,7 @@ class PagedKVCache:
     values: torch.Tensor
     # The engine's bucketed static-shape decode step over these tensors (perfsuite.engine.paged_decode), set by
     # ModelRunner.with_paged_decode under decode_mode static or cuda-graph; it lives and dies with the pool.
-    decode_step: object | None = None
+    decode_step: Callable[[Sequence[ScheduledChunk]], list[int]] | None = None
     # Each layer's (keys, values, key cells, value cells) views, made once: taken at every layer of every step
     # they were four selects and two flattens, 180 dispatches a step of SmolLM2's 30 layers.
     _layer_views: tuple[tuple[torch.Tensor, ...], ...] = field(init=False, repr=False, compare=False)
@@ -70,7 +74,9 @@ class PagedKVCache:
     def block_size(self) -> int:
         return self.keys.shape[2]
 
-    def keys_of_rows(self, layer_index: int, block_tables: torch.Tensor, num_keys: int) -> tuple[torch.Tensor, ...]:
+    def keys_of_rows(
+        self, layer_index: int, block_tables: torch.Tensor, num_keys: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's first ``num_keys`` keys and values, [rows, kv_heads, num_keys, head_dim], through its blocks.
 
         ``block_tables`` [rows, max_blocks] may be padded with any block: positions past a row's own are for the
@@ -80,9 +86,10 @@ class PagedKVCache:
         num_blocks = min(block_tables.shape[1], -(-num_keys // self.block_size))  # the blocks those keys fill
         rows, blocks = block_tables.shape[0], block_tables[:, :num_blocks].flatten()
         cells = (rows, num_blocks * self.block_size, *self.keys.shape[3:])
-        return tuple(
-            pool.index_select(0, blocks).view(cells)[:, :num_keys].transpose(1, 2)
-            for pool in self._layer_views[layer_index][:2]
+        keys, values, _, _ = self._layer_views[layer_index]
+        return (
+            keys.index_select(0, blocks).view(cells)[:, :num_keys].transpose(1, 2),
+            values.index_select(0, blocks).view(cells)[:, :num_keys].transpose(1, 2),
         )
 
     def layer_pools(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,35 +274,14 @@ class Decoder:
         (``batch_invariant_projection``), and nothing is timed.
         """
         config = model.config
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"perfsuite's model runner supports {SUPPORTED_MODEL_TYPES} decoders, got model_type "
-                f"{config.model_type!r}; use a Llama-architecture model (SmolLM2, Llama, TinyLlama)"
-            )
-        num_heads = config.num_attention_heads
-        heads = HeadLayout(
-            num_heads=num_heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
-        )
+        heads = _head_layout(config)
 
         def moved(t: torch.Tensor) -> torch.Tensor:
             return t.detach().to(device=device, dtype=dtype)
 
         decoder = model.model
-        kernels = KernelChooser(chosen=SHARED_CHOICES) if pack_weights else None
-        if batch_invariant:
-            kernels = BATCH_INVARIANT
-        raw = [_projection_weights(layer, moved) for layer in decoder.layers]
-        built = {name: _projections([weights[name] for weights in raw], kernels) for name in PROJECTIONS}
-        layers = tuple(
-            LayerWeights(
-                input_norm=moved(layer.input_layernorm.weight),
-                post_norm=moved(layer.post_attention_layernorm.weight),
-                **{name: built[name][index] for name in PROJECTIONS},
-            )
-            for index, layer in enumerate(decoder.layers)
-        )
+        kernels = _projection_kernels(pack_weights=pack_weights, batch_invariant=batch_invariant)
+        layers = _layer_weights(decoder.layers, moved, kernels)
         cos_table, signed_sin_table = _rotary_tables(decoder.rotary_emb, config.max_position_embeddings, device, dtype)
         return cls(
             embed=moved(decoder.embed_tokens.weight),
@@ -360,6 +346,37 @@ class Decoder:
         return tokens, logits.log_softmax(dim=-1).gather(1, tokens[:, None]).squeeze(1)
 
 
+def _head_layout(config) -> HeadLayout:
+    """A Hugging Face config's attention heads; any model type but a supported one is refused here."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"perfsuite's model runner supports {SUPPORTED_MODEL_TYPES} decoders, got model_type "
+            f"{config.model_type!r}; use a Llama-architecture model (SmolLM2, Llama, TinyLlama)"
+        )
+    num_heads = config.num_attention_heads
+    return HeadLayout(
+        num_heads=num_heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+    )
+
+
+def _layer_weights(
+    hf_layers, moved: Callable[[torch.Tensor], torch.Tensor], kernels: KernelChooser | str | None
+) -> tuple[LayerWeights, ...]:
+    """Every Hugging Face layer's weights, each projection's layers built together on their kernel."""
+    raw = [_projection_weights(layer, moved) for layer in hf_layers]
+    built = {name: _projections([weights[name] for weights in raw], kernels) for name in PROJECTIONS}
+    return tuple(
+        LayerWeights(
+            input_norm=moved(layer.input_layernorm.weight),
+            post_norm=moved(layer.post_attention_layernorm.weight),
+            **{name: built[name][index] for name in PROJECTIONS},
+        )
+        for index, layer in enumerate(hf_layers)
+    )
+
+
 def _projection_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, tuple]:
     """A Hugging Face layer's projections as (weight, bias), query-key-value and gate-up each fused into one."""
     attn, mlp = layer.self_attn, layer.mlp
@@ -377,12 +394,20 @@ def _projection_weights(layer, moved: Callable[[torch.Tensor], torch.Tensor]) ->
 BATCH_INVARIANT = "batch-invariant"  # Decoder.from_hf's projections under batch_invariant: oneDNN at every row count
 
 
+def _projection_kernels(*, pack_weights: bool, batch_invariant: bool) -> KernelChooser | str | None:
+    """What ``_projections`` builds on: ``BATCH_INVARIANT``, a chooser timing packed weights, or None (plain)."""
+    if batch_invariant:
+        return BATCH_INVARIANT
+    return KernelChooser(chosen=SHARED_CHOICES) if pack_weights else None
+
+
 def _projections(weights: list[tuple], kernels: KernelChooser | str | None) -> list[Projection]:
     """One shape's projections, every layer's: on the kernel chosen for them, batch invariant, or plain."""
     if kernels is None:
         return [Projection.of(weight, bias, kernel=None) for weight, bias in weights]
     if kernels == BATCH_INVARIANT:
         return [batch_invariant_projection(weight, bias) for weight, bias in weights]
+    assert isinstance(kernels, KernelChooser), f"unknown projection kernels {kernels!r}"
     return kernels.projections(weights)
 
 

@@ -289,7 +289,9 @@ class ModelRunner:
         return tokens.tolist()
 
     @staticmethod
-    def _store(layer_index: int, k, v, batch: _Batch, kv_cache: KVCache | PagedKVCache) -> tuple[torch.Tensor, ...]:
+    def _store(
+        layer_index: int, k: torch.Tensor, v: torch.Tensor, batch: _Batch, kv_cache: KVCache | PagedKVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the step's keys and values into the cache; the layer's cache tensors (a paged pool's cells)."""
         if isinstance(kv_cache, PagedKVCache):
             k_cache, v_cache = kv_cache.token_rows(layer_index)  # [cells, kv_heads, head_dim]
@@ -313,6 +315,8 @@ class ModelRunner:
         arithmetic as it would be in a call of its own).
         """
         kernel, per_token = self._paged_attention, batch.per_token
+        # The constructor checked the kernel builds (check_batch_invariance), and _prepare plans every token alone.
+        assert isinstance(kernel, PagedAttention) and per_token is not None
         if isinstance(kv_cache, PagedKVCache):
 
             def attend_paged(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -358,18 +362,19 @@ class ModelRunner:
         group: _AttentionGroup,
         mask: torch.Tensor,
         layer_index: int,
-        kv_cache,
-        q,
-        k_cache,
-        v_cache,
+        kv_cache: KVCache | PagedKVCache,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
         in_place: PagedAttention | None,
     ) -> torch.Tensor:
         """``group``'s queries over its rows' keys and values: a slot cache's views; a paged pool's blocks, read
         in place by ``in_place`` for a decode group where it is given, else gathered (``keys_of_rows``)."""
         group_q = q if group.token_index is None else q[group.token_index]  # [group_tokens, heads, head_dim]
-        if in_place is not None and group.key_lengths is not None:
-            pools = kv_cache.layer_pools(layer_index)
-            return in_place(group_q, *pools, group.block_tables, group.key_lengths)
+        if in_place is not None and group.key_lengths is not None:  # only a paged pool's decode group has lengths
+            assert isinstance(kv_cache, PagedKVCache) and group.block_tables is not None
+            keys, values = kv_cache.layer_pools(layer_index)
+            return in_place(group_q, keys, values, group.block_tables, group.key_lengths)
         keys, values = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
@@ -409,24 +414,29 @@ class ModelRunner:
         indices = _HostIndices()
         handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
         if self.batch_invariant:  # every token attends alone: no groups, no masks
-            per_token = self._plan_per_token(chunks, positions, indices, block_size)
-            tensors = indices.upload(self.device)
-            tables, lengths = (tensors[handle] for handle in per_token[1:])
-            return _Batch(
-                *(tensors[handle] for handle in handles),
-                groups=(),
-                per_token=_PerTokenKeys(tables.view(-1, per_token[0]), lengths),
-            )
+            return self._per_token_batch(chunks, positions, indices, handles, block_size)
         plans = [
             self._plan_group(group_chunks, indices, block_size)
             for group_chunks in (decode_chunks, prefill_chunks)
             if group_chunks
         ]
         tensors = indices.upload(self.device)
-        return _Batch(
-            *(tensors[handle] for handle in handles),
-            groups=tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans),
-        )
+        groups = tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans)
+        return _batch(tensors, handles, groups)
+
+    def _per_token_batch(
+        self,
+        chunks: tuple[ScheduledChunk, ...],
+        positions: list[int],
+        indices: _HostIndices,
+        handles: list[int],
+        block_size: int | None,
+    ) -> _Batch:
+        """The batch of ``_attend_alone``: each token's own keys instead of attention groups."""
+        width, tables_handle, lengths_handle = self._plan_per_token(chunks, positions, indices, block_size)
+        tensors = indices.upload(self.device)
+        per_token = _PerTokenKeys(tensors[tables_handle].view(-1, width), tensors[lengths_handle])
+        return _batch(tensors, handles, (), per_token)
 
     def _plan_per_token(
         self, chunks: tuple[ScheduledChunk, ...], positions: list[int], indices: _HostIndices, block_size: int | None
@@ -471,11 +481,7 @@ class ModelRunner:
             query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
         block_tables, key_lengths, num_table_columns = None, None, 0
         if block_size is not None:
-            num_table_columns = max(len(chunk.block_table) for chunk in chunks)
-            padded = [(*chunk.block_table, *[0] * (num_table_columns - len(chunk.block_table))) for chunk in chunks]
-            block_tables = indices.add([block for table in padded for block in table])
-            if max_query_len == 1:  # a decode group: the in-place kernel reads each row's length
-                key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
+            block_tables, key_lengths, num_table_columns = _plan_block_tables(chunks, max_query_len, indices)
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
@@ -499,10 +505,12 @@ class ModelRunner:
         key_pos = torch.arange(plan.max_key_len, device=self.device)
         mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
         is_decode = plan.max_query_len == 1
+        slots: torch.Tensor | slice | None = None
         block_tables = key_lengths = None
-        slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
-        if block_size is not None:
-            slots = None
+        if block_size is None:
+            slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
+        else:
+            assert plan.block_tables is not None, "a paged group's plan has its block tables"
             block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
             key_lengths = None if plan.key_lengths is None else tensors[plan.key_lengths]
         return _AttentionGroup(
@@ -519,11 +527,41 @@ class ModelRunner:
         )
 
 
+def _batch(
+    tensors: list[torch.Tensor],
+    handles: list[int],
+    groups: tuple[_AttentionGroup, ...],
+    per_token: _PerTokenKeys | None = None,
+) -> _Batch:
+    """The step's batch from its uploaded tensors; ``handles`` name its input ids, positions, slots and samples."""
+    input_ids, positions, token_slots, sample_index = (tensors[handle] for handle in handles)
+    return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token)
+
+
+def _plan_block_tables(
+    chunks: list[ScheduledChunk], max_query_len: int, indices: _HostIndices
+) -> tuple[int, int | None, int]:
+    """A paged group's block tables padded to its widest, and a decode group's key lengths: (tables' handle,
+    lengths' handle or None, table width)."""
+    num_table_columns = max(len(chunk.block_table) for chunk in chunks)
+    padded = [(*chunk.block_table, *[0] * (num_table_columns - len(chunk.block_table))) for chunk in chunks]
+    block_tables = indices.add([block for table in padded for block in table])
+    key_lengths = None
+    if max_query_len == 1:  # a decode group: the in-place kernel reads each row's length
+        key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
+    return block_tables, key_lengths, num_table_columns
+
+
 def _group_keys(
-    group: _AttentionGroup, layer_index: int, kv_cache: KVCache | PagedKVCache, k_cache, v_cache
+    group: _AttentionGroup,
+    layer_index: int,
+    kv_cache: KVCache | PagedKVCache,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``group``'s rows' keys and values [rows, kv_heads, keys, head_dim]: slots' views, or a paged pool's blocks."""
     if isinstance(kv_cache, PagedKVCache):
+        assert group.block_tables is not None, "a paged group carries its rows' block tables"
         return kv_cache.keys_of_rows(layer_index, group.block_tables, group.max_key_len)
     return k_cache[group.slots, :, : group.max_key_len], v_cache[group.slots, :, : group.max_key_len]
 

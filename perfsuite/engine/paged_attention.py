@@ -111,28 +111,9 @@ class PagedAttention:
         ``block_tables`` [rows, width] and ``lengths`` [rows] contiguous int64 on the CPU. q's rows may be strided
         (a split of the fused query-key projection); within a row its heads must be contiguous.
         """
+        _check_inputs(q, keys, values, block_tables, lengths)
         rows, num_heads, head_dim = q.shape
-        num_blocks, block_size, num_kv_heads, pool_head_dim = keys.shape
-        if (
-            q.dtype != keys.dtype
-            or q.stride(2) != 1
-            or q.stride(1) != head_dim
-            or pool_head_dim != head_dim
-            or num_heads % num_kv_heads
-            or not (keys.is_contiguous() and values.is_contiguous() and values.shape == keys.shape)
-            or block_tables.dtype != torch.int64
-            or lengths.dtype != torch.int64
-            or not (block_tables.is_contiguous() and lengths.is_contiguous())
-            or block_tables.shape[0] != rows
-            or lengths.shape != (rows,)
-        ):
-            raise ValueError(
-                "paged decode attention needs q [rows, heads, head_dim] with contiguous heads, a contiguous pool "
-                "[blocks, block_size, kv_heads, head_dim] of q's dtype and kv_heads dividing heads, and contiguous "
-                f"int64 block tables [rows, width] and lengths [rows]; got q {tuple(q.shape)} {q.dtype} strides "
-                f"{q.stride()}, pool {tuple(keys.shape)} {keys.dtype}, tables {tuple(block_tables.shape)} "
-                f"{block_tables.dtype}, lengths {tuple(lengths.shape)} {lengths.dtype}"
-            )
+        num_blocks, block_size, num_kv_heads, _ = keys.shape
         out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
         status = self._functions[q.dtype](
             q.data_ptr(),
@@ -153,12 +134,45 @@ class PagedAttention:
             torch.get_num_threads(),
         )
         if status:
-            raise ValueError(
-                f"paged decode attention refused its input: {_STATUS.get(status, f'status {status}')} "
-                f"(lengths {lengths.tolist()}, tables of width {block_tables.shape[1]} over {num_blocks} blocks); "
-                "the scheduler must give each row the blocks its keys fill"
-            )
+            raise ValueError(_refusal(status, block_tables, lengths, num_blocks))
         return out
+
+
+def _refusal(status: int, block_tables: torch.Tensor, lengths: torch.Tensor, num_blocks: int) -> str:
+    """What the C kernel's nonzero ``status`` says was wrong with its rows."""
+    return (
+        f"paged decode attention refused its input: {_STATUS.get(status, f'status {status}')} "
+        f"(lengths {lengths.tolist()}, tables of width {block_tables.shape[1]} over {num_blocks} blocks); "
+        "the scheduler must give each row the blocks its keys fill"
+    )
+
+
+def _check_inputs(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_tables: torch.Tensor, lengths: torch.Tensor
+) -> None:
+    """Raise unless the inputs have the shapes, dtypes and layouts the C kernel reads them by."""
+    rows, num_heads, head_dim = q.shape
+    _, _, num_kv_heads, pool_head_dim = keys.shape
+    if (
+        q.dtype != keys.dtype
+        or q.stride(2) != 1
+        or q.stride(1) != head_dim
+        or pool_head_dim != head_dim
+        or num_heads % num_kv_heads
+        or not (keys.is_contiguous() and values.is_contiguous() and values.shape == keys.shape)
+        or block_tables.dtype != torch.int64
+        or lengths.dtype != torch.int64
+        or not (block_tables.is_contiguous() and lengths.is_contiguous())
+        or block_tables.shape[0] != rows
+        or lengths.shape != (rows,)
+    ):
+        raise ValueError(
+            "paged decode attention needs q [rows, heads, head_dim] with contiguous heads, a contiguous pool "
+            "[blocks, block_size, kv_heads, head_dim] of q's dtype and kv_heads dividing heads, and contiguous "
+            f"int64 block tables [rows, width] and lengths [rows]; got q {tuple(q.shape)} {q.dtype} strides "
+            f"{q.stride()}, pool {tuple(keys.shape)} {keys.dtype}, tables {tuple(block_tables.shape)} "
+            f"{block_tables.dtype}, lengths {tuple(lengths.shape)} {lengths.dtype}"
+        )
 
 
 @functools.cache

@@ -31,7 +31,7 @@ from perfsuite.engine.sequence import Sequence, SequenceStatus
 from perfsuite.engine.types import Request, ScheduledChunk, SchedulerOutput
 
 
-class PagedScheduler(Scheduler):
+class PagedScheduler(Scheduler[BlockManager]):
     """Continuous batching, first come first served, admitted by free blocks.
 
     Each step continues the running requests oldest first, growing each one's

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ import torch.nn.functional as F
 from perfsuite.cache_dir import cache_root
 from perfsuite.host import cpu_model
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # not POSIX (Windows): choices are written unlocked, and a race may cost a re-timing
@@ -122,11 +124,13 @@ class Projection:
         if self.batch_invariant:
             return self._every_row_alike(x)
         if self.kernel is not None and x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
+            fast_weight = self.fast_weight
+            assert fast_weight is not None, "a kernel comes with its copy of the weight (Projection.of)"
             if self.kernel is Kernel.ONEDNN:
-                return torch.ops.mkldnn._linear_pointwise(x, self.fast_weight, self.bias, "none", [], "")  # any strides
+                return torch.ops.mkldnn._linear_pointwise(x, fast_weight, self.bias, "none", [], "")  # any strides
             if self.bias is None:
-                return torch.mm(x, self.fast_weight)
-            return torch.addmm(self.bias, x, self.fast_weight)
+                return torch.mm(x, fast_weight)
+            return torch.addmm(self.bias, x, fast_weight)
         return F.linear(x, self.weight, self.bias)
 
     def _every_row_alike(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import abc
 import operator
 from collections import deque
 from collections.abc import Sequence as Seq
+from typing import Generic, Protocol, TypeVar
 
 from perfsuite.engine.kv_cache import KVCacheManager
 from perfsuite.engine.sequence import Sequence, SequenceStatus
@@ -29,10 +30,25 @@ from perfsuite.engine.types import (
 )
 
 
-class Scheduler(abc.ABC):
-    """Shared request bookkeeping; subclasses decide what each step computes."""
+class KVAccounting(Protocol):
+    """What the shared bookkeeping reads of its KV manager: a slot ``KVCacheManager`` or a paged ``BlockManager``."""
 
-    def __init__(self, kv_cache: KVCacheManager, eos_token_id: int | None) -> None:
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    def free(self, request_id: str) -> None: ...
+
+
+KV = TypeVar("KV", bound=KVAccounting)
+
+
+class Scheduler(abc.ABC, Generic[KV]):
+    """Shared request bookkeeping; subclasses decide what each step computes, over their own kind of KV manager."""
+
+    def __init__(self, kv_cache: KV, eos_token_id: int | None) -> None:
         self.kv_cache = kv_cache
         self.eos_token_id = eos_token_id
         self.waiting: deque[Sequence] = deque()
@@ -76,9 +92,9 @@ class Scheduler(abc.ABC):
         return self._active[request_id].num_cached_tokens or 0
 
     @property
+    @abc.abstractmethod
     def max_seq_len(self) -> int:
         """The longest prompt + output a request may ask for."""
-        return self.kv_cache.max_seq_len
 
     @property
     @abc.abstractmethod
@@ -124,11 +140,6 @@ class Scheduler(abc.ABC):
         check_new_request_id(request.request_id, self._active, "is already in use by an unfinished request")
         request.check_fits(self.max_seq_len)
 
-    def _admit(self, sequence: Sequence) -> None:
-        sequence.slot = self.kv_cache.allocate(sequence.request_id, sequence.request.max_total_tokens)
-        sequence.status = SequenceStatus.RUNNING
-        self.running.append(sequence)
-
     def _chunk_for(self, sequence: Sequence, max_tokens: int) -> ScheduledChunk:
         """The next ``<= max_tokens`` uncomputed tokens of ``sequence``.
 
@@ -140,9 +151,11 @@ class Scheduler(abc.ABC):
         start = sequence.num_computed_tokens
         stop = min(sequence.num_tokens, start + max_tokens)
         is_decode = start == sequence.num_tokens - 1 and start >= sequence.num_prompt_tokens
+        slot = sequence.slot
+        assert slot is not None, "a scheduled sequence holds a slot (a row of a paged cache)"
         return ScheduledChunk(
             request_id=sequence.request_id,
-            slot=sequence.slot,
+            slot=slot,
             token_ids=sequence.token_ids(start, stop),
             start_position=start,
             samples=stop == sequence.num_tokens,
@@ -184,14 +197,27 @@ class Scheduler(abc.ABC):
         if sequence in self.running:
             self.running.remove(sequence)
 
-    def _on_computed(self, sequence: Sequence) -> None:  # noqa: B027 (an optional hook)
+    def _on_computed(self, sequence: Sequence) -> None:
         """A step computed more of ``sequence``'s tokens (the paged engine caches its full blocks then)."""
 
     @abc.abstractmethod
     def _on_finished(self, sequence: Sequence) -> None: ...
 
 
-class StaticScheduler(Scheduler):
+class SlotScheduler(Scheduler[KVCacheManager]):
+    """A scheduler over a slot cache: a request holds one slot of ``max_seq_len`` tokens while it runs."""
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.kv_cache.max_seq_len
+
+    def _admit(self, sequence: Sequence) -> None:
+        sequence.slot = self.kv_cache.allocate(sequence.request_id, sequence.request.max_total_tokens)
+        sequence.status = SequenceStatus.RUNNING
+        self.running.append(sequence)
+
+
+class StaticScheduler(SlotScheduler):
     """Classic static batching.
 
     When no batch is running it admits up to ``batch_size`` waiting requests
@@ -233,6 +259,7 @@ class StaticScheduler(Scheduler):
         # finished, so overwriting its last cache entry harms nothing and the
         # row costs the same compute as a live decode row.
         last = sequence.num_tokens - 1
+        assert sequence.slot is not None, "a finished sequence of a running static batch keeps its slot"
         return ScheduledChunk(
             request_id=sequence.request_id,
             slot=sequence.slot,
@@ -251,7 +278,7 @@ class StaticScheduler(Scheduler):
                 self._release(done)
 
 
-class InflightScheduler(Scheduler):
+class InflightScheduler(SlotScheduler):
     """Continuous (in-flight) batching, first come, first served.
 
     Every step first continues the running requests in admission order (a

@@ -48,6 +48,12 @@ class _CapturedStep:
 
     __slots__ = ("_tenant", "graph", "inputs", "keys", "next_tokens", "values")
 
+    # None once released: the graph cache has dropped the step, and nothing replays it again.
+    inputs: torch.Tensor | None
+    next_tokens: torch.Tensor | None
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+
     def __init__(self, graph, inputs: torch.Tensor, next_tokens: torch.Tensor, kv_cache: KVCache) -> None:
         self.graph = graph  # torch.cuda.CUDAGraph
         self.inputs = inputs  # [3, num_slots] the static buffer that replays read
@@ -66,11 +72,13 @@ class _CapturedStep:
 
     def lease(self) -> KVCache:
         """The cache tensors, handed to a new engine; the step now follows that engine's life."""
+        assert self.keys is not None and self.values is not None, "a released step is never leased"
         kv_cache = _LeasedKVCache(self.keys, self.values)
         self._tenant = weakref.ref(kv_cache)
         return kv_cache
 
     def replay(self, inputs: torch.Tensor) -> torch.Tensor:
+        assert self.inputs is not None and self.next_tokens is not None, "a released step is never replayed"
         self.inputs.copy_(inputs)
         self.graph.replay()
         return self.next_tokens

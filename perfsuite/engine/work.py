@@ -34,7 +34,10 @@ from typing import Any, Protocol
 
 
 class Chunk(Protocol):
-    """What the count reads of ``perfsuite.engine.types.ScheduledChunk`` (types.py imports this module)."""
+    """What the count reads of ``perfsuite.engine.types.ScheduledChunk`` (types.py imports this module).
+
+    Read-only members: a frozen dataclass's fields and its ``num_tokens`` property both satisfy them.
+    """
 
     @property
     def num_tokens(self) -> int: ...
@@ -49,6 +52,13 @@ class Chunk(Protocol):
 
 
 NORM_FLOPS_PER_ELEMENT = 4
+
+
+def _config_value(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
+    """A Hugging Face config's value: a key of its dict, or an attribute of a ``PretrainedConfig``."""
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +79,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any, dtype_bytes: int) -> ModelShape:
         """From a Hugging Face config (a ``LlamaConfig`` or its dict, e.g. ``spec.RANDOM_CONFIGS[name]``)."""
-        get = config.get if isinstance(config, Mapping) else lambda key, default=None: getattr(config, key, default)
+        get = functools.partial(_config_value, config)
         num_heads = get("num_attention_heads")
         return cls(
             num_layers=get("num_hidden_layers"),

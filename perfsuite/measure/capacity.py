@@ -56,7 +56,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from perfsuite.engine.types import RunResult
 from perfsuite.measure.metrics import SLO, RequestMetrics, percentile, run_metrics
@@ -172,7 +172,25 @@ class ConcurrencyGrid:
     no_bracket_fix = "start nearer the capacity (start_concurrency), or allow more probes (max_probes)"
 
 
-Grid = RateGrid | ConcurrencyGrid
+P = TypeVar("P", int, float)  # a point of a search: a concurrency, or a rate
+
+
+class Grid(Protocol[P]):
+    """The points a search visits (``RateGrid``, ``ConcurrencyGrid``) and what it says when none brackets."""
+
+    @property
+    def floor(self) -> P: ...
+    @property
+    def ceiling(self) -> P: ...
+    @property
+    def no_bracket_fix(self) -> str: ...
+    def up(self, point: P, /) -> P: ...
+    def down(self, point: P, /) -> P: ...
+    def between(self, low: P, high: P, /) -> P: ...
+    def is_narrow(self, low: P, high: P, /) -> bool: ...
+    def width(self, low: P, high: P, /, digits: int = 1) -> str: ...
+    def above_ceiling(self, target_share: float, shown: str) -> str: ...
+    def below_floor(self, target_share: float, shown: str) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +238,7 @@ class CapacitySearch:
         return label if self.by == BY_RATE else f"by={self.by},{label}"
 
     @property
-    def grid(self) -> Grid:
+    def grid(self) -> RateGrid | ConcurrencyGrid:
         if self.by == BY_CONCURRENCY:
             return ConcurrencyGrid(self.max_concurrency, self.tolerance)
         return RateGrid(self.min_rate, self.max_rate, self.growth, self.tolerance)
@@ -290,52 +308,78 @@ def search_capacity(
     instead of probing ever lower rates, each slower than the last.
     """
     grid = search.grid
-    outcomes: list[ProbeOutcome] = []
-    passed: dict[float, ProbeOutcome] = {}
+    if isinstance(grid, ConcurrencyGrid):
+        return _Search(probe, search, grid, num_devices).run(search.start_concurrency, None)
+    return _Search(probe, search, grid, num_devices).run(search.start_rate, unloaded)
 
-    def passes(point: float) -> bool:
-        if len(outcomes) >= search.max_probes:
-            shown = _shown(outcomes)
-            raise CapacityError(f"no bracket after {search.max_probes} probes ({shown}): {grid.no_bracket_fix}")
-        outcomes.append(probe(point))
-        if outcomes[-1].passes(search.target_share):
-            passed[point] = outcomes[-1]
-        return point in passed
 
-    def answer(low: float, high: float, stopped: str) -> Capacity:
-        by_concurrency = search.by == BY_CONCURRENCY
-        rate = passed[low].rate if by_concurrency else low
+class _Search(Generic[P]):
+    """One search's probes so far, on ``grid``: bracket, then bisect (the module docstring)."""
+
+    def __init__(
+        self, probe: Callable[[Any], ProbeOutcome], search: CapacitySearch, grid: Grid[P], num_devices: int
+    ) -> None:
+        self.probe = probe
+        self.search = search
+        self.grid: Grid[P] = grid
+        self.num_devices = num_devices
+        self.outcomes: list[ProbeOutcome] = []  # in the order made
+        self.passed: dict[P, ProbeOutcome] = {}
+
+    def run(self, start: P, unloaded: Callable[[], ProbeOutcome] | None) -> Capacity:
+        low, high = _bracket(self.passes, self.grid, start, self.search, self.outcomes, unloaded)
+        return self.bisect(low, high)
+
+    def passes(self, point: P) -> bool:
+        """Probe ``point``: whether enough of its requests met the SLO (and it held steady)."""
+        search = self.search
+        if len(self.outcomes) >= search.max_probes:
+            shown = _shown(self.outcomes)
+            raise CapacityError(f"no bracket after {search.max_probes} probes ({shown}): {self.grid.no_bracket_fix}")
+        self.outcomes.append(self.probe(point))
+        if self.outcomes[-1].passes(search.target_share):
+            self.passed[point] = self.outcomes[-1]
+        return point in self.passed
+
+    def bisect(self, low: P, high: P) -> Capacity:
+        """Narrow the bracket (``low`` passed, ``high`` failed) until it is within tolerance or probes run out."""
+        grid, search = self.grid, self.search
+        while not grid.is_narrow(low, high):
+            if len(self.outcomes) >= search.max_probes:
+                bracket = grid.width(low, high, digits=0)
+                return self.answer(low, high, f"probe limit ({search.max_probes}) reached with the bracket {bracket}")
+            middle = grid.between(low, high)
+            low, high = (middle, high) if self.passes(middle) else (low, middle)
+        bracket = grid.width(low, high)
+        return self.answer(
+            low, high, f"bracket within {search.tolerance:.0%} ({bracket}) after {len(self.outcomes)} probes"
+        )
+
+    def answer(self, low: P, high: P, stopped: str) -> Capacity:
+        by_concurrency = self.search.by == BY_CONCURRENCY
+        rate = self.passed[low].rate if by_concurrency else low
         return Capacity(
             rate,
             (low, high),
-            tuple(outcomes),
+            tuple(self.outcomes),
             stopped,
-            search.target_share,
-            search.tolerance,
-            num_devices,
+            self.search.target_share,
+            self.search.tolerance,
+            self.num_devices,
             int(low) if by_concurrency else None,
         )
 
-    low, high = _bracket(passes, grid, search, outcomes, unloaded if search.by == BY_RATE else None)
-    while not grid.is_narrow(low, high):
-        if len(outcomes) >= search.max_probes:
-            bracket = grid.width(low, high, digits=0)
-            return answer(low, high, f"probe limit ({search.max_probes}) reached with the bracket {bracket}")
-        middle = grid.between(low, high)
-        low, high = (middle, high) if passes(middle) else (low, middle)
-    bracket = grid.width(low, high)
-    return answer(low, high, f"bracket within {search.tolerance:.0%} ({bracket}) after {len(outcomes)} probes")
-
 
 def _bracket(
-    passes: Callable[[float], bool],
-    grid: Grid,
+    passes: Callable[[P], bool],
+    grid: Grid[P],
+    start: P,
     search: CapacitySearch,
     outcomes: list[ProbeOutcome],
     unloaded: Callable[[], ProbeOutcome] | None,
-) -> tuple[float, float]:
-    """(a passing point, a failing point above it), growing or shrinking on the grid from the search's start."""
-    point = search.start
+) -> tuple[P, P]:
+    """(a passing point, a failing point above it), growing or shrinking on the grid from ``start``."""
+    point = start
     if passes(point):
         while True:
             if point >= grid.ceiling:

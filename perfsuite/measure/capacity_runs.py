@@ -139,8 +139,9 @@ class CapacityRuns:
         def probe_rate(rate: float) -> ProbeOutcome:
             runs[rate] = self._run(self._requests_at(rate), None)
             sends = send_lag(runs[rate])  # None: the engine does not record its sends
-            bound = sends is not None and sends.is_client_bound
-            return probe_outcome(runs[rate], rate, slo, steady_state, not bound, sends.describe() if bound else "")
+            if sends is not None and sends.is_client_bound:  # the client fell behind: the load was not offered
+                return probe_outcome(runs[rate], rate, slo, steady_state, False, sends.describe())
+            return probe_outcome(runs[rate], rate, slo, steady_state, True, "")
 
         def probe_concurrency(concurrency: int) -> ProbeOutcome:
             runs[concurrency] = self._run(self._offline, concurrency)

@@ -121,7 +121,8 @@ def parse_proc_stat(text: str) -> CpuTicks:
             num_cpus += 1
     if aggregate is None:
         raise ValueError("no aggregate 'cpu' line in /proc/stat text")
-    return CpuTicks(*aggregate, num_cpus=max(1, num_cpus))
+    user, nice, system, idle, iowait, irq, softirq, steal = aggregate
+    return CpuTicks(user, nice, system, idle, iowait, irq, softirq, steal, num_cpus=max(1, num_cpus))
 
 
 def cpu_use(before: CpuSample, after: CpuSample, ticks_per_second: float) -> CpuUse:

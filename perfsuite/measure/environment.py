@@ -15,7 +15,7 @@ import reprlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints
 
 from perfsuite.host import cpu_model
 
@@ -144,7 +144,18 @@ def server_environment(engine: object, label: str | None) -> ServerEnvironment:
     return served_model_environment(served, label)
 
 
-def served_model_environment(served: object, label: str | None) -> ServerEnvironment:
+class ServedModelInfo(Protocol):
+    """What a server environment reads of ``perfsuite.adapters.server_info.ServedModel`` (measure sits below adapters)."""
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def max_model_len(self) -> int | None: ...
+    @property
+    def owned_by(self) -> str | None: ...
+
+
+def served_model_environment(served: ServedModelInfo, label: str | None) -> ServerEnvironment:
     """The identity of a server from what its ``/v1/models`` said (a ``ServedModel``): client shards report it."""
     return ServerEnvironment(
         served_model=served.model_id, max_model_len=served.max_model_len, label=label, owned_by=served.owned_by

@@ -149,11 +149,16 @@ class RequestMetrics:
 
 def request_metrics(record: RequestRecord) -> RequestMetrics:
     times = record.token_times
-    ttft = times[0] - record.arrival_time if times else None
-    e2e = times[-1] - record.arrival_time if times else None
-    # Over the output's tokens, not its timestamps: a text-only stream has one time per chunk (RequestRecord).
-    num_later_tokens = record.num_output_tokens - 1
-    tpot = (e2e - ttft) / num_later_tokens if len(times) >= 2 and num_later_tokens >= 1 else None
+    ttft: float | None = None
+    e2e: float | None = None
+    tpot: float | None = None
+    if times:
+        ttft = times[0] - record.arrival_time
+        e2e = times[-1] - record.arrival_time
+        # Over the output's tokens, not its timestamps: a text-only stream has one time per chunk (RequestRecord).
+        num_later_tokens = record.num_output_tokens - 1
+        if len(times) >= 2 and num_later_tokens >= 1:
+            tpot = (e2e - ttft) / num_later_tokens
     queue = None if record.first_scheduled_time is None else record.first_scheduled_time - record.arrival_time
     return RequestMetrics(
         request_id=record.request_id,

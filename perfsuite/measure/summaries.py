@@ -11,6 +11,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult
 from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
@@ -163,19 +164,13 @@ class RunSummary:
         return keys
 
     @classmethod
-    def from_vllm_keys(cls, keys: Mapping[str, float]) -> RunSummary:
+    def from_vllm_keys(cls, keys: Mapping[str, Any]) -> RunSummary:
         """The summary from ``vllm_keys`` and, where present, ``interval_keys`` (an older file has none).
 
         A figure the run did not define (NaN: no TPOT when every output is one
         token) is null in results.json, which is standard JSON; it reads as NaN.
         """
-        latencies = {
-            name: LatencySummary(
-                *(_defined_or_nan(keys[f"{s}_{name}_ms"]) for s in ("mean", "median", "std", "p90", "p99")),
-                **{f"{s}_ci": _interval_from_keys(keys, s, name) for s in PERCENTILES},
-            )
-            for name in LATENCIES
-        }
+        latencies = {name: _latency_from_keys(keys, name) for name in LATENCIES}
         return cls(
             request_throughput=_defined_or_nan(keys["request_throughput"]),
             output_throughput=_defined_or_nan(keys["output_throughput"]),
@@ -190,7 +185,24 @@ def _defined_or_nan(figure: float | None) -> float:
     return math.nan if figure is None else figure
 
 
-def _interval_from_keys(keys: Mapping[str, object], statistic: str, name: str) -> PercentileInterval | None:
+def _latency_from_keys(keys: Mapping[str, Any], name: str) -> LatencySummary:
+    """One latency of ``RunSummary.from_vllm_keys``: its figures, and the intervals where the file has them."""
+    mean, median, std, p90, p99 = (
+        _defined_or_nan(keys[f"{s}_{name}_ms"]) for s in ("mean", "median", "std", "p90", "p99")
+    )
+    return LatencySummary(
+        mean,
+        median,
+        std,
+        p90,
+        p99,
+        median_ci=_interval_from_keys(keys, "median", name),
+        p90_ci=_interval_from_keys(keys, "p90", name),
+        p99_ci=_interval_from_keys(keys, "p99", name),
+    )
+
+
+def _interval_from_keys(keys: Mapping[str, Any], statistic: str, name: str) -> PercentileInterval | None:
     ends = keys.get(f"{statistic}_{name}_ms_ci")
     if ends is None:
         return None  # not recorded

@@ -56,20 +56,21 @@ class Arrivals:
         return f"{self.rate:g}rps_burst{self.burstiness:g}"
 
     def times(self, rng: random.Random, count: int) -> list[float]:
-        if self.rate is None:
+        rate = self.rate
+        if rate is None:
             return [0.0] * count
         now, times = 0.0, []
         for _ in range(count):
             times.append(now)
-            now += self._gap(rng)
+            now += self._gap(rng, rate)
         return times
 
-    def _gap(self, rng: random.Random) -> float:
+    def _gap(self, rng: random.Random, rate: float) -> float:
         if self.burstiness == 1:
             # expovariate, not gammavariate(1, ...): the same draws as before burstiness
             # existed, so stored baselines keep their arrival times.
-            return rng.expovariate(self.rate)
-        return rng.gammavariate(self.burstiness, 1 / (self.rate * self.burstiness))
+            return rng.expovariate(rate)
+        return rng.gammavariate(self.burstiness, 1 / (rate * self.burstiness))
 
 
 def parse_arrivals(value: object) -> Arrivals:

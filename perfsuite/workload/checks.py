@@ -5,20 +5,24 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable
+from typing import TypeGuard
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An int that is not a bool (``True`` is 1 to Python, never a count to a user)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float, not a bool."""
     return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def check_int(value: object, name: str, minimum: int = 1) -> None:
+def check_int(value: object, name: str, minimum: int = 1) -> int:
+    """``value``, once it is an integer (not a bool) of at least ``minimum``."""
     if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
 
 
 def check_positive(value: object, name: str) -> None:
@@ -27,9 +31,7 @@ def check_positive(value: object, name: str) -> None:
 
 
 def check_bounds(low: object, high: object, name: str, low_alias: str = "low", high_alias: str = "high") -> None:
-    check_int(low, f"{name}.low")
-    check_int(high, f"{name}.high")
-    if low > high:
+    if check_int(low, f"{name}.low") > check_int(high, f"{name}.high"):
         raise ValueError(f"{name} needs low <= high, got {low_alias}={low}, {high_alias}={high}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from perfsuite.workload.checks import check_bounds, check_int, check_positive, is_int, is_number, reject_unknown_keys
 
@@ -133,7 +134,8 @@ def parse_prompt_lengths(table: Mapping[str, object]) -> PromptLengths:
     return PromptLengths(kind, **fields)
 
 
-def _length_fields(table: Mapping[str, object], keys: KindKeys, name: str) -> tuple[str, dict[str, object]]:
+def _length_fields(table: Mapping[str, object], keys: KindKeys, name: str) -> tuple[str, dict[str, Any]]:
+    """The table's kind and its fields, as given: the lengths' own checks (``__post_init__``) judge the values."""
     kind = table.get("kind")
     if kind not in keys:
         raise ValueError(f"{name}.kind must be one of {', '.join(keys)}, got {kind!r}")

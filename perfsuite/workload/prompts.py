@@ -159,14 +159,15 @@ class JsonlPrompts:
         return tuple(_parse_prompt_line(self.path, number, line) for number, line in numbered)
 
     def output_lengths(self) -> tuple[int, ...]:
-        lines = self.lines()
-        for line in lines:
+        lengths = []
+        for line in self.lines():
             if line.output_len is None:
                 raise ValueError(
                     f'{self.path} line {line.line_number}: "output_len" is missing; '
                     "output_lengths kind 'from_file' needs it on every line"
                 )
-        return tuple(line.output_len for line in lines)
+            lengths.append(line.output_len)
+        return tuple(lengths)
 
 
 def _parse_prompt_line(path: Path, number: int, line: str) -> PromptLine:

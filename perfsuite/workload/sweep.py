@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from perfsuite.workload.arrivals import Arrivals, parse_arrivals
-from perfsuite.workload.checks import is_int, is_number, reject_unknown_keys
+from perfsuite.workload.checks import check_int, is_int, is_number, reject_unknown_keys
 from perfsuite.workload.lengths import OutputLengths, parse_output_lengths
 from perfsuite.workload.prompts import JsonlPrompts, PromptSource, ShippedPrompts, parse_prompts
 from perfsuite.workload.shaped import Shape, ShapedWorkload, parse_shape
@@ -157,7 +157,8 @@ class Sweep:
         ]
 
     def _workload(self, prompts: PromptSource, lengths: OutputLengths, arrivals: Arrivals) -> Workload:
-        return Workload(self.num_requests, lengths, arrivals, self.seed, prompts)
+        # Unset only with workloads; check_int raises what Workload itself would for a sweep built without it.
+        return Workload(check_int(self.num_requests, "num_requests"), lengths, arrivals, self.seed, prompts)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -185,10 +186,10 @@ def parse_sweep(data: Mapping[str, object], source: str = "<sweep>", base_dir: P
         engines=_axis(table, "engines", _engine_name, source),
         batch_sizes=_axis(table, "batch_sizes", _batch_size, source),
         output_lengths=_axis(table, "output_lengths", parse_output_lengths, source),
-        num_requests=_setting(table, "num_requests", source, minimum=1),
+        num_requests=_int_setting(table, "num_requests", source, minimum=1),
         prompts=_axis(table, "prompts", lambda value: parse_prompts(value, base_dir), source, default=("shipped",)),
         arrivals=_axis(table, "arrivals", parse_arrivals, source, default=("offline",)),
-        seed=_setting(table, "seed", source, minimum=None, default=0),
+        seed=_int_setting(table, "seed", source, minimum=None, default=0),
         repeats=_setting(table, "repeats", source, minimum=1, default=None),
         capacity=_capacity(data["capacity"], source) if "capacity" in data else None,
     )
@@ -217,7 +218,7 @@ def _shaped_sweep(data: Mapping[str, object], table: Mapping[str, object], sourc
         engines=_axis(table, "engines", _engine_name, source),
         batch_sizes=_axis(table, "batch_sizes", _batch_size, source),
         arrivals=_axis(table, "arrivals", parse_arrivals, source, default=("offline",)),
-        seed=_setting(table, "seed", source, minimum=None, default=0),
+        seed=_int_setting(table, "seed", source, minimum=None, default=0),
         repeats=_setting(table, "repeats", source, minimum=1, default=None),
         workloads=_axis(
             {"workload": [entries] if isinstance(entries, Mapping) else entries},
@@ -299,9 +300,18 @@ def _batch_size(value: object) -> int:
 def _setting(
     table: Mapping[str, object], key: str, source: str, minimum: int | None, default: int | None = None
 ) -> int | None:
+    """``sweep.<key>``, or ``default``; None when neither is set."""
     value = table.get(key, default)
     if value is None:
         return None
+    return _int_setting(table, key, source, minimum, default)
+
+
+def _int_setting(
+    table: Mapping[str, object], key: str, source: str, minimum: int | None, default: int | None = None
+) -> int:
+    """``sweep.<key>``, or ``default``: an integer of at least ``minimum``, whichever it is."""
+    value = table.get(key, default)
     if not is_int(value) or (minimum is not None and value < minimum):
         at_least = f" >= {minimum}" if minimum is not None else ""
         raise ValueError(f"{source}: sweep.{key} must be an integer{at_least}, got {value!r}")

@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from perfsuite.engine.types import Request, SamplingParams
 from perfsuite.workload.arrivals import Arrivals, parse_arrivals
@@ -59,7 +60,7 @@ class Workload:
             check_arrival_times(self.arrival_times(), names, fix)
 
     @classmethod
-    def from_dict(cls, spec: Mapping[str, object], *, base_dir: Path | None = None) -> Workload:
+    def from_dict(cls, spec: Mapping[str, Any], *, base_dir: Path | None = None) -> Workload:
         """A workload from plain data; each key as in ``parse_prompts``, ``parse_output_lengths``, ``parse_arrivals``.
 
         ``{"num_requests": 8, "seed": 0, "prompts": 32, "output_lengths": {"kind": "uniform", "low": 4,
@@ -97,6 +98,7 @@ class Workload:
 
     def output_lengths(self) -> list[int]:
         if self.lengths.kind == "from_file":
+            assert isinstance(self.prompts, JsonlPrompts), "__post_init__ refuses from_file without JSONL prompts"
             from_file = self.prompts.output_lengths()
             return [from_file[index % len(from_file)] for index in range(self.num_requests)]
         return self.lengths.sample(random.Random(self.seed), self.num_requests)
