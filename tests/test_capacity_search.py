@@ -24,7 +24,7 @@ from perfsuite.measure.capacity import (
     search_capacity,
 )
 from perfsuite.measure.metrics import SLO
-from perfsuite.plugin.capacity import start_rate
+from perfsuite.measure.capacity_runs import start_rate
 from perfsuite.workload import Arrivals, OutputLengths, Workload
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Generator
 
 import pytest
 
@@ -43,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)  # a worker is pinned to its GPU before other plugins may touch CUDA
 def pytest_configure(config: pytest.Config) -> None:
     if _is_xdist_worker(config):
-        _as_usage_error(pin_worker, config.workerinput, os.environ, _cuda_initialized)
+        _as_usage_error(pin_worker, getattr(config, "workerinput"), os.environ, _cuda_initialized)  # noqa: B009
     config.addinivalue_line("markers", "perf: a performance test, run only with --perf")
     options = read_options(config)
     config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
@@ -97,6 +98,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             from perfsuite.plugin.cluster import start_client_shards
 
             perf_session.client_shards = start_client_shards(options)
+    if measures:
+        from perfsuite.plugin.measurers import measurer_for
+
+        perf_session.measurer = measurer_for(perf_session)  # the mode, chosen once: nothing asks it again
     advice = perf_session.plan_power().advice()
     if advice is None:
         return
@@ -117,7 +122,9 @@ def _will_run(item: pytest.Item) -> bool:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A perf test that judged none of its comparisons is reported skipped, saying why and what to do.
 
     Decided where the test ran (a pytest-xdist worker too), once its result
@@ -158,7 +165,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if perf_session is None or not perf_session.options.enabled:
         return
     if _is_xdist_worker(config):
-        config.workeroutput[WORKER_OUTPUT_KEY] = perf_session.worker_output()
+        getattr(config, "workeroutput")[WORKER_OUTPUT_KEY] = perf_session.worker_output()  # noqa: B009 - xdist's
         return
     try:
         results_path = perf_session.finish()
@@ -417,17 +424,8 @@ def perf_built_engines() -> list:
     return []
 
 
-@pytest.fixture(scope="session")
-def _perf_endpoint_check(perf_session):
-    """``--perf-endpoint``'s server, asked once a session by the first test that builds ``openai-http`` here."""
-    from perfsuite.plugin.endpoint import EndpointCheck
-
-    options = perf_session.options
-    return EndpointCheck(options.endpoint, options.http_client.api_key)
-
-
 @pytest.fixture
-def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines, _perf_endpoint_check):
+def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
     """``perf_engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=..., requests=...)``.
 
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
@@ -438,31 +436,30 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     ``--perf-kv-blocks`` (the others ignore both). A pool too small for the
     largest of ``requests`` fails the test here, before anything runs, and so
     does a KV cache the device's memory cannot hold (naming the option or
-    knob to lower). Override this fixture to hand the shipped tests an
-    engine of your own.
+    knob to lower). The session's measurer builds it: here, or a stand-in
+    its workers or actors build. Override this fixture to hand the shipped
+    tests an engine of your own.
     """
-    from perfsuite.adapters import EngineConfig, build_engine
-    from perfsuite.adapters.http_options import SERVER_ENGINE
     from perfsuite.measure.timing import max_seq_len_for
 
-    default_batch = max(perf_session.options.profile.batch_sizes)
+    options = perf_session.options
 
     def make(
         name: str,
-        batch_size: int = default_batch,
+        batch_size: int = max(options.profile.batch_sizes),
         prefill_batch_size=None,
         token_budget=None,
         requests=None,
         num_kv_blocks=None,
     ):
+        from perfsuite.adapters import EngineConfig
         from perfsuite.engine.kv_memory import KVMemoryError
         from perfsuite.plugin.recorder import BuiltEngine
 
         max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
         pool_from_option = name in PAGED_ENGINES and num_kv_blocks is None
         if name in PAGED_ENGINES:
-            if num_kv_blocks is None:
-                num_kv_blocks = perf_session.options.kv_blocks
+            num_kv_blocks = options.kv_blocks if num_kv_blocks is None else num_kv_blocks
             _check_pool_fits(num_kv_blocks, requests)
         config = EngineConfig(
             batch_size,
@@ -470,24 +467,12 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
             prefill_batch_size,
             token_budget,
             num_kv_blocks,
-            batch_invariant=perf_session.options.batch_invariant,
+            batch_invariant=options.batch_invariant,
         )
-        if perf_session.against is not None:  # both workers build it from its name and knobs
-            from perfsuite.plugin.against import WorkerEngine
-
-            engine = WorkerEngine(name, config)
-        elif perf_session.cluster is not None:  # an actor builds it from its name and knobs on its node
-            from perfsuite.plugin.cluster import ClusterEngine
-
-            engine = ClusterEngine(name, config)
-        else:
-            if name == SERVER_ENGINE and perf_session.options.endpoint:  # one answer a session, not a failure a test
-                _perf_endpoint_check.require()
-            try:
-                engine = build_engine(name, perf_backend, config)
-            except KVMemoryError as error:
-                options = perf_session.options
-                pytest.fail(kv_memory_failure(error, name, batch_size, options, pool_from_option), pytrace=False)
+        try:
+            engine = perf_session.measurer.engine(name, config, perf_backend)
+        except KVMemoryError as error:
+            pytest.fail(kv_memory_failure(error, name, batch_size, options, pool_from_option), pytrace=False)
         perf_built_engines.append(BuiltEngine(engine, name, config))
         return engine
 
@@ -538,6 +523,5 @@ def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engi
     """
     from perfsuite.plugin.recorder import BenchmarkWhenUsed, PerfRecorder
 
-    measured_elsewhere = perf_session.against is not None or perf_session.cluster is not None
-    benchmark = None if measured_elsewhere else BenchmarkWhenUsed(request)
+    benchmark = BenchmarkWhenUsed(request) if perf_session.measurer.times_here else None
     return PerfRecorder(perf_session, perf_test_id(request.node), benchmark, perf_backend, perf_built_engines)
