@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -73,34 +75,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not perf_session.options.enabled:
         return
     perf_session.num_planned_tests = sum(1 for item in session.items if _will_run(item))
-    options = perf_session.options
-    measures = perf_session.num_planned_tests and not session.config.option.collectonly
-    if options.against is not None and options.ray is not None and measures:  # both sides on one node per test
-        from perfsuite.plugin.against_on_ray import start_against_on_cluster
+    if perf_session.num_planned_tests and not session.config.option.collectonly:
+        from perfsuite.plugin.measurers import measurer_for, start_transports
 
-        invocation_dir = session.config.invocation_params.dir
-        perf_session.against, perf_session.cluster = start_against_on_cluster(
-            options, perf_session.rootdir, invocation_dir, perf_session.warnings
-        )
-    elif options.against is not None and measures:
-        from perfsuite.plugin.against import load_message, start_against
-
-        invocation_dir = session.config.invocation_params.dir
-        load = load_message(options.model, options.device, options.dtype, options.decode_mode, invocation_dir)
-        perf_session.against = start_against(
-            options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout, options.against_workers
-        )
-    elif options.ray is not None and measures:
-        from perfsuite.plugin.cluster import start_cluster
-
-        perf_session.cluster = start_cluster(options)
-        if options.client_shards > 1:
-            from perfsuite.plugin.cluster import start_client_shards
-
-            perf_session.client_shards = start_client_shards(options)
-    if measures:
-        from perfsuite.plugin.measurers import measurer_for
-
+        start_transports(perf_session, session.config.invocation_params.dir)
         perf_session.measurer = measurer_for(perf_session)  # the mode, chosen once: nothing asks it again
     advice = perf_session.plan_power().advice()
     if advice is None:
@@ -436,47 +414,63 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     ``--perf-kv-blocks`` (the others ignore both). A pool too small for the
     largest of ``requests`` fails the test here, before anything runs, and so
     does a KV cache the device's memory cannot hold (naming the option or
-    knob to lower). The session's measurer builds it: here, or a stand-in
-    its workers or actors build. Override this fixture to hand the shipped
-    tests an engine of your own.
+    knob to lower). The session's measurer builds it (``plugin.measurers``).
+    Override this fixture to hand the shipped tests an engine of your own.
     """
-    from perfsuite.measure.timing import max_seq_len_for
+    return _EngineFactory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines)
 
-    options = perf_session.options
 
-    def make(
+@dataclass(frozen=True, slots=True)
+class _EngineFactory:
+    """``perf_engine_factory``'s callable: the knobs from its arguments and the session, the engine from its measurer."""
+
+    perf_session: PerfSession
+    backend: Any
+    max_seq_len: int
+    built_engines: list
+
+    def __call__(
+        self,
         name: str,
-        batch_size: int = max(options.profile.batch_sizes),
+        batch_size: int | None = None,
         prefill_batch_size=None,
         token_budget=None,
         requests=None,
         num_kv_blocks=None,
     ):
-        from perfsuite.adapters import EngineConfig
         from perfsuite.engine.kv_memory import KVMemoryError
+        from perfsuite.measure.timing import max_seq_len_for
         from perfsuite.plugin.recorder import BuiltEngine
 
-        max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
+        options = self.perf_session.options
+        batch_size = max(options.profile.batch_sizes) if batch_size is None else batch_size
+        max_seq_len = self.max_seq_len if requests is None else max_seq_len_for(requests, self.backend.max_context)
         pool_from_option = name in PAGED_ENGINES and num_kv_blocks is None
-        if name in PAGED_ENGINES:
-            num_kv_blocks = options.kv_blocks if num_kv_blocks is None else num_kv_blocks
-            _check_pool_fits(num_kv_blocks, requests)
-        config = EngineConfig(
-            batch_size,
-            max_seq_len,
-            prefill_batch_size,
-            token_budget,
-            num_kv_blocks,
-            batch_invariant=options.batch_invariant,
-        )
+        knobs = (batch_size, max_seq_len, prefill_batch_size, token_budget)
+        config = _engine_config(options, name, *knobs, num_kv_blocks, requests)
         try:
-            engine = perf_session.measurer.engine(name, config, perf_backend)
+            engine = self.perf_session.measurer.engine(name, config, self.backend)
         except KVMemoryError as error:
             pytest.fail(kv_memory_failure(error, name, batch_size, options, pool_from_option), pytrace=False)
-        perf_built_engines.append(BuiltEngine(engine, name, config))
+        self.built_engines.append(BuiltEngine(engine, name, config))
         return engine
 
-    return make
+
+def _engine_config(options, name, batch_size, max_seq_len, prefill_batch_size, token_budget, num_kv_blocks, requests):
+    """The knobs ``perf_engine_factory`` builds ``name`` from; a paged engine's pool unset is ``--perf-kv-blocks``."""
+    from perfsuite.adapters import EngineConfig
+
+    if name in PAGED_ENGINES:
+        num_kv_blocks = options.kv_blocks if num_kv_blocks is None else num_kv_blocks
+        _check_pool_fits(num_kv_blocks, requests)
+    return EngineConfig(
+        batch_size,
+        max_seq_len,
+        prefill_batch_size,
+        token_budget,
+        num_kv_blocks,
+        batch_invariant=options.batch_invariant,
+    )
 
 
 PAGED_ENGINES = ("paged", "paged-prefix")  # the engines with a KV block pool

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig
@@ -474,6 +475,31 @@ def pairs_on_cluster(pool: PairPool, label: str, warnings: list[str]) -> PairsTr
         return paired_runs(result), result.runs_in_process, str(result.node), result.environment
 
     return pairs
+
+
+def start_transports(session: Any, invocation_dir: Path) -> None:
+    """Start what the session's mode measures through (``PerfSession``): the A/B workers, here or on a cluster;
+    the Ray pool; the client shards. Nothing for a local session."""
+    options = session.options
+    if options.against is not None and options.ray is not None:  # both sides on one node per test
+        from perfsuite.plugin.against_on_ray import start_against_on_cluster
+
+        session.against, session.cluster = start_against_on_cluster(
+            options, session.rootdir, invocation_dir, session.warnings
+        )
+    elif options.against is not None:
+        from perfsuite.plugin.against import load_message, start_against
+
+        load = load_message(options.model, options.device, options.dtype, options.decode_mode, invocation_dir)
+        session.against = start_against(
+            options.against, session.rootdir, invocation_dir, load, options.worker_timeout, options.against_workers
+        )
+    elif options.ray is not None:
+        from perfsuite.plugin.cluster import start_client_shards, start_cluster
+
+        session.cluster = start_cluster(options)
+        if options.client_shards > 1:
+            session.client_shards = start_client_shards(options)
 
 
 def measurer_for(session: Any) -> Measurer:

@@ -294,12 +294,13 @@ class PerfRecorder:
     ) -> RunConfiguration:
         options = self.session.options
         built = next((b for b in self.built_engines if b.engine is engine), None)
-        engine_knobs: dict[str, int | str | None]
+        identity: dict[str, int | None]
         if built is not None:
-            name, engine_knobs = built.name, dict(built.config.identity())
+            name, identity = built.name, built.config.identity()
         else:  # built by the test itself: all we know is what the protocol shows
-            name, engine_knobs = engine.name, {"batch_size": engine.batch_size}
-        max_seq_len = engine_knobs.pop("max_seq_len", None)
+            name, identity = engine.name, {"batch_size": engine.batch_size}
+        max_seq_len = identity.pop("max_seq_len", None)
+        engine_knobs: dict[str, int | str | None] = dict(identity)
         attention = getattr(engine, "attention", None)  # a paged engine's: in place or gathered, not the same speed
         if attention is not None:
             engine_knobs["attention"] = attention

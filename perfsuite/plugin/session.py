@@ -487,7 +487,9 @@ class PerfSession:
     def add_worker_output(self, text: str) -> None:
         data = json.loads(text)
         if data["environment"] is not None and self.environment is None:
-            self.environment = environment_from_json(data["environment"])
+            environment = environment_from_json(data["environment"])
+            assert isinstance(environment, Environment), "a worker's session environment is its machine's"
+            self.environment = environment
         if data.get("peaks") is not None and self.peaks is None:
             self.peaks = decode(MachinePeaks, data["peaks"])
         self.commit = self.commit or data["commit"]
