@@ -517,5 +517,5 @@ def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engi
     """
     from perfsuite.plugin.recorder import BenchmarkWhenUsed, PerfRecorder
 
-    benchmark = BenchmarkWhenUsed(request) if perf_session.measurer.times_here else None
+    benchmark = BenchmarkWhenUsed(request) if perf_session.measurer.runs_here else None
     return PerfRecorder(perf_session, perf_test_id(request.node), benchmark, perf_backend, perf_built_engines)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig
+from perfsuite.cluster.client_pool import ShardedRun
 from perfsuite.engine import Request, RunResult
 from perfsuite.measure.capacity import Capacity, CapacityError, CapacitySearch, SteadyState
 from perfsuite.measure.capacity_runs import CapacityRuns, SearchChoices, rate_scaling_mismatch
@@ -51,7 +52,7 @@ from perfsuite.measure.summaries import Repeats
 from perfsuite.plugin.endpoint import EndpointCheck
 
 if TYPE_CHECKING:
-    from perfsuite.cluster.client_pool import ClientShards, ShardedRun
+    from perfsuite.cluster.client_pool import ClientShards
     from perfsuite.cluster.pairs import PairPool
     from perfsuite.cluster.pool import RayPool
     from perfsuite.plugin.against import Against
@@ -147,7 +148,7 @@ class CapacityTimings:
 class Measurer(Protocol):
     """How a mode measures: the engines it builds, repeats (or paired repeats), and capacity searches."""
 
-    times_here: bool  # whether this process times the repeats (through pytest-benchmark)
+    runs_here: bool  # whether engines run in this process, their repeats timed through pytest-benchmark
 
     def engine(self, name: str, config: EngineConfig, backend: Backend) -> BatchingEngine: ...
 
@@ -164,7 +165,7 @@ def runs_in_process(engine: BatchingEngine) -> bool:
 class LocalMeasurer:
     """The engine runs in this process: each repeat between two machine probes, metered here."""
 
-    times_here = True
+    runs_here = True
 
     def __init__(self) -> None:
         self._endpoint_check: EndpointCheck | None = None
@@ -218,7 +219,7 @@ class LocalMeasurer:
 class RayMeasurer:
     """``--perf-ray``: each test one typed request to an actor, which runs the repeat loop on its node."""
 
-    times_here = False
+    runs_here = False
 
     def __init__(self, pool: RayPool, warnings: list[str]) -> None:
         self.pool = pool
@@ -327,7 +328,7 @@ class ShardMeasurer:
     engine has no client to split: ``on_cluster`` (the Ray measurer) runs it.
     """
 
-    times_here = False
+    runs_here = False
 
     def __init__(self, shards: ClientShards, on_cluster: Measurer) -> None:
         self.shards = shards
@@ -372,7 +373,8 @@ class ShardMeasurer:
 
 
 def _sharded(repeat: Repeat) -> ShardedRun:
-    return repeat.payload  # type: ignore[return-value]
+    assert isinstance(repeat.payload, ShardedRun), "a client shards' repeat carries its sharded run"
+    return repeat.payload
 
 
 def _shards_reason(repeats: Sequence[Repeat], threshold: float) -> str | None:
@@ -396,7 +398,7 @@ PairsTransport = Callable[[Job, Any, int | None], tuple[Any, bool, str | None, E
 class PairedMeasurer:
     """``--perf-against``: the warm-ups, then ``num_repeats`` pairs, each side in its worker, here or on a node."""
 
-    times_here = False
+    runs_here = False
 
     def __init__(self, transport: PairsTransport, threads: int | None) -> None:
         self.transport = transport
@@ -433,7 +435,7 @@ class PairedMeasurer:
         raise NotMeasured("capacity under --perf-against is not supported yet: its workers run fixed workloads")
 
 
-def pairs_in_workers(against: Against, label: str) -> PairsTransport:
+def pairs_in_workers(against: Against, ref: str) -> PairsTransport:
     """The local A/B workers' pairs (``ab.pair.ABRunner``)."""
 
     def pairs(job: Job, engine: Any, threads: int | None) -> tuple[Any, bool, str | None, Environment | None]:
@@ -447,13 +449,13 @@ def pairs_in_workers(against: Against, label: str) -> PairsTransport:
                 engine.spec, job.requests, job.max_concurrency, job.warmup_runs, job.num_repeats, threads
             )
         except WorkerError as error:
-            raise MeasureFailed(f"{job.test_id}: --perf-against {label}: {error}") from None
+            raise MeasureFailed(f"{job.test_id}: --perf-against {ref}: {error}") from None
         return paired, all(side.runs_in_process for side in built), None, None
 
     return pairs
 
 
-def pairs_on_cluster(pool: PairPool, label: str, warnings: list[str]) -> PairsTransport:
+def pairs_on_cluster(pool: PairPool, ref: str, warnings: list[str]) -> PairsTransport:
     """``--perf-against`` with ``--perf-ray``: the pairs from the node that ran both sides (``plugin.against_on_ray``)."""
 
     def pairs(job: Job, engine: Any, threads: int | None) -> tuple[Any, bool, str | None, Environment | None]:
@@ -467,7 +469,7 @@ def pairs_on_cluster(pool: PairPool, label: str, warnings: list[str]) -> PairsTr
                 pool, job.test_id, engine, job.requests, job.max_concurrency, job.warmup_runs, job.num_repeats, threads
             )
         except ClusterError as error:
-            raise MeasureFailed(f"--perf-against {label}: {error}", unrecorded=True) from None
+            raise MeasureFailed(f"--perf-against {ref}: {error}", unrecorded=True) from None
         result = delivered.result
         assert isinstance(result, PairResult), "a pair pool answers pairs"
         if delivered.retried_after is not None:
@@ -510,8 +512,8 @@ def measurer_for(session: Any) -> Measurer:
     if session.against is not None:
         threads = None if options.against_threads == AUTO_THREADS else options.against_threads
         if session.cluster is not None:
-            return PairedMeasurer(pairs_on_cluster(session.cluster, session.against.label, session.warnings), threads)
-        return PairedMeasurer(pairs_in_workers(session.against, session.against.label), threads)
+            return PairedMeasurer(pairs_on_cluster(session.cluster, options.against, session.warnings), threads)
+        return PairedMeasurer(pairs_in_workers(session.against, options.against), threads)
     if session.cluster is None:
         return LocalMeasurer()
     on_cluster = RayMeasurer(session.cluster, session.warnings)

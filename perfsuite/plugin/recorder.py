@@ -1,5 +1,10 @@
 """The ``perf`` fixture's object: measure an engine, then assert no regression.
 
+The session's measurer (``plugin.measurers``, one per mode) measures; this
+checks what a test may ask, makes the run's identity (its configuration and
+sizing parameters) and has the session record it, once, whatever the mode
+and kind of result; a noisy ``--perf-save-baseline`` fails here, in every mode.
+
 An engine that runs in this process is measured against this machine: each
 repeat between two machine probes, its baseline under this machine's
 fingerprint. An engine served by another process (``runs_in_process =
@@ -186,7 +191,7 @@ class PerfRecorder:
         it returns (``.max_distinct == 1``) to require determinism. Nothing is
         timed, and a test that only measures this plans no comparison.
         """
-        if self.session.against is not None or self.session.cluster is not None:
+        if not self.session.measurer.runs_here:
             pytest.fail(
                 f"{self.test_id}: perf.measure_determinism runs the engine in this process; under "
                 "--perf-against or --perf-ray engines are built elsewhere: measure it in a session "
