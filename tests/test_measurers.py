@@ -35,6 +35,7 @@ from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.measure import repeats as repeat_loop
 from perfsuite.measure.contention import CpuUse
 from perfsuite.plugin.measurers import (
+    Conditions,
     Job,
     LocalMeasurer,
     PairedMeasurer,
@@ -171,7 +172,7 @@ def measurer_for_mode(mode: str, engine: CountingEngine, script: Disturbances):
 
 
 def job(engine, measurer) -> Job:
-    return Job("t.py::test_x", engine, schedule(), None, NUM_REPEATS, 1, 0.05, backend())
+    return Job("t.py::test_x", engine, schedule(), None, NUM_REPEATS, Conditions(1, 0.05, backend()))
 
 
 @pytest.mark.parametrize("mode", MODES)

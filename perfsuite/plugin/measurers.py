@@ -73,19 +73,26 @@ class NotMeasured(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Conditions:
+    """What a test is measured under: the session's warm-ups and busy threshold, this process's backend and rounds."""
+
+    warmup_runs: int
+    busy_threshold: float
+    backend: Backend
+    rounds: Rounds = plain_rounds  # pytest-benchmark's pedantic where this process times the repeats
+    server_label: str | None = None  # --perf-server-label: a server's fingerprint names it
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
-    """What a test asks to be measured: its engine, requests and repeats, and this process's backend."""
+    """What a test asks to be measured: its engine, requests and repeats."""
 
     test_id: str
     engine: BatchingEngine
     requests: tuple[Request, ...]
     max_concurrency: int | None
     num_repeats: int
-    warmup_runs: int
-    busy_threshold: float
-    backend: Backend
-    rounds: Rounds = plain_rounds  # pytest-benchmark's pedantic where this process times the repeats
-    server_label: str | None = None  # --perf-server-label: a server's fingerprint names it
+    conditions: Conditions
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +106,7 @@ class CapacityJob:
     steady_state: SteadyState
     choices: SearchChoices
     num_repeats: int
-    warmup_runs: int
-    busy_threshold: float
-    backend: Backend
-    rounds: Rounds = plain_rounds
+    conditions: Conditions
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,33 +188,35 @@ class LocalMeasurer:
     def measure(self, job: Job) -> Timings:
         from perfsuite.measure.environment import server_environment
 
-        engine, backend = job.engine, job.backend
-        in_process = runs_in_process(engine)
-        warm_up(engine, job.requests, job.max_concurrency, job.warmup_runs)
+        engine, conditions = job.engine, job.conditions
+        backend, in_process = conditions.backend, runs_in_process(engine)
+        warm_up(engine, job.requests, job.max_concurrency, conditions.warmup_runs)
         # A server in another process may run on another machine: this one's probe would only add its noise.
         probes = BracketingProbe(backend.probe if in_process else None, backend.device)
         # a fake that sleeps does not follow the machine: no probe, no CPU reading
         meter = MachineMeter.opened(backend.device, backend.probe is not None, in_process)
         one = time_engine(engine, job.requests, job.max_concurrency, meter, backend.device)
-        timed = RepeatLoop(one, probes, job.busy_threshold).run(job.num_repeats, job.rounds)
-        server = None if in_process else server_environment(engine, job.server_label)
+        timed = RepeatLoop(one, probes, conditions.busy_threshold).run(job.num_repeats, conditions.rounds)
+        server = None if in_process else server_environment(engine, conditions.server_label)
         return Timings(timed.summarised(), environment=server, server=server)
 
     def measure_capacity(self, job: CapacityJob) -> CapacityTimings:
         from perfsuite.measure.timing import timed_run
 
-        engine, backend = job.engine, job.backend
-        in_process = runs_in_process(engine)  # a server's machine is not this one: not probed
+        engine, conditions = job.engine, job.conditions
+        backend, in_process = conditions.backend, runs_in_process(engine)  # a server's machine: not probed
 
         def run(requests: Sequence[Request], max_concurrency: int | None) -> RunResult:
             return timed_run(engine, requests, backend.device, max_concurrency=max_concurrency)
 
         runs = CapacityRuns(run, job.requests_at, job.slo, job.steady_state, job.choices)
-        search = runs.prepare(job.warmup_runs)
+        search = runs.prepare(conditions.warmup_runs)
         probes = BracketingProbe(backend.probe if in_process else None, backend.device)
         meter = MachineMeter("cpu", reads_cpu=in_process and backend.probe is not None, in_process=in_process)
         try:
-            searches, timed = search_capacity(runs, job.num_repeats, probes, meter, job.busy_threshold, job.rounds)
+            searches, timed = search_capacity(
+                runs, job.num_repeats, probes, meter, conditions.busy_threshold, conditions.rounds
+            )
         except CapacityError as error:
             raise MeasureFailed(f"{job.test_id}: no capacity under SLO {job.slo.label}: {error}") from None
         return CapacityTimings(search, searches, timed.summarised(), tuple(job.requests_at(1.0)))
@@ -240,9 +246,9 @@ class RayMeasurer:
             engine.knobs,
             job.requests,
             job.max_concurrency,
-            job.warmup_runs,
+            job.conditions.warmup_runs,
             job.num_repeats,
-            job.busy_threshold,
+            job.conditions.busy_threshold,
         )
         result = self._delivered(job.test_id, engine, request)
         runs = Repeats(result.runs, result.probes, result.busy_shares, result.noisy, device_memory=result.device_memory)
@@ -260,9 +266,9 @@ class RayMeasurer:
             job.slo,
             job.steady_state,
             job.choices,
-            job.warmup_runs,
+            job.conditions.warmup_runs,
             job.num_repeats,
-            job.busy_threshold,
+            job.conditions.busy_threshold,
         )
         result = self._delivered(job.test_id, engine, request)
         if result.no_capacity is not None:
@@ -343,14 +349,14 @@ class ShardMeasurer:
         from perfsuite.measure.environment import served_model_environment
 
         _factory_engine(job.test_id, job.engine)
-        for _ in range(job.warmup_runs):
+        for _ in range(job.conditions.warmup_runs):
             self._send(job)
         probes = BracketingProbe(None, "cpu")  # the server's machine is not this one: not probed
-        loop = RepeatLoop(lambda: self._repeat(job), probes, job.busy_threshold, reason=_shards_reason)
+        loop = RepeatLoop(lambda: self._repeat(job), probes, job.conditions.busy_threshold, reason=_shards_reason)
         timed = loop.run(job.num_repeats)
         last = _sharded(timed.repeats[-1])
         nodes = ", ".join(sorted({str(part.node) for part in last.shards}))
-        server = served_model_environment(last.served_model, job.server_label)
+        server = served_model_environment(last.served_model, job.conditions.server_label)
         # Sent by N clients on other hosts, not one: judged only against runs sent the same way
         sent_by = (("client_shards", len(last.shards)),)
         return Timings(timed.summarised(), server, server, f"client shards on {nodes}", sent_by)
@@ -446,7 +452,7 @@ def pairs_in_workers(against: Against, ref: str) -> PairsTransport:
         try:
             built = runner.build(engine.spec)
             paired = runner.run_pairs(
-                engine.spec, job.requests, job.max_concurrency, job.warmup_runs, job.num_repeats, threads
+                engine.spec, job.requests, job.max_concurrency, job.conditions.warmup_runs, job.num_repeats, threads
             )
         except WorkerError as error:
             raise MeasureFailed(f"{job.test_id}: --perf-against {ref}: {error}") from None
@@ -466,7 +472,14 @@ def pairs_on_cluster(pool: PairPool, ref: str, warnings: list[str]) -> PairsTran
 
         try:
             delivered = measure_pairs(
-                pool, job.test_id, engine, job.requests, job.max_concurrency, job.warmup_runs, job.num_repeats, threads
+                pool,
+                job.test_id,
+                engine,
+                job.requests,
+                job.max_concurrency,
+                job.conditions.warmup_runs,
+                job.num_repeats,
+                threads,
             )
         except ClusterError as error:
             raise MeasureFailed(f"--perf-against {ref}: {error}", unrecorded=True) from None

@@ -43,6 +43,7 @@ from perfsuite.measure.summaries import SizingParameters, sizing_parameters, sum
 from perfsuite.plugin.capacity import NO_SLO, capacity_configuration, capacity_entry, capacity_extra_info
 from perfsuite.plugin.measurers import (
     CapacityJob,
+    Conditions,
     Job,
     MeasureFailed,
     NotMeasured,
@@ -119,7 +120,7 @@ class PerfRecorder:
             check_serves_follow_ups(engine, requests)
         except ValueError as error:
             pytest.fail(f"{self.test_id}: {error}", pytrace=False)
-        job = Job(self.test_id, engine, tuple(requests), max_concurrency, repeats, *self._job_settings())
+        job = Job(self.test_id, engine, tuple(requests), max_concurrency, repeats, self._conditions())
         timings = self._measured(self.session.measurer.measure, job)
         configuration = self._configuration(engine, requests, max_concurrency, arrival_rate, repeats)
         if isinstance(timings, PairedTimings):
@@ -163,8 +164,7 @@ class PerfRecorder:
             pytest.skip(NO_SLO)
         repeats = repeats or self.session.repeats
         choices = SearchChoices(by or options.capacity_by, target_share, tolerance)
-        settings = self._job_settings()
-        job = CapacityJob(self.test_id, engine, requests_at, slo, steady_state, choices, repeats, *settings[:-1])
+        job = CapacityJob(self.test_id, engine, requests_at, slo, steady_state, choices, repeats, self._conditions())
         timings = self._measured(self.session.measurer.measure_capacity, job)
         base = self._configuration(engine, timings.requests, None, None, repeats)
         configuration = capacity_configuration(base, timings.search, slo.label, steady_state)
@@ -225,12 +225,14 @@ class PerfRecorder:
             where = f" (A/B against {against.label})" if against is not None else ""
             pytest.fail(f"performance regression in {self.test_id}{where}:\n{lines}", pytrace=False)
 
-    def _job_settings(self) -> tuple[int, float, Backend, Rounds, str | None]:
-        """What every job takes from the session and this test: warm-ups, the busy threshold, the backend, the
-        rounds driver (pytest-benchmark's where this process times), the server label."""
+    def _conditions(self) -> Conditions:
+        """The session's warm-ups and busy threshold, this test's backend, pytest-benchmark's rounds where this process
+        times the repeats, and the server label."""
         options = self.session.options
         rounds = plain_rounds if self.benchmark is None else pedantic_rounds(self.benchmark)
-        return options.profile.warmup_runs, options.busy_threshold, self.backend, rounds, options.server_label
+        return Conditions(
+            options.profile.warmup_runs, options.busy_threshold, self.backend, rounds, options.server_label
+        )
 
     def _measured(self, measure: Callable[[J], T], job: J) -> T:
         """``measure(job)``; a ``MeasureFailed`` fails the test (unrecorded: results.json names it too)."""
