@@ -295,29 +295,27 @@ def perf_model(perf_session):
 def perf_backend(request, perf_session):
     """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner.
 
-    Under ``--perf-against`` the models live in the two workers: this backend
-    has no runner, and tokenizes through the current tree's worker.
+    Under ``--perf-against`` the models live in the two workers, under
+    ``--perf-ray`` in the actors: this backend has no runner, and tokenizes
+    through the current tree's worker or the first node's actor (the
+    session's measurer says which, ``plugin.measurers``).
     """
     from perfsuite.adapters import Backend
     from perfsuite.measure.probe import machine_probe
 
-    if perf_session.cluster is not None:  # with --perf-against too: the first node's current tree tokenizes
-        from perfsuite.plugin.cluster import cluster_backend
-
-        return cluster_backend(perf_session.cluster)
-    if perf_session.against is not None:
-        from perfsuite.plugin.against import worker_backend
-
-        return worker_backend(perf_session.against)
     options = perf_session.options
-    return Backend.from_loaded(
-        request.getfixturevalue("perf_model"),
-        endpoint=options.endpoint,
-        decode_mode=options.decode_mode,
-        http_options=options.http_client,
-        probe=machine_probe,
-        batch_invariant=options.batch_invariant,
-    )
+
+    def load_here() -> Backend:
+        return Backend.from_loaded(
+            request.getfixturevalue("perf_model"),
+            endpoint=options.endpoint,
+            decode_mode=options.decode_mode,
+            http_options=options.http_client,
+            probe=machine_probe,
+            batch_invariant=options.batch_invariant,
+        )
+
+    return perf_session.measurer.backend(load_here)
 
 
 @pytest.fixture(scope="session")
@@ -325,9 +323,8 @@ def _perf_environment(perf_session, perf_backend):
     from perfsuite.measure.environment import capture_environment, git_commit
 
     options = perf_session.options
-    if perf_session.cluster is not None:  # the first node's, as its actor captured it; each test records its node's
-        perf_session.environment = perf_session.cluster.describe().environment
-    else:
+    perf_session.environment = perf_session.measurer.environment()  # where the models live elsewhere: theirs
+    if perf_session.environment is None:
         perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
         # A backend without the machine probe (a fake that sleeps) follows no machine: nothing to divide by.
         if perf_backend.probe is not None:

@@ -154,6 +154,14 @@ class Measurer(Protocol):
 
     runs_here: bool  # whether engines run in this process, their repeats timed through pytest-benchmark
 
+    def backend(self, load_here: Callable[[], Backend]) -> Backend:
+        """The model as the fixtures see it: ``load_here()``, or one with no runner where the models live elsewhere."""
+        ...
+
+    def environment(self) -> Environment | None:
+        """The session's environment where its models live elsewhere (the first node's); None: this machine's."""
+        ...
+
     def engine(self, name: str, config: EngineConfig, backend: Backend) -> BatchingEngine: ...
 
     def measure(self, job: Job) -> Timings | PairedTimings: ...
@@ -173,6 +181,12 @@ class LocalMeasurer:
 
     def __init__(self) -> None:
         self._endpoint_check: EndpointCheck | None = None
+
+    def backend(self, load_here: Callable[[], Backend]) -> Backend:
+        return load_here()
+
+    def environment(self) -> Environment | None:
+        return None
 
     def engine(self, name: str, config: EngineConfig, backend: Backend) -> BatchingEngine:
         """Built here; a server's client first asks its ``--perf-endpoint`` (once a session, ``plugin.endpoint``)."""
@@ -230,6 +244,16 @@ class RayMeasurer:
     def __init__(self, pool: RayPool, warnings: list[str]) -> None:
         self.pool = pool
         self.warnings = warnings
+
+    def backend(self, load_here: Callable[[], Backend]) -> Backend:
+        """No model here: the first node's actor tokenizes and reports the model's limits."""
+        from perfsuite.plugin.cluster import cluster_backend
+
+        return cluster_backend(self.pool)
+
+    def environment(self) -> Environment | None:
+        """The first node's, as its actor captured it; each test records its own node's."""
+        return self.pool.describe().environment
 
     def engine(self, name: str, config: EngineConfig, backend: Backend) -> BatchingEngine:
         """A name and knobs an actor builds on its node."""
@@ -340,6 +364,12 @@ class ShardMeasurer:
         self.shards = shards
         self.on_cluster = on_cluster
 
+    def backend(self, load_here: Callable[[], Backend]) -> Backend:
+        return self.on_cluster.backend(load_here)
+
+    def environment(self) -> Environment | None:
+        return self.on_cluster.environment()
+
     def engine(self, name: str, config: EngineConfig, backend: Backend) -> BatchingEngine:
         return self.on_cluster.engine(name, config, backend)
 
@@ -406,9 +436,31 @@ class PairedMeasurer:
 
     runs_here = False
 
-    def __init__(self, transport: PairsTransport, threads: int | None) -> None:
+    def __init__(
+        self,
+        transport: PairsTransport,
+        threads: int | None,
+        models: Measurer | None = None,
+        workers: Against | None = None,
+    ) -> None:
+        """``models``: where the models live on a cluster (a Ray pool's measurer); ``workers``: the local A/B
+        workers, whose current tree tokenizes."""
         self.transport = transport
         self.threads = threads
+        self.models = models
+        self.workers = workers
+
+    def backend(self, load_here: Callable[[], Backend]) -> Backend:
+        """No model here: the current tree's first worker tokenizes, or on a cluster the first node's actor."""
+        from perfsuite.plugin.against import worker_backend
+
+        if self.models is not None:
+            return self.models.backend(load_here)
+        assert self.workers is not None, "local A/B tokenizes through its workers"
+        return worker_backend(self.workers)
+
+    def environment(self) -> Environment | None:
+        return None if self.models is None else self.models.environment()
 
     def engine(self, name: str, config: EngineConfig, backend: Backend) -> BatchingEngine:
         """A name and knobs both sides' workers build."""
@@ -525,8 +577,9 @@ def measurer_for(session: Any) -> Measurer:
     if session.against is not None:
         threads = None if options.against_threads == AUTO_THREADS else options.against_threads
         if session.cluster is not None:
-            return PairedMeasurer(pairs_on_cluster(session.cluster, options.against, session.warnings), threads)
-        return PairedMeasurer(pairs_in_workers(session.against, options.against), threads)
+            transport = pairs_on_cluster(session.cluster, options.against, session.warnings)
+            return PairedMeasurer(transport, threads, RayMeasurer(session.cluster, session.warnings))
+        return PairedMeasurer(pairs_in_workers(session.against, options.against), threads, workers=session.against)
     if session.cluster is None:
         return LocalMeasurer()
     on_cluster = RayMeasurer(session.cluster, session.warnings)
