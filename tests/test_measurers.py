@@ -200,7 +200,7 @@ def test_a_noisy_save_baseline_fails_and_saves_nothing(mode, scripted_cpu, tmp_p
     perf_session.measurer = measurer
     recorder = PerfRecorder(perf_session, "t.py::test_x", Benchmark(), backend())
 
-    with pytest.raises(pytest.fail.Exception, match="baseline not saved: .*record it on a quiet machine"):
+    with pytest.raises(pytest.fail.Exception, match=r"baseline not saved: .*record it on a quiet machine"):
         recorder.measure(handed, schedule(), repeats=NUM_REPEATS)
 
     assert recorder.result is not None and recorder.result.judgement.baseline_status.startswith("not saved")

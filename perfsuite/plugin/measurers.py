@@ -1,8 +1,10 @@
 """One ``Measurer`` per mode, behind one interface: a test's job in, its repeats (or paired repeats) out.
 
 The session's measurer is chosen once, when the session starts its
-transports (``measurer_for``, from ``pytest_collection_finish``): the
-recorder and the capacity test never ask which mode they are in.
+transports (``start_transports``, ``measurer_for``, from
+``pytest_collection_finish``): the fixtures (where the models live, who
+builds an engine), the recorder and the capacity test never ask which mode
+they are in.
 
 - ``LocalMeasurer``: the engine runs in this process (or is a server this
   process sends to); repeats through ``measure.repeats.RepeatLoop``, timed
