@@ -22,7 +22,7 @@ from perfsuite.measure.summaries import Repeats, sizing_parameters
 from perfsuite.plugin.against import ORDER
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT
 from perfsuite.plugin.options import PerfOptions
-from perfsuite.plugin.session import PerfSession
+from perfsuite.plugin.session import PerfSession, TimedEntry
 from perfsuite.workload.profiles import PROFILES
 from perfsuite.measure.environment import Environment
 from perfsuite.workload import Arrivals, OutputLengths, Workload
@@ -196,4 +196,4 @@ def record_fake_test(session, test_id, engine_kind, runner, requests, batch_size
         num_requests=len(requests), engine=engine_kind, engine_knobs=knobs({"batch_size": batch_size}),
         decode_mode="packed", max_seq_len=64, repeats=REPEATS,
     )  # fmt: skip
-    session.record(test_id, Repeats(runs), parameters, configuration, arrival_rate)
+    session.record(TimedEntry(test_id, Repeats(runs), parameters, configuration, arrival_rate))

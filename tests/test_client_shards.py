@@ -331,10 +331,12 @@ def measure_sharded(tmp_path, shards: FakeShards):
 
     from perfsuite.adapters import Backend, EngineConfig
     from perfsuite.plugin.cluster import ClusterEngine
+    from perfsuite.plugin.measurers import measurer_for
     from perfsuite.plugin.recorder import PerfRecorder
 
     perf_session = session(tmp_path, ray="auto", client_shards=2)
     perf_session.cluster, perf_session.client_shards = object(), shards  # the pool is not asked: shards measure
+    perf_session.measurer = measurer_for(perf_session)
     backend = Backend(runner=None, tokenize=list, eos_token_id=None, max_context=64, device="cpu")
     engine = ClusterEngine("openai-http", EngineConfig(4, 64))
     return PerfRecorder(perf_session, "t.py::test_served", Benchmark(), backend).measure(engine, schedule(8))
@@ -359,6 +361,7 @@ def test_a_closed_loop_reaches_the_shards_with_its_concurrency(tmp_path):
 
     from perfsuite.adapters import Backend, EngineConfig
     from perfsuite.plugin.cluster import ClusterEngine
+    from perfsuite.plugin.measurers import measurer_for
     from perfsuite.plugin.recorder import PerfRecorder
 
     asked = []
@@ -370,6 +373,7 @@ def test_a_closed_loop_reaches_the_shards_with_its_concurrency(tmp_path):
 
     perf_session = session(tmp_path, ray="auto", client_shards=2)
     perf_session.cluster, perf_session.client_shards = object(), ClosedLoopShards()
+    perf_session.measurer = measurer_for(perf_session)
     backend = Backend(runner=None, tokenize=list, eos_token_id=None, max_context=64, device="cpu")
     recorder = PerfRecorder(perf_session, "t.py::test_closed", Benchmark(), backend)
     recorder.measure(ClusterEngine("openai-http", EngineConfig(4, 64)), schedule(8), max_concurrency=2)

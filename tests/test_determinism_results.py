@@ -10,6 +10,7 @@ from fake_backend import FAKE_BACKEND_CONFTEST
 from perfsuite.judge.results import DeterminismResult, read_results, write_results
 from perfsuite.measure.determinism import PromptCompletions, UniqueCompletions
 from perfsuite.report.render import render_report
+from perfsuite.plugin.session import DeterminismEntry
 from report_fixtures import fake_session
 from results_builders import make_result, make_results
 
@@ -61,7 +62,7 @@ def test_a_report_without_unique_completions_has_no_such_section():
 def test_a_test_that_only_measured_unique_completions_plans_no_comparison_and_travels_from_an_xdist_worker(tmp_path):
     worker = fake_session(tmp_path)
     worker.num_planned_tests = 2  # one timed test that recorded nothing, one that only measured unique completions
-    worker.record_determinism(RECORDED[0].test_id, "inflight", MIXED)
+    worker.record(DeterminismEntry(RECORDED[0].test_id, "inflight", MIXED))
     assert worker.tally().num_planned == len(worker.compared_metrics)
     controller = fake_session(tmp_path)
     controller.add_worker_output(worker.worker_output())

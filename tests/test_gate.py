@@ -26,7 +26,7 @@ from perfsuite.adapters import Backend
 
 if os.environ.get("FAKE_BUSY_SHARE"):
     import dataclasses
-    import perfsuite.plugin.recorder
+    import perfsuite.measure.repeats
     from perfsuite.measure.contention import CpuMeter
 
     class BusyMeter(CpuMeter):
@@ -38,8 +38,8 @@ if os.environ.get("FAKE_BUSY_SHARE"):
             return use and dataclasses.replace(
                 use, foreign_share=share, steal_share=0.0, wall_seconds=max(use.wall_seconds, 1.0))
 
-    perfsuite.plugin.recorder.CpuMeter = BusyMeter
-    perfsuite.plugin.recorder.QUIET_WAIT_SECONDS = 0.0
+    perfsuite.measure.repeats.CpuMeter = BusyMeter
+    perfsuite.measure.repeats.QUIET_WAIT_SECONDS = 0.0
 
 @pytest.fixture(scope="session")
 def perf_backend():

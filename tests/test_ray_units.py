@@ -16,7 +16,7 @@ import pytest
 from perfsuite.adapters import EngineConfig
 from perfsuite.adapters.registry import EngineSpec
 from perfsuite.cluster import wire
-from perfsuite.cluster.actor import MeasureActor, bracketed
+from perfsuite.cluster.actor import MeasureActor
 from perfsuite.cluster.pool import Requirement
 from perfsuite.engine.types import EngineCounters, FinishReason, Request, RequestRecord, RunResult, SamplingParams
 from perfsuite.measure.capacity import CapacityError, CapacitySearch, SteadyState
@@ -64,8 +64,16 @@ def test_another_protocol_version_or_message_is_refused_naming_it():
 
 
 def test_each_repeat_gets_the_geometric_mean_of_the_probes_before_and_after_it():
-    assert bracketed([1.0, 4.0, 9.0]) == (2.0, 6.0)
-    assert bracketed([1.0]) == ()
+    from perfsuite.measure.repeats import BracketingProbe
+
+    readings = iter([1.0, 4.0, 9.0])
+    probes = BracketingProbe(lambda device: next(readings), "cpu")
+    for _ in range(2):
+        probes.take()
+        probes.starting_run()
+    probes.take()
+    assert probes.per_run() == (2.0, 6.0)
+    assert BracketingProbe(None, "cpu").per_run() == ()
 
 
 @pytest.mark.parametrize(

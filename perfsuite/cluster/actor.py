@@ -3,17 +3,16 @@
 The class is plain Python: the controller's pool makes it a Ray actor
 (``ray.remote(...)(MeasureActor)``), so this module imports neither Ray nor,
 until the actor starts, torch. Every method takes and returns a string of
-``perfsuite.cluster.wire``. The machine probe and the CPU meter are read on
-the actor's node, around each repeat, as the in-process recorder reads them
-on its machine; a disturbed repeat is reported (``busy_shares``, ``noisy``)
-but not re-run: the controller's verdict calls it noisy.
+``perfsuite.cluster.wire``. The repeats run through the same loop as the
+in-process recorder's (``perfsuite.measure.repeats``), on the actor's node:
+the machine probe around each repeat, the CPU meter, a disturbed repeat
+re-run once the node is quiet again, and the reason the rest is noisy
+(``busy_shares``, ``noisy``), which the controller's verdict reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 import socket
 
 from perfsuite.adapters.registry import EngineSpec
@@ -57,96 +56,87 @@ class MeasureActor:
         return wire.dumps(wire.Tokens(tuple(int(t) for t in self._backend.tokenize(message.text))))
 
     def measure(self, text: str) -> str:
+        """A test's warm-ups and repeats on this node, through the one repeat loop (``measure.repeats``)."""
         from perfsuite.adapters.protocol import check_serves_follow_ups
-        from perfsuite.measure.contention import CpuMeter, contention_reason
-        from perfsuite.measure.timing import DevicePeakMemory, timed_run
+        from perfsuite.measure.repeats import BracketingProbe, MachineMeter, RepeatLoop, time_engine, warm_up
 
         request = wire.loads(wire.MeasureRequest, text)
         engine = self._engine(request.engine)
-        requests, device = list(request.requests), self._backend.device
+        requests, backend = list(request.requests), self._backend
         check_serves_follow_ups(engine, requests)  # the controller's stand-in cannot know what this engine does
-        for _ in range(request.warmup_runs):
-            engine.run(requests, max_concurrency=request.max_concurrency)
-        readings = [self._backend.probe(device)]
-        runs, uses, peaks = [], [], []
-        for _ in range(request.repeats):
-            with CpuMeter() as meter, DevicePeakMemory(device) as memory:
-                runs.append(timed_run(engine, requests, device, max_concurrency=request.max_concurrency))
-            uses.append(meter.use)
-            peaks.append(memory.peak_bytes)
-            readings.append(self._backend.probe(device))
+        warm_up(engine, requests, request.max_concurrency, request.warmup_runs)
+        in_process = getattr(engine, "runs_in_process", True)
+        meter = MachineMeter.opened(backend.device, backend.probe is not None, in_process)
+        one = time_engine(engine, requests, request.max_concurrency, meter, backend.device)
+        probes = BracketingProbe(backend.probe, backend.device)
+        timed = RepeatLoop(one, probes, request.busy_threshold).run(request.repeats).summarised()
         return wire.dumps(
             wire.MeasureResult(
                 test_id=request.test_id,
                 node=self._node,
                 environment=self._environment,
-                runs=tuple(runs),
-                probes=bracketed(readings),
-                busy_shares=tuple(u.busy_share for u in uses if u is not None),
-                noisy=contention_reason(uses, request.busy_threshold),
-                device_memory=tuple(peaks) if all(p is not None for p in peaks) else (),
-                runs_in_process=getattr(engine, "runs_in_process", True),
+                runs=timed.runs,
+                probes=timed.probes,
+                busy_shares=timed.busy_shares,
+                noisy=timed.noisy,
+                device_memory=timed.device_memory,
+                runs_in_process=in_process,
             )
         )
 
     def measure_capacity(self, text: str) -> str:
-        """A capacity test's every run on this node: warm-ups, the start, then each search between two probes."""
+        """A capacity test's every run on this node: warm-ups, the start, then the capacity loop of ``measure.repeats``."""
         from perfsuite.adapters.protocol import check_serves_follow_ups
         from perfsuite.measure.capacity import CapacityError
-        from perfsuite.measure.capacity_runs import CapacityRuns, scaled_to
-        from perfsuite.measure.contention import CpuMeter, contention_reason
-        from perfsuite.measure.timing import timed_run
+        from perfsuite.measure.repeats import BracketingProbe, MachineMeter, search_capacity
 
         request = wire.loads(wire.CapacityRequest, text)
         engine = self._engine(request.engine)
-        device, requests = self._backend.device, request.requests
-        check_serves_follow_ups(engine, requests)
-
-        def run(sent, max_concurrency):
-            return timed_run(engine, sent, device, max_concurrency=max_concurrency)
-
-        runs = CapacityRuns(
-            run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state, request.choices
-        )
-        search = runs.prepare(request.warmup_runs)
+        runs = self._capacity_runs(engine, request)
+        check_serves_follow_ups(engine, request.requests)
+        in_process = getattr(engine, "runs_in_process", True)
         found = wire.CapacityResult(
             request.test_id,
             self._node,
             self._environment,
-            search,
-            runs_in_process=getattr(engine, "runs_in_process", True),
+            runs.prepare(request.warmup_runs),
+            runs_in_process=in_process,
         )
-        readings, searches, at_capacity, uses = [self._backend.probe(device)], [], [], []
-        for _ in range(request.repeats):
-            with CpuMeter() as meter:
-                try:
-                    capacity, at = runs.one_search()
-                except CapacityError as error:  # the test fails: no search of it is kept
-                    return wire.dumps(dataclasses.replace(found, no_capacity=str(error)))
-            searches.append(capacity)
-            at_capacity.append(at)
-            uses.append(meter.use)
-            readings.append(self._backend.probe(device))
+        probes = BracketingProbe(self._backend.probe, self._backend.device)
+        meter = MachineMeter("cpu", reads_cpu=True, in_process=in_process)  # the CPU only: no device peak is kept
+        try:
+            searches, timed = search_capacity(runs, request.repeats, probes, meter, request.busy_threshold)
+        except CapacityError as error:  # the test fails: no search of it is kept
+            return wire.dumps(dataclasses.replace(found, no_capacity=str(error)))
+        repeats = timed.summarised()
         return wire.dumps(
             dataclasses.replace(
                 found,
-                searches=tuple(searches),
-                at_capacity=tuple(at_capacity),
-                probes=bracketed(readings),
-                busy_shares=tuple(u.busy_share for u in uses if u is not None),
-                noisy=contention_reason(uses, request.busy_threshold),
+                searches=searches,
+                at_capacity=repeats.runs,
+                probes=repeats.probes,
+                busy_shares=repeats.busy_shares,
+                noisy=repeats.noisy,
             )
+        )
+
+    def _capacity_runs(self, engine, request: wire.CapacityRequest):
+        from perfsuite.measure.capacity_runs import CapacityRuns, scaled_to
+        from perfsuite.measure.timing import timed_run
+
+        device, requests = self._backend.device, request.requests
+
+        def run(sent, max_concurrency):
+            return timed_run(engine, sent, device, max_concurrency=max_concurrency)
+
+        return CapacityRuns(
+            run, lambda rate: scaled_to(requests, rate), request.slo, request.steady_state, request.choices
         )
 
     def _engine(self, spec: EngineSpec):
         if spec not in self._engines:
             self._engines[spec] = spec.build(self._backend)
         return self._engines[spec]
-
-
-def bracketed(readings: list[float]) -> tuple[float, ...]:
-    """One probe per run: the geometric mean of the readings just before and just after it (as the recorder's)."""
-    return tuple(math.sqrt(before * after) for before, after in itertools.pairwise(readings))
 
 
 def this_node() -> wire.NodeInfo:

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from perfsuite.cluster import wire
 from perfsuite.cluster.actor import this_node
+
+if TYPE_CHECKING:
+    from perfsuite.adapters.openai_http import OpenAIHttpEngine
 
 TEXT_ONLY = (
     "client shards (--perf-client-shards) load no tokenizer: they count the token ids the server streams, and this "
@@ -28,7 +32,7 @@ class ClientShardActor:
     def __init__(self, spec_text: str) -> None:
         self._spec = wire.loads(wire.HttpClientSpec, spec_text)
         self._node = this_node()
-        self._engines: dict[int, object] = {}  # batch size -> its client, negotiated once
+        self._engines: dict[int, OpenAIHttpEngine] = {}  # batch size -> its client, negotiated once
 
     def clock(self) -> str:
         return wire.dumps(wire.ClockReading(time.perf_counter()))

@@ -95,7 +95,7 @@ class PairPool(RayPool):
         group = self._reserve(node)
         if self._archive_refs is None:
             self._archive_refs = tuple(ray.put(archive) for archive in self._archives)
-        remote = ray.remote(self._actor_class).options(
+        remote: Any = ray.remote(self._actor_class).options(
             num_cpus=self.requirement.num_cpus,
             num_gpus=self.requirement.num_gpus,
             max_restarts=0,

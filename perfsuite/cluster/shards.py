@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult, check_unique_ids
+from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult, check_new_request_id
 
 DEFAULT_ROUND_TRIPS = 8
 
@@ -115,7 +115,10 @@ def merge_runs(shard_runs: Sequence[RunResult], start_time: float) -> RunResult:
     if not shard_runs:
         raise ValueError("no shard run to merge")
     records = sorted((r for run in shard_runs for r in run.records), key=_schedule_order)
-    check_unique_ids(records)  # a request sent twice (by two shards) would otherwise count twice
+    seen: set[str] = set()
+    for record in records:  # a request sent twice (by two shards) would otherwise count twice
+        check_new_request_id(record.request_id, seen, "appears twice in the run")
+        seen.add(record.request_id)
     return RunResult(
         engine_name=shard_runs[0].engine_name,
         records=tuple(records),

@@ -88,7 +88,7 @@ def start_against(
     against = Against(trees, runner, interrupt_on_sigterm(), workers_per_side)
     atexit.register(against.close)
     try:
-        against.runner.start()
+        runner.start()
     except WorkerError as error:
         against.close()
         raise pytest.UsageError(f"--perf-against {ref}: {error}") from None
@@ -132,7 +132,9 @@ def load_message(model: str, device: str, dtype: str, decode_mode: str, invocati
 
 def worker_backend(against: Against) -> Backend:
     """The current tree's model as the fixtures see it, with no runner: the workers hold the models."""
-    return Backend.held_elsewhere(against.runner.tokenize, against.runner.loaded)
+    runner = against.runner
+    assert runner is not None, "the local A/B workers tokenize (under --perf-ray a node's actor does)"
+    return Backend.held_elsewhere(runner.tokenize, runner.loaded)
 
 
 @dataclass(frozen=True, slots=True)

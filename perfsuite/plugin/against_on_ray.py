@@ -59,6 +59,7 @@ def start_against_on_cluster(
     ``warnings``: the session's, where links left out of a tree are named.
     """
     require_ray()
+    assert options.against is not None and options.ray is not None, "A/B on a cluster needs both options"
     trees, reference, current = package_trees(options.against, rootdir, invocation_dir)
     left_out = [f"REF's {path}" for path in reference.left_out] + list(current.left_out)
     spec = wire.ActorModel(options.model, options.device, options.dtype, options.decode_mode)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 
@@ -25,17 +26,20 @@ from perfsuite.cluster.pool import ClusterError, RayPool
 from perfsuite.engine.names import SERVER_ENGINES
 from perfsuite.plugin.options import PerfOptions
 
+P = TypeVar("P", bound=RayPool)
+
 INSTALL_HINT = "--perf-ray needs Ray: pip install 'perfsuite[ray]'"
 
 
 def start_cluster(options: PerfOptions) -> RayPool:
     """Join (or start) the cluster; a usage error when Ray is missing or the cluster cannot be reached."""
     require_ray()
+    assert options.ray is not None, "start the cluster only under --perf-ray"
     spec = wire.ActorModel(options.model, options.device, options.dtype, options.decode_mode)
     return connect(RayPool(options.ray, spec, options.worker_timeout, first_node=_xdist_worker_number()))
 
 
-def connect(pool: RayPool) -> RayPool:
+def connect(pool: P) -> P:
     """``pool`` joined to its cluster, closed at exit; a usage error when Ray is missing or the cluster unreachable."""
     require_ray()
     try:
@@ -54,6 +58,7 @@ def start_client_shards(options: PerfOptions) -> ClientShards:
             f"--perf-client-shards {options.client_shards}: the cluster's live nodes have {cpus} CPU(s), one for each "
             f"shard's client; give at most {cpus}, or add a node (`ray start --address=HEAD:6379`)"
         )
+    assert options.endpoint is not None, "client shards send to --perf-endpoint (read_options requires it)"
     spec = wire.HttpClientSpec(options.endpoint, options.http_client)
     shards = ClientShards(options.client_shards, spec, options.worker_timeout)
     atexit.register(shards.close)

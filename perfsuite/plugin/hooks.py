@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -44,7 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)  # a worker is pinned to its GPU before other plugins may touch CUDA
 def pytest_configure(config: pytest.Config) -> None:
     if _is_xdist_worker(config):
-        _as_usage_error(pin_worker, config.workerinput, os.environ, _cuda_initialized)
+        _as_usage_error(pin_worker, getattr(config, "workerinput"), os.environ, _cuda_initialized)  # noqa: B009
     config.addinivalue_line("markers", "perf: a performance test, run only with --perf")
     options = read_options(config)
     config.stash[SESSION_KEY] = PerfSession(options, config.rootpath)
@@ -73,31 +76,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not perf_session.options.enabled:
         return
     perf_session.num_planned_tests = sum(1 for item in session.items if _will_run(item))
-    options = perf_session.options
-    measures = perf_session.num_planned_tests and not session.config.option.collectonly
-    if options.against is not None and options.ray is not None and measures:  # both sides on one node per test
-        from perfsuite.plugin.against_on_ray import start_against_on_cluster
+    if perf_session.num_planned_tests and not session.config.option.collectonly:
+        from perfsuite.plugin.measurers import measurer_for, start_transports
 
-        invocation_dir = session.config.invocation_params.dir
-        perf_session.against, perf_session.cluster = start_against_on_cluster(
-            options, perf_session.rootdir, invocation_dir, perf_session.warnings
-        )
-    elif options.against is not None and measures:
-        from perfsuite.plugin.against import load_message, start_against
-
-        invocation_dir = session.config.invocation_params.dir
-        load = load_message(options.model, options.device, options.dtype, options.decode_mode, invocation_dir)
-        perf_session.against = start_against(
-            options.against, perf_session.rootdir, invocation_dir, load, options.worker_timeout, options.against_workers
-        )
-    elif options.ray is not None and measures:
-        from perfsuite.plugin.cluster import start_cluster
-
-        perf_session.cluster = start_cluster(options)
-        if options.client_shards > 1:
-            from perfsuite.plugin.cluster import start_client_shards
-
-            perf_session.client_shards = start_client_shards(options)
+        start_transports(perf_session, session.config.invocation_params.dir)
+        perf_session.measurer = measurer_for(perf_session)  # the mode, chosen once: nothing asks it again
     advice = perf_session.plan_power().advice()
     if advice is None:
         return
@@ -118,7 +101,9 @@ def _will_run(item: pytest.Item) -> bool:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A perf test that judged none of its comparisons is reported skipped, saying why and what to do.
 
     Decided where the test ran (a pytest-xdist worker too), once its result
@@ -159,7 +144,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if perf_session is None or not perf_session.options.enabled:
         return
     if _is_xdist_worker(config):
-        config.workeroutput[WORKER_OUTPUT_KEY] = perf_session.worker_output()
+        getattr(config, "workeroutput")[WORKER_OUTPUT_KEY] = perf_session.worker_output()  # noqa: B009 - xdist's
         return
     try:
         results_path = perf_session.finish()
@@ -186,12 +171,15 @@ def _append_to_history(session: pytest.Session, perf_session: PerfSession) -> No
     from perfsuite.history.store import HistoryError  # SQLAlchemy: only a session that keeps a history pays
 
     try:
-        session.config.stash[HISTORY_KEY] = perf_session.append_to_history()
+        kept_at = perf_session.append_to_history()
     except HistoryError as error:
         session.config.stash[HISTORY_ERROR_KEY] = (
             f"{error} (this session is not in the history; --perf-history none keeps no history)"
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return
+    if kept_at is not None:
+        session.config.stash[HISTORY_KEY] = kept_at
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -310,29 +298,27 @@ def perf_model(perf_session):
 def perf_backend(request, perf_session):
     """Runner, tokenizer, limits and the HF model. Override this fixture to measure another runner.
 
-    Under ``--perf-against`` the models live in the two workers: this backend
-    has no runner, and tokenizes through the current tree's worker.
+    Under ``--perf-against`` the models live in the two workers, under
+    ``--perf-ray`` in the actors: this backend has no runner, and tokenizes
+    through the current tree's worker or the first node's actor (the
+    session's measurer says which, ``plugin.measurers``).
     """
     from perfsuite.adapters import Backend
     from perfsuite.measure.probe import machine_probe
 
-    if perf_session.cluster is not None:  # with --perf-against too: the first node's current tree tokenizes
-        from perfsuite.plugin.cluster import cluster_backend
-
-        return cluster_backend(perf_session.cluster)
-    if perf_session.against is not None:
-        from perfsuite.plugin.against import worker_backend
-
-        return worker_backend(perf_session.against)
     options = perf_session.options
-    return Backend.from_loaded(
-        request.getfixturevalue("perf_model"),
-        endpoint=options.endpoint,
-        decode_mode=options.decode_mode,
-        http_options=options.http_client,
-        probe=machine_probe,
-        batch_invariant=options.batch_invariant,
-    )
+
+    def load_here() -> Backend:
+        return Backend.from_loaded(
+            request.getfixturevalue("perf_model"),
+            endpoint=options.endpoint,
+            decode_mode=options.decode_mode,
+            http_options=options.http_client,
+            probe=machine_probe,
+            batch_invariant=options.batch_invariant,
+        )
+
+    return perf_session.measurer.backend(load_here)
 
 
 @pytest.fixture(scope="session")
@@ -340,9 +326,8 @@ def _perf_environment(perf_session, perf_backend):
     from perfsuite.measure.environment import capture_environment, git_commit
 
     options = perf_session.options
-    if perf_session.cluster is not None:  # the first node's, as its actor captured it; each test records its node's
-        perf_session.environment = perf_session.cluster.describe().environment
-    else:
+    perf_session.environment = perf_session.measurer.environment()  # where the models live elsewhere: theirs
+    if perf_session.environment is None:
         perf_session.environment = capture_environment(options.model, options.dtype, perf_backend.device)
         # A backend without the machine probe (a fake that sleeps) follows no machine: nothing to divide by.
         if perf_backend.probe is not None:
@@ -417,17 +402,8 @@ def perf_built_engines() -> list:
     return []
 
 
-@pytest.fixture(scope="session")
-def _perf_endpoint_check(perf_session):
-    """``--perf-endpoint``'s server, asked once a session by the first test that builds ``openai-http`` here."""
-    from perfsuite.plugin.endpoint import EndpointCheck
-
-    options = perf_session.options
-    return EndpointCheck(options.endpoint, options.http_client.api_key)
-
-
 @pytest.fixture
-def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines, _perf_endpoint_check):
+def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines):
     """``perf_engine_factory(name, batch_size=..., prefill_batch_size=..., token_budget=..., requests=...)``.
 
     ``name`` is any registered engine (``perfsuite.adapters.available_engines()``).
@@ -438,60 +414,63 @@ def perf_engine_factory(perf_session, perf_backend, perf_max_seq_len, perf_built
     ``--perf-kv-blocks`` (the others ignore both). A pool too small for the
     largest of ``requests`` fails the test here, before anything runs, and so
     does a KV cache the device's memory cannot hold (naming the option or
-    knob to lower). Override this fixture to hand the shipped tests an
-    engine of your own.
+    knob to lower). The session's measurer builds it (``plugin.measurers``).
+    Override this fixture to hand the shipped tests an engine of your own.
     """
-    from perfsuite.adapters import EngineConfig, build_engine
-    from perfsuite.adapters.http_options import SERVER_ENGINE
-    from perfsuite.measure.timing import max_seq_len_for
+    return _EngineFactory(perf_session, perf_backend, perf_max_seq_len, perf_built_engines)
 
-    default_batch = max(perf_session.options.profile.batch_sizes)
 
-    def make(
+@dataclass(frozen=True, slots=True)
+class _EngineFactory:
+    """``perf_engine_factory``'s callable: the knobs from its arguments and the session, the engine from its measurer."""
+
+    perf_session: PerfSession
+    backend: Any
+    max_seq_len: int
+    built_engines: list
+
+    def __call__(
+        self,
         name: str,
-        batch_size: int = default_batch,
+        batch_size: int | None = None,
         prefill_batch_size=None,
         token_budget=None,
         requests=None,
         num_kv_blocks=None,
     ):
         from perfsuite.engine.kv_memory import KVMemoryError
+        from perfsuite.measure.timing import max_seq_len_for
         from perfsuite.plugin.recorder import BuiltEngine
 
-        max_seq_len = perf_max_seq_len if requests is None else max_seq_len_for(requests, perf_backend.max_context)
+        options = self.perf_session.options
+        batch_size = max(options.profile.batch_sizes) if batch_size is None else batch_size
+        max_seq_len = self.max_seq_len if requests is None else max_seq_len_for(requests, self.backend.max_context)
         pool_from_option = name in PAGED_ENGINES and num_kv_blocks is None
-        if name in PAGED_ENGINES:
-            if num_kv_blocks is None:
-                num_kv_blocks = perf_session.options.kv_blocks
-            _check_pool_fits(num_kv_blocks, requests)
-        config = EngineConfig(
-            batch_size,
-            max_seq_len,
-            prefill_batch_size,
-            token_budget,
-            num_kv_blocks,
-            batch_invariant=perf_session.options.batch_invariant,
-        )
-        if perf_session.against is not None:  # both workers build it from its name and knobs
-            from perfsuite.plugin.against import WorkerEngine
-
-            engine = WorkerEngine(name, config)
-        elif perf_session.cluster is not None:  # an actor builds it from its name and knobs on its node
-            from perfsuite.plugin.cluster import ClusterEngine
-
-            engine = ClusterEngine(name, config)
-        else:
-            if name == SERVER_ENGINE and perf_session.options.endpoint:  # one answer a session, not a failure a test
-                _perf_endpoint_check.require()
-            try:
-                engine = build_engine(name, perf_backend, config)
-            except KVMemoryError as error:
-                options = perf_session.options
-                pytest.fail(kv_memory_failure(error, name, batch_size, options, pool_from_option), pytrace=False)
-        perf_built_engines.append(BuiltEngine(engine, name, config))
+        knobs = (batch_size, max_seq_len, prefill_batch_size, token_budget)
+        config = _engine_config(options, name, *knobs, num_kv_blocks, requests)
+        try:
+            engine = self.perf_session.measurer.engine(name, config, self.backend)
+        except KVMemoryError as error:
+            pytest.fail(kv_memory_failure(error, name, batch_size, options, pool_from_option), pytrace=False)
+        self.built_engines.append(BuiltEngine(engine, name, config))
         return engine
 
-    return make
+
+def _engine_config(options, name, batch_size, max_seq_len, prefill_batch_size, token_budget, num_kv_blocks, requests):
+    """The knobs ``perf_engine_factory`` builds ``name`` from; a paged engine's pool unset is ``--perf-kv-blocks``."""
+    from perfsuite.adapters import EngineConfig
+
+    if name in PAGED_ENGINES:
+        num_kv_blocks = options.kv_blocks if num_kv_blocks is None else num_kv_blocks
+        _check_pool_fits(num_kv_blocks, requests)
+    return EngineConfig(
+        batch_size,
+        max_seq_len,
+        prefill_batch_size,
+        token_budget,
+        num_kv_blocks,
+        batch_invariant=options.batch_invariant,
+    )
 
 
 def _check_pool_fits(num_kv_blocks: int | None, requests) -> None:
@@ -535,6 +514,5 @@ def perf(request, perf_session, perf_backend, _perf_environment, perf_built_engi
     """
     from perfsuite.plugin.recorder import BenchmarkWhenUsed, PerfRecorder
 
-    measured_elsewhere = perf_session.against is not None or perf_session.cluster is not None
-    benchmark = None if measured_elsewhere else BenchmarkWhenUsed(request)
+    benchmark = BenchmarkWhenUsed(request) if perf_session.measurer.runs_here else None
     return PerfRecorder(perf_session, perf_test_id(request.node), benchmark, perf_backend, perf_built_engines)

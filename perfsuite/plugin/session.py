@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from perfsuite.codec import decode, encode
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
@@ -56,6 +56,7 @@ from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally,
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
+from perfsuite.plugin.measurers import LocalMeasurer, Measurer
 from perfsuite.plugin.options import PerfOptions
 
 if TYPE_CHECKING:
@@ -64,7 +65,17 @@ if TYPE_CHECKING:
     from perfsuite.history.head import HeadCheck
     from perfsuite.plugin.against import Against
 
-__all__ = ["SERVER_DECODE_MODE", "SERVER_PRECISION", "PerfSession", "Repeats"]
+__all__ = [
+    "SERVER_DECODE_MODE",
+    "SERVER_PRECISION",
+    "CapacityEntry",
+    "DeterminismEntry",
+    "Entry",
+    "PairedEntry",
+    "PerfSession",
+    "Repeats",
+    "TimedEntry",
+]
 
 # A server in another process: its precision is its own (no endpoint reports it), its decode path too.
 SERVER_PRECISION = "unknown (server-side)"
@@ -75,6 +86,60 @@ UNLABELLED_SERVER = (
     "and its length, so another server build or machine serving that model would be compared with them; "
     "name it, e.g. --perf-server-label vllm-0.32-cpu"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class TimedEntry:
+    """A test's timed repeats, to be summarised and judged against its baseline."""
+
+    test_id: str
+    repeats: Repeats
+    parameters: SizingParameters
+    configuration: RunConfiguration
+    arrival_rate: float | None = None
+    environment: Environment | ServerEnvironment | None = None  # None: this machine's
+    node: str | None = None  # --perf-ray: the node that measured it
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityEntry:
+    """A capacity test's searches: ``measured`` carries the capacities as samples, ``capacity`` what was found."""
+
+    test_id: str
+    measured: Measured
+    capacity: CapacityRecord
+    parameters: SizingParameters
+    configuration: RunConfiguration
+    environment: Environment | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PairedEntry:
+    """Both sides of an A/B test, summarised: side B (current) judged against side A (reference)."""
+
+    test_id: str
+    current: Measured
+    reference: Measured
+    pair_order: tuple[str, ...]
+    parameters: SizingParameters
+    configuration: RunConfiguration
+    arrival_rate: float | None = None
+    num_threads: int | None = None
+    environment: Environment | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeterminismEntry:
+    """A test's unique completions over N runs: kept for results.json and the report, judged against nothing."""
+
+    test_id: str
+    engine: str
+    completions: UniqueCompletions
+
+
+Entry = TimedEntry | CapacityEntry | PairedEntry | DeterminismEntry
 
 
 @dataclass
@@ -96,6 +161,7 @@ class PerfSession:
     against: Against | None = None  # --perf-against: the reference tree and the two workers
     cluster: RayPool | None = None  # --perf-ray: the actors that measure on the cluster's nodes
     client_shards: ClientShards | None = None  # --perf-client-shards N: openai-http's load generator on the cluster
+    measurer: Measurer = field(default_factory=LocalMeasurer)  # how this session's mode measures (plugin.measurers)
     finished: Results | None = None  # the document finish() made: results.json's, and what the history gets
     head_check: HeadCheck | None = None  # change points at the head of the run history, once finished
     earlier_sessions: list[Results] = field(default_factory=list)  # the run history before this session, once finished
@@ -132,41 +198,31 @@ class PerfSession:
             return plan_paired_power(self.num_planned_comparisons, repeats, alpha)
         return plan_power(self.num_planned_comparisons, repeats, repeats, alpha)
 
-    def record(
-        self,
-        test_id: str,
-        repeats: Repeats,
-        parameters: SizingParameters,
-        configuration: RunConfiguration,
-        arrival_rate: float | None = None,
-        environment: Environment | ServerEnvironment | None = None,
-        node: str | None = None,
-    ) -> TestResult:
-        """Summarise a test's timed repeats, judge them against its baseline, and save it if asked.
+    @overload
+    def record(self, entry: DeterminismEntry) -> DeterminismResult: ...
 
-        ``environment``: the fingerprint the test's baseline lives under; this
-        machine's (the session's) unless the engine is a server in another
-        process, or ``--perf-ray`` measured it on ``node``, whose environment it is.
+    @overload
+    def record(self, entry: TimedEntry | CapacityEntry | PairedEntry) -> TestResult: ...
+
+    def record(self, entry: Entry) -> TestResult | DeterminismResult:
+        """Record one test's result of any kind (``Entry``): judged, saved if asked, kept for results.json.
+
+        Timed repeats are summarised and judged against the test's baseline;
+        a capacity test's searches likewise, as one higher-is-better sample
+        each; A/B pairs side B against side A, with no baseline; unique
+        completions are kept and judged against nothing.
         """
-        environment = environment or self.environment
-        assert environment is not None, "capture the environment before recording"
-        measured = summarise(repeats, self.compared_metrics, self.options.slo, peaks=self.peaks)
-        measurement = Measurement.of(measured, parameters, configuration, arrival_rate, environment)
-        result = TestResult(test_id, measurement, node=node)
-        if result.is_remote and environment.label is None:
-            self._warn_once(UNLABELLED_SERVER)
-        if measured.noisy:
-            self.warnings.append(f"{test_id}: noisy, judges nothing: {measured.noisy}")
-        result = self._judge(result)
-        if self.options.save_baseline:
-            result = self._save(result)
+        if isinstance(entry, DeterminismEntry):
+            recorded = DeterminismResult(entry.test_id, entry.engine, entry.completions)
+            self.determinism.append(recorded)
+            return recorded
+        if isinstance(entry, PairedEntry):
+            result = self._paired(entry)
+        elif isinstance(entry, CapacityEntry):
+            result = self._judged_and_saved(self._capacity_result(entry), CAPACITY_METRICS)
+        else:
+            result = self._judged_and_saved(self._timed_result(entry), self.compared_metrics)
         self.results.append(result)
-        return result
-
-    def record_determinism(self, test_id: str, engine: str, completions: UniqueCompletions) -> DeterminismResult:
-        """A test's unique completions over N runs: kept for results.json and the report, judged against nothing."""
-        result = DeterminismResult(test_id, engine, completions)
-        self.determinism.append(result)
         return result
 
     @property
@@ -174,49 +230,41 @@ class PerfSession:
         """Tests that measured unique completions and timed nothing: they plan no comparison."""
         return len({d.test_id for d in self.determinism} - {r.test_id for r in self.results})
 
-    def record_capacity(
-        self,
-        test_id: str,
-        measured: Measured,
-        capacity: CapacityRecord,
-        parameters: SizingParameters,
-        configuration: RunConfiguration,
-        environment: Environment | None = None,
-        node: str | None = None,
-    ) -> TestResult:
-        """A capacity test (``plugin.capacity``): its one sample per search judged like throughput, higher better.
-
-        ``measured`` summarises the runs at each search's capacity; its samples
-        carry the capacities under ``CAPACITY`` and the machine probe around
-        each search. The SLO is part of ``configuration``: a baseline searched
-        against another SLO is another configuration, not compared.
-        ``environment``, ``node``: ``--perf-ray``'s node that ran every search, as in ``record``.
+    def _timed_result(self, entry: TimedEntry) -> TestResult:
+        """``environment``: the fingerprint the test's baseline lives under; this machine's (the session's) unless
+        the engine is a server in another process, or ``--perf-ray`` measured it on ``node``, whose environment it is.
         """
-        environment = environment or self.environment
+        environment = entry.environment or self.environment
         assert environment is not None, "capture the environment before recording"
-        measurement = Measurement.of(measured, parameters, configuration, capacity.requests_per_second, environment)
-        result = TestResult(test_id, measurement, capacity=capacity, node=node)
-        if measured.noisy:
-            self.warnings.append(f"{test_id}: noisy, judges nothing: {measured.noisy}")
-        result = self._judge(result, CAPACITY_METRICS)
-        if self.options.save_baseline:
-            result = self._save(result)
-        self.results.append(result)
+        measured = summarise(entry.repeats, self.compared_metrics, self.options.slo, peaks=self.peaks)
+        measurement = Measurement.of(measured, entry.parameters, entry.configuration, entry.arrival_rate, environment)
+        result = TestResult(entry.test_id, measurement, node=entry.node)
+        if isinstance(environment, ServerEnvironment) and environment.label is None:
+            self._warn_once(UNLABELLED_SERVER)
         return result
 
-    def record_paired(
-        self,
-        test_id: str,
-        current: Measured,
-        reference: Measured,
-        pair_order: tuple[str, ...],
-        parameters: SizingParameters,
-        configuration: RunConfiguration,
-        arrival_rate: float | None = None,
-        num_threads: int | None = None,
-        environment: Environment | None = None,
-        node: str | None = None,
-    ) -> TestResult:
+    def _capacity_result(self, entry: CapacityEntry) -> TestResult:
+        """A capacity test (``plugin.capacity``): its one sample per search judged like throughput, higher better.
+
+        ``entry.measured`` summarises the runs at each search's capacity; its
+        samples carry the capacities under ``CAPACITY`` and the machine probe
+        around each search. The SLO is part of the configuration: a baseline
+        searched against another SLO is another configuration, not compared.
+        """
+        environment = entry.environment or self.environment
+        assert environment is not None, "capture the environment before recording"
+        rate = entry.capacity.requests_per_second
+        measurement = Measurement.of(entry.measured, entry.parameters, entry.configuration, rate, environment)
+        return TestResult(entry.test_id, measurement, capacity=entry.capacity, node=entry.node)
+
+    def _judged_and_saved(self, result: TestResult, metrics: dict[str, Direction]) -> TestResult:
+        noisy = result.measurement.noisy
+        if noisy:
+            self.warnings.append(f"{result.test_id}: noisy, judges nothing: {noisy}")
+        result = self._judge(result, metrics)
+        return self._save(result) if self.options.save_baseline else result
+
+    def _paired(self, entry: PairedEntry) -> TestResult:
         """Judge side B's repeats against side A's, measured beside them (``--perf-against``); no baseline.
 
         ``num_threads``: the workers' intra-op threads for this test, which its
@@ -225,28 +273,23 @@ class PerfSession:
         both sides, and its environment (else this machine's).
         """
         assert self.environment is not None and self.against is not None, "start the A/B workers first"
-        environment = environment or self.environment
-        if num_threads is not None:
-            environment = dataclasses.replace(environment, num_threads=num_threads)
-            if node is None:  # this machine's cores; a node's other work is in each run's CPU reading
-                self._note_fewer_threads(test_id, num_threads)
-        result = TestResult(
-            test_id,
-            Measurement.of(current, parameters, configuration, arrival_rate, environment),
-            reference=ReferenceSide(reference.samples, reference.timeline, pair_order, num_threads),
-            node=node,
-        )
+        environment = entry.environment or self.environment
+        if entry.num_threads is not None:
+            environment = dataclasses.replace(environment, num_threads=entry.num_threads)
+            if entry.node is None:  # this machine's cores; a node's other work is in each run's CPU reading
+                self._note_fewer_threads(entry.test_id, entry.num_threads)
+        current, reference = entry.current, entry.reference
+        measurement = Measurement.of(current, entry.parameters, entry.configuration, entry.arrival_rate, environment)
+        side = ReferenceSide(reference.samples, reference.timeline, entry.pair_order, entry.num_threads)
         result = judge_paired(
-            result,
+            TestResult(entry.test_id, measurement, reference=side, node=entry.node),
             Reference.of_reference_side(reference, current, self.slo_label),
             status=f"A/B against {self.against.label}",
             policy=self.options.policy,
             num_comparisons=self.num_planned_comparisons,
             metrics=self.compared_metrics,
         )
-        result = self._bounded(result)
-        self.results.append(result)
-        return result
+        return self._bounded(result)
 
     def _note_fewer_threads(self, test_id: str, num_threads: int) -> None:
         usable = len(os.sched_getaffinity(0))
@@ -272,6 +315,7 @@ class PerfSession:
     def _judge(self, result: TestResult, metrics: dict[str, Direction] | None = None) -> TestResult:
         """Against its baseline, with the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
         measured = result.measurement
+        assert measured.environment is not None and measured.configuration is not None, "a recorded measurement"
         baseline = self._load_baseline(result.test_id, measured.environment)
         if baseline is None:
             return self._without_baseline(result)
@@ -309,7 +353,9 @@ class PerfSession:
             return None
 
     def _without_baseline(self, result: TestResult) -> TestResult:
-        others = self.store.other_fingerprints(result.test_id, result.measurement.environment)
+        environment = result.measurement.environment
+        assert environment is not None, "a recorded measurement has its environment"
+        others = self.store.other_fingerprints(result.test_id, environment)
         if not others:
             return result
         label = " (a server's label comes from --perf-server-label)" if result.is_remote else ""
@@ -324,6 +370,7 @@ class PerfSession:
         measured = result.measurement
         if measured.noisy:
             return result.with_judgement(baseline_status=f"not saved: {measured.noisy}")
+        assert measured.environment is not None and measured.configuration is not None, "a recorded measurement"
         path = self.store.save(
             Baseline(
                 test_id=result.test_id,
@@ -440,7 +487,9 @@ class PerfSession:
     def add_worker_output(self, text: str) -> None:
         data = json.loads(text)
         if data["environment"] is not None and self.environment is None:
-            self.environment = environment_from_json(data["environment"])
+            environment = environment_from_json(data["environment"])
+            assert isinstance(environment, Environment), "a worker's session environment is its machine's"
+            self.environment = environment
         if data.get("peaks") is not None and self.peaks is None:
             self.peaks = decode(MachinePeaks, data["peaks"])
         self.commit = self.commit or data["commit"]
@@ -460,7 +509,7 @@ class PerfSession:
         Each test also names its own (a session may measure in-process engines
         and a server side by side).
         """
-        servers = {r.measurement.environment for r in self.results if r.is_remote}
+        servers = {e for r in self.results if isinstance(e := r.measurement.environment, ServerEnvironment)}
         if self.results and len(servers) == 1 and all(r.is_remote for r in self.results):
             return servers.pop()
         return self.environment
@@ -473,7 +522,9 @@ class PerfSession:
             created_at=_now(),
             commit=self.commit,
             environment=self.shown_environment,
-            servers=tuple(dict.fromkeys(r.measurement.environment for r in self.results if r.is_remote)),
+            servers=tuple(
+                dict.fromkeys(e for r in self.results if isinstance(e := r.measurement.environment, ServerEnvironment))
+            ),
             profile=options.profile.name,
             repeats=self.repeats,
             decode_mode=options.decode_mode,
