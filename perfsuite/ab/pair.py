@@ -54,6 +54,7 @@ from perfsuite.measure.contention import (
     read_sample,
     threads_for_cores_left,
 )
+from perfsuite.measure.repeats import busy_shares
 
 # What another copy needs beyond its weights: the KV cache and activations of a perf test's batch.
 SECOND_COPY_MARGIN = 1.5
@@ -192,7 +193,7 @@ class ABRunner:
                     result = self.side(label, worker).run(spec, encoded, max_concurrency)
                 runs[label].append(wire.decode(RunResult, result))
                 uses[label].append(meter.use)
-        busy = {label: _busy_shares(readings) for label, readings in uses.items()}
+        busy = {label: busy_shares(readings) for label, readings in uses.items()}
         if len(busy[REFERENCE]) != num_pairs or len(busy[CURRENT]) != num_pairs:
             busy = {REFERENCE: (), CURRENT: ()}  # a reading failed: none rather than some misaligned
         return PairedRuns(
@@ -231,10 +232,6 @@ class ABRunner:
                 errors.append(error)
         if errors:
             raise errors[0]
-
-
-def _busy_shares(uses: Sequence[CpuUse | None]) -> tuple[float, ...]:
-    return tuple(use.busy_share for use in uses if use is not None)
 
 
 def check_room_for_other_copies(loaded: wire.Loaded, num_other_copies: int = 1) -> None:
