@@ -181,7 +181,9 @@ class LocalMeasurer:
 
     runs_here = True
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str | None = None, api_key: str | None = None) -> None:
+        """``endpoint``: ``--perf-endpoint``, asked once a session before the first ``openai-http`` is built."""
+        self._endpoint, self._api_key = endpoint, api_key
         self._endpoint_check: EndpointCheck | None = None
 
     def backend(self, load_here: Callable[[], Backend]) -> Backend:
@@ -195,9 +197,9 @@ class LocalMeasurer:
         from perfsuite.adapters import build_engine
         from perfsuite.adapters.http_options import SERVER_ENGINE
 
-        if name == SERVER_ENGINE and backend.endpoint:  # one answer a session, not a failure a test
-            if self._endpoint_check is None:
-                self._endpoint_check = EndpointCheck(backend.endpoint, backend.http_options.api_key)
+        if name == SERVER_ENGINE and self._endpoint:  # one answer a session, not a failure a test
+            if self._endpoint_check is None:  # the option's, not the backend's: a project's own perf_backend has none
+                self._endpoint_check = EndpointCheck(self._endpoint, self._api_key)
             self._endpoint_check.require()
         return build_engine(name, backend, config)
 
@@ -583,7 +585,7 @@ def measurer_for(session: Any) -> Measurer:
             return PairedMeasurer(transport, threads, RayMeasurer(session.cluster, session.warnings))
         return PairedMeasurer(pairs_in_workers(session.against, options.against), threads, workers=session.against)
     if session.cluster is None:
-        return LocalMeasurer()
+        return LocalMeasurer(options.endpoint, options.http_client.api_key)
     on_cluster = RayMeasurer(session.cluster, session.warnings)
     if session.client_shards is not None:
         return ShardMeasurer(session.client_shards, on_cluster)
