@@ -236,3 +236,53 @@ def test_the_loop_stops_when_the_machine_stays_busy_and_says_so(scripted_cpu):
     timings = LocalMeasurer().measure(job(engine, None))
     assert len(timings.repeats.runs) == 1 and engine.num_runs == 2, "the warm-up and the one busy repeat"
     assert timings.repeats.noisy.endswith("the other repeats were not run")
+
+
+class LaggingEngine(CountingEngine):
+    """The counting engine whose load generator falls 80 ms behind its 100 ms schedule in the scripted runs."""
+
+    def __init__(self, script: Disturbances) -> None:
+        super().__init__()
+        self.script = script
+        self.num_warmups_left = 1
+
+    def run(self, requests, on_step=None, max_concurrency=None):
+        result = super().run(requests, on_step=on_step, max_concurrency=max_concurrency)
+        warming_up, self.num_warmups_left = self.num_warmups_left > 0, self.num_warmups_left - 1
+        lag_s = 0.080 if not warming_up and self.script.next_is_disturbed() else 0.0
+        sent = tuple(
+            dataclasses.replace(r, scheduled_time=r.arrival_time, send_ready_time=r.arrival_time,
+                                sent_time=r.arrival_time + lag_s)
+            for r in result.records
+        )  # fmt: skip
+        return dataclasses.replace(result, records=sent)
+
+
+@pytest.mark.parametrize("mode", ("local", "ray"))
+def test_one_clients_lagging_repeat_is_re_run_and_a_lag_left_makes_the_test_noisy(mode, monkeypatch):
+    """One load generator behind its schedule is a disturbed repeat, as a shard behind its schedule is."""
+    monkeypatch.setattr(repeat_loop, "CpuMeter", lambda: _Quiet())
+    once = Disturbances({2})
+    engine = LaggingEngine(once)
+    measurer, handed = measurer_for_mode(mode, engine, once)
+    timings = measurer.measure(job(handed if mode == "ray" else engine, measurer))
+    assert isinstance(timings, Timings)
+    assert engine.num_runs == 1 + NUM_REPEATS + 1, "one warm-up, the repeats, one re-run of the lagging one"
+    assert timings.repeats.noisy is None
+
+    always = Disturbances("all")
+    engine = LaggingEngine(always)
+    measurer, handed = measurer_for_mode(mode, engine, always)
+    timings = measurer.measure(job(handed if mode == "ray" else engine, measurer))
+    assert isinstance(timings, Timings)
+    assert timings.repeats.noisy is not None and timings.repeats.noisy.startswith("client-bound")
+    assert repeat_loop.noisy_save_failure("t.py::test_x", timings.repeats.noisy, save_baseline=True) is not None
+
+
+class _Quiet:
+    def __enter__(self):
+        self.use = QUIET
+        return self
+
+    def __exit__(self, *exc_info):
+        return None

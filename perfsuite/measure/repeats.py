@@ -35,6 +35,7 @@ from perfsuite.measure.capacity import Capacity
 from perfsuite.measure.capacity_runs import CapacityRuns
 from perfsuite.measure.contention import CpuMeter, CpuUse, contention_reason
 from perfsuite.measure.gpu_telemetry import GpuTelemetry, RepeatTelemetry, disturbance_reason
+from perfsuite.measure.send_lag import client_bound_reason
 from perfsuite.measure.summaries import Repeats
 from perfsuite.measure.timing import DevicePeakMemory, Runs, timed_run
 
@@ -149,6 +150,7 @@ def noisy_reason(repeats: Sequence[Repeat], threshold: float) -> str | None:
     reasons = (
         contention_reason([repeat.cpu for repeat in repeats], threshold),
         disturbance_reason([repeat.telemetry for repeat in repeats]),
+        client_bound_reason([repeat.run for repeat in repeats]),
     )
     return "; ".join(filter(None, reasons)) or None
 
@@ -285,7 +287,8 @@ def time_engine(
     """One timed run of ``engine`` (``measure.timing.timed_run``, the device synced around it), metered."""
 
     def one() -> Repeat:
-        return meter.time(lambda: timed_run(engine, requests, run_device, max_concurrency=max_concurrency))
+        repeat = meter.time(lambda: timed_run(engine, requests, run_device, max_concurrency=max_concurrency))
+        return replace(repeat, lagging=client_bound_reason([repeat.run]))  # an open loop's sends fell behind
 
     return one
 

@@ -343,8 +343,7 @@ def summarise(
         summary=vllm_summary(per_run, slo),
         request_samples={k: v for k, v in per_request_samples(per_run).items() if v},
         timeline=timeline_of(last),
-        # A client-bound run's latencies are judged like a noisy one's: not at all.
-        noisy="; ".join(filter(None, (repeats.noisy, client_bound_reason(repeats.runs)))) or None,
+        noisy=_with_client_bound(repeats.noisy, repeats.runs),
         send_lag=worst_send_lag(repeats.runs),
         cached_prompts=cached_prompts(m for r in per_run for m in r.requests),
     )
@@ -441,3 +440,11 @@ def sizing_parameters(requests: Sequence[Request], model: str, precision: str, c
         output_length=statistics.fmean(r.sampling_params.max_new_tokens for r in requests),
         concurrency=concurrency,
     )
+
+
+def _with_client_bound(noisy: str | None, runs: Sequence[RunResult]) -> str | None:
+    """A client-bound run's latencies are judged like a noisy one's: not at all (said once; the repeat loop may have)."""
+    bound = client_bound_reason(runs)
+    if bound is None or (noisy is not None and bound in noisy):
+        return noisy
+    return "; ".join(filter(None, (noisy, bound)))
