@@ -358,11 +358,8 @@ def test_requests_at_a_rate_must_be_the_requests_at_one_scaled_by_it():
 
 def test_a_capacity_test_may_take_the_timeout_for_each_run_it_may_make():
     from perfsuite.cluster.pool import RayPool
-    from perfsuite.measure.repeats import QUIET_WAIT_SECONDS
 
     pool = RayPool("auto", wire.ActorModel("tiny-random", "cpu", "float32", "packed"), timeout=5)
     request = capacity_request("static", repeats=3)
-    # a measurement re-runs at most half its repeats, and may wait for quiet after each repeat and re-run
-    reruns = REQUEST.repeats // 2
-    assert pool._timeout_of(REQUEST) == 5 * 1.5 + QUIET_WAIT_SECONDS * (REQUEST.repeats + reruns)
+    assert pool._timeout_of(REQUEST) == 5
     assert pool._timeout_of(request) == 5 * (1 + 2 + 3 * CapacitySearch().max_probes)

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfsuite.cluster import wire
-from perfsuite.measure.repeats import RERUN_SHARE, longest_quiet_waits
 
 LOCAL = "local"
 AUTO = "auto"
@@ -245,14 +244,10 @@ class RayPool:
         return result
 
     def _timeout_of(self, request: Measurement) -> float:
-        """``timeout`` bounds one measurement's runs; a capacity test's many runs get it for each run they may make.
-
-        A measurement may also re-run its disturbed repeats and wait for its
-        node to go quiet (measure/repeats.py): those get their share on top.
-        """
+        """``timeout`` bounds one measurement's runs; a capacity test's many runs get it for each run they may make."""
         if isinstance(request, wire.CapacityRequest):
             return self.timeout * request.max_runs
-        return self.timeout * (1 + RERUN_SHARE) + longest_quiet_waits(request.repeats)
+        return self.timeout
 
     def _usable_nodes(self, must_have_one: bool = True) -> list[wire.NodeInfo]:
         """Live nodes whose actor has not died: ours, and those with the resources for one free (another

@@ -162,16 +162,6 @@ def noisy_save_failure(test_id: str, noisy: str | None, save_baseline: bool) -> 
     return f"{test_id}: baseline not saved: {noisy}; record it on a quiet machine"
 
 
-def max_reruns(num_repeats: int, share: float = RERUN_SHARE) -> int:
-    """How many of ``num_repeats`` disturbed repeats a loop re-runs at most."""
-    return int(num_repeats * share)
-
-
-def longest_quiet_waits(num_repeats: int) -> float:
-    """The most a loop's waits for a quiet machine add to its runs: one wait after each repeat and re-run."""
-    return QUIET_WAIT_SECONDS * (num_repeats + max_reruns(num_repeats))
-
-
 def wait_until_quiet(threshold: float) -> bool:
     """Whether the machine's CPU fell quiet within ``QUIET_WAIT_SECONDS``."""
     deadline = time.monotonic() + QUIET_WAIT_SECONDS
@@ -227,7 +217,7 @@ class RepeatLoop:
 
     def _rerun_disturbed(self, num_repeats: int) -> None:
         disturbed = [i for i, repeat in enumerate(self._repeats) if repeat.is_disturbed(self.busy_threshold)]
-        for index in disturbed[: max_reruns(num_repeats, self.max_rerun_share)]:
+        for index in disturbed[: int(num_repeats * self.max_rerun_share)]:
             self.probes.take()
             self._one()  # the machine is quiet again: this repeat takes the disturbed one's place
             self.probes.take()
