@@ -58,18 +58,15 @@ class MeasureActor:
     def measure(self, text: str) -> str:
         """A test's warm-ups and repeats on this node, through the one repeat loop (``measure.repeats``)."""
         from perfsuite.adapters.protocol import check_serves_follow_ups
-        from perfsuite.measure.repeats import BracketingProbe, MachineMeter, RepeatLoop, time_engine, warm_up
+        from perfsuite.measure.repeats import EngineRepeats, measure_engine, runs_in_process
 
         request = wire.loads(wire.MeasureRequest, text)
         engine = self._engine(request.engine)
         requests, backend = list(request.requests), self._backend
         check_serves_follow_ups(engine, requests)  # the controller's stand-in cannot know what this engine does
-        warm_up(engine, requests, request.max_concurrency, request.warmup_runs)
-        in_process = getattr(engine, "runs_in_process", True)
-        meter = MachineMeter.opened(backend.device, backend.probe is not None, in_process)
-        one = time_engine(engine, requests, request.max_concurrency, meter, backend.device)
-        probes = BracketingProbe(backend.probe, backend.device)
-        timed = RepeatLoop(one, probes, request.busy_threshold).run(request.repeats).summarised()
+        repeats = EngineRepeats(engine, requests, request.max_concurrency, request.warmup_runs, request.repeats)
+        timed = measure_engine(repeats, backend.device, backend.probe, request.busy_threshold).summarised()
+        in_process = runs_in_process(engine)
         return wire.dumps(
             wire.MeasureResult(
                 test_id=request.test_id,

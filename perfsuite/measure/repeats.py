@@ -267,20 +267,46 @@ class MachineMeter:
         return replace(use, foreign_share=0.0)
 
 
-def time_engine(
-    engine: Runs,
-    requests: Sequence[Request],
-    max_concurrency: int | None,
-    meter: MachineMeter,
-    run_device: str,
-) -> Callable[[], Repeat]:
-    """One timed run of ``engine`` (``measure.timing.timed_run``, the device synced around it), metered."""
+def runs_in_process(engine: object) -> bool:
+    """False for an engine whose work a server in another process does (``openai-http``)."""
+    return getattr(engine, "runs_in_process", True)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRepeats:
+    """A test's engine, its requests and how many repeats: what ``measure_engine`` times."""
+
+    engine: Runs
+    requests: Sequence[Request]
+    max_concurrency: int | None
+    warmup_runs: int
+    num_repeats: int
+
+
+def measure_engine(
+    job: EngineRepeats,
+    device: str,
+    probe: Callable[[str], float] | None,
+    busy_threshold: float,
+    rounds: Rounds = plain_rounds,
+) -> Timed:
+    """Warm-ups (discarded), then the repeat loop over timed runs of the engine: locally and on a Ray actor alike.
+
+    A server in another process may run on another machine: this one's
+    probe would only add its noise. A backend without a probe (a fake that
+    sleeps) does not follow the machine: no CPU reading either.
+    """
+    engine, requests, max_concurrency = job.engine, job.requests, job.max_concurrency
+    in_process = runs_in_process(engine)
+    warm_up(engine, requests, max_concurrency, job.warmup_runs)
+    probes = BracketingProbe(probe if in_process else None, device)
+    meter = MachineMeter.opened(device, probe is not None, in_process)
 
     def one() -> Repeat:
-        repeat = meter.time(lambda: timed_run(engine, requests, run_device, max_concurrency=max_concurrency))
+        repeat = meter.time(lambda: timed_run(engine, requests, device, max_concurrency=max_concurrency))
         return replace(repeat, lagging=client_bound_reason([repeat.run]))  # an open loop's sends fell behind
 
-    return one
+    return RepeatLoop(one, probes, busy_threshold).run(job.num_repeats, rounds)
 
 
 def warm_up(engine: Runs, requests: Sequence[Request], max_concurrency: int | None, num_runs: int) -> None:

@@ -39,15 +39,16 @@ from perfsuite.measure.environment import Environment, ServerEnvironment
 from perfsuite.measure.metrics import SLO
 from perfsuite.measure.repeats import (
     BracketingProbe,
+    EngineRepeats,
     MachineMeter,
     Repeat,
     RepeatLoop,
     Rounds,
+    measure_engine,
     noisy_reason,
     plain_rounds,
+    runs_in_process,
     search_capacity,
-    time_engine,
-    warm_up,
 )
 from perfsuite.measure.send_lag import shards_client_bound_reason
 from perfsuite.measure.summaries import Repeats
@@ -171,11 +172,6 @@ class Measurer(Protocol):
     def measure_capacity(self, job: CapacityJob) -> CapacityTimings: ...
 
 
-def runs_in_process(engine: BatchingEngine) -> bool:
-    """False for an engine whose work a server in another process does (``openai-http``)."""
-    return getattr(engine, "runs_in_process", True)
-
-
 class LocalMeasurer:
     """The engine runs in this process: each repeat between two machine probes, metered here."""
 
@@ -207,15 +203,10 @@ class LocalMeasurer:
         from perfsuite.measure.environment import server_environment
 
         engine, conditions = job.engine, job.conditions
-        backend, in_process = conditions.backend, runs_in_process(engine)
-        warm_up(engine, job.requests, job.max_concurrency, conditions.warmup_runs)
-        # A server in another process may run on another machine: this one's probe would only add its noise.
-        probes = BracketingProbe(backend.probe if in_process else None, backend.device)
-        # a fake that sleeps does not follow the machine: no probe, no CPU reading
-        meter = MachineMeter.opened(backend.device, backend.probe is not None, in_process)
-        one = time_engine(engine, job.requests, job.max_concurrency, meter, backend.device)
-        timed = RepeatLoop(one, probes, conditions.busy_threshold).run(job.num_repeats, conditions.rounds)
-        server = None if in_process else server_environment(engine, conditions.server_label)
+        repeats = EngineRepeats(engine, job.requests, job.max_concurrency, conditions.warmup_runs, job.num_repeats)
+        backend = conditions.backend
+        timed = measure_engine(repeats, backend.device, backend.probe, conditions.busy_threshold, conditions.rounds)
+        server = None if runs_in_process(engine) else server_environment(engine, conditions.server_label)
         return Timings(timed.summarised(), environment=server, server=server)
 
     def measure_capacity(self, job: CapacityJob) -> CapacityTimings:

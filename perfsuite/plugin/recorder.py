@@ -38,7 +38,7 @@ from perfsuite.measure.determinism import (
     unique_completions,
 )
 from perfsuite.measure.environment import ServerEnvironment
-from perfsuite.measure.repeats import Rounds, noisy_save_failure, plain_rounds
+from perfsuite.measure.repeats import Rounds, noisy_save_failure, plain_rounds, runs_in_process
 from perfsuite.measure.summaries import SizingParameters, sizing_parameters, summarise
 from perfsuite.plugin.capacity import NO_SLO, capacity_configuration, capacity_entry, capacity_extra_info
 from perfsuite.plugin.measurers import (
@@ -48,7 +48,6 @@ from perfsuite.plugin.measurers import (
     MeasureFailed,
     NotMeasured,
     PairedTimings,
-    runs_in_process,
 )
 from perfsuite.plugin.session import (
     SERVER_DECODE_MODE,
