@@ -3,8 +3,8 @@
 Pure Python: each histogram is a frozen value that a finished request's record
 turns into the next one, so the engine thread replaces it and a scrape reads
 whichever it finds, as with the server's totals. Each finished request (aborted
-ones too) adds its TTFT, its inter-token gaps, its end-to-end latency and its
-prompt and output lengths, from the engine's record of it
+ones too) adds its TTFT, its inter-token gaps, its mean time per output token
+(TPOT), its end-to-end latency and its prompt and output lengths, from the engine's record of it
 (``perfsuite.measure.metrics.request_metrics``: the engine's timestamps).
 """
 
@@ -78,6 +78,7 @@ class ServedHistograms:
 
     time_to_first_token: HistogramCounts
     inter_token_latency: HistogramCounts
+    request_time_per_output_token: HistogramCounts
     e2e_request_latency: HistogramCounts
     prompt_tokens: HistogramCounts
     generation_tokens: HistogramCounts
@@ -87,6 +88,7 @@ class ServedHistograms:
         token_buckets = build_1_2_5_buckets(max_model_len)
         return cls(
             HistogramCounts.empty(TTFT_BUCKETS),
+            HistogramCounts.empty(INTER_TOKEN_BUCKETS),
             HistogramCounts.empty(INTER_TOKEN_BUCKETS),
             HistogramCounts.empty(E2E_BUCKETS),
             HistogramCounts.empty(token_buckets),
@@ -98,6 +100,8 @@ class ServedHistograms:
         return ServedHistograms(
             self.time_to_first_token.observed(m.ttft for m in metrics if m.ttft is not None),
             self.inter_token_latency.observed(itl for m in metrics for itl in m.itls),
+            # vLLM observes every finished request, 0 for one of fewer than two tokens
+            self.request_time_per_output_token.observed(m.tpot or 0.0 for m in metrics),
             self.e2e_request_latency.observed(m.e2e for m in metrics if m.e2e is not None),
             self.prompt_tokens.observed(m.num_prompt_tokens for m in metrics),
             self.generation_tokens.observed(m.num_output_tokens for m in metrics),
