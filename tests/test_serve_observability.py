@@ -105,6 +105,8 @@ def test_the_metric_names_clients_scrape_are_there_under_vllms_names(served):
     for name, kind in {**SCRAPED_NAMES, **dict.fromkeys(HISTOGRAM_BUCKETS, "histogram")}.items():
         assert families[name].type == kind, name
         assert {s.labels["model_name"] for s in families[name].samples} == {MODEL}, name
+        if kind == "counter":
+            assert {s.name for s in families[name].samples} == {name + "_total"}, f"{name}_total, as vLLM writes it"
 
 
 def histogram(families: dict, name: str) -> tuple[list[tuple[float, float]], float, float]:
