@@ -1,7 +1,8 @@
 """The change-point defaults on simulated series: false head alarms on flat ones, and how soon a step is found.
 
     python bench/simulate_change_points.py [--noise 0.03] [--shape normal|t3|outliers] [--sequences 20]
-                                           [--runs 100] [--step -0.10]
+                                           [--runs 100] [--step -0.10] [--creep-noise 0.03 0.05]
+                                           [--trend-max-p 0.02]
 
 Seeded, no machine measured: each run's value is 100 times (1 + noise x a
 draw of ``--shape``): ``normal``, a standard normal; ``t3``, Student's t
@@ -20,7 +21,12 @@ each rule. ``creep``: 50 series of 40 runs, run i 1.02 ** (i // 3) times
 slower, as bench/calibrate_history.py injects it; counting the run where the
 slowdown first exceeds 10% as 1, the runs until the first new head
 regression, with the head ``head_runs`` 5 (the old default) and the default.
-docs/change-points.md quotes its output; the calibration on real sessions
+Last, the step search and the trend test (``perfsuite.history.trend``)
+together at each ``--creep-noise``: new steps plus new trends per 100 A/A
+runs, the creep found by the first new regression of either kind (before it
+passes 10% counts as found), and how often a 10% step was read as a trend;
+the last line is ``creep3=N/50 creep5=M/50 false_per_100=X`` (the larger
+false rate of the noises). docs/change-points.md quotes its output; the calibration on real sessions
 (issue 24, item 5) is what tunes ``ChangePointPolicy``.
 """
 
@@ -135,13 +141,13 @@ def verdicts(values: list[float], trends: TrendPolicy) -> tuple[bool, bool, bool
 
 def false_changes(draw, noise: float, sequences: int, runs: int, trends: TrendPolicy) -> tuple[int, int, int]:
     """A/A: (new steps, new trends, runs searched), each run from ``min_points`` on, as a session searches."""
-    steps = trends = checked = 0
+    num_steps = num_trends = checked = 0
     for _ in range(sequences):
         values = [100 * draw(noise) for _ in range(runs)]
         for end in range(NEW_RULES.min_points, runs + 1):
             new_step, new_trend_, _ = verdicts(values[:end], trends)
-            steps, trends, checked = steps + new_step, trends + new_trend_, checked + 1
-    return steps, trends, checked
+            num_steps, num_trends, checked = num_steps + new_step, num_trends + new_trend_, checked + 1
+    return num_steps, num_trends, checked
 
 
 def runs_to_find_a_creep_or_trend(draw, noise: float, trends: TrendPolicy) -> int | None:
