@@ -77,6 +77,7 @@ class Trend:
     num_runs: int  # runs tested: the window
     runs_since_start: int  # from ``start`` to ``newest``, both included
     slope_per_run: float  # Sen's slope: -0.007 is 0.7% of the level lower each run
+    intercept: float  # the fitted line at the window's first run, relative to ``level``: median of value - slope x run
     slope_low: float  # its confidence interval
     slope_high: float
     p_value: float  # two-sided Mann-Kendall
@@ -87,6 +88,13 @@ class Trend:
     def total_change(self) -> float:
         """The fitted change over the window, relative to its level: what ``min_total_change`` bounds."""
         return self.slope_per_run * (self.num_runs - 1)
+
+    def fitted(self, position: float, slope: float | None = None) -> float:
+        """The line at ``position`` runs from the window's first, in the series' units; another ``slope`` (an end of
+        the interval) turns the line about the window's middle."""
+        middle = (self.num_runs - 1) / 2
+        at_middle = self.intercept + self.slope_per_run * middle
+        return self.level * (at_middle + (self.slope_per_run if slope is None else slope) * (position - middle))
 
     @property
     def is_regression(self) -> bool:
@@ -154,9 +162,10 @@ def find_trend(series: Series, policy: TrendPolicy = TrendPolicy()) -> TrendSear
     if _step_error(values) <= slope_error:  # one step explains the window as well: the step search's to report
         return TrendSearch(series, policy)
     start_index, start = window[onset]
+    intercept = float(np.median(values - slope * np.arange(len(values))))
     trend = Trend(
-        start, start_index, window[-1][1], len(window), len(window) - onset, slope, low, high, p_value, level,
-        series.direction,
+        start, start_index, window[-1][1], len(window), len(window) - onset, slope, intercept, low, high, p_value,
+        level, series.direction,
     )  # fmt: skip
     return TrendSearch(series, policy, trend)
 
