@@ -64,6 +64,14 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[GPU_ASSIGNMENT_KEY] = GpuAssignment(gpus)
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """--perf-against-if-no-baseline: what the session compares with, and why, before anything runs."""
+    perf_session = config.stash.get(SESSION_KEY, None)
+    if perf_session is None or perf_session.options.comparison_note is None:
+        return []
+    return [f"perfsuite: {perf_session.options.comparison_note}"]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash[SESSION_KEY]
     if not session.options.enabled:
