@@ -13,7 +13,7 @@ from fake_backend import FAKE_BACKEND_CONFTEST
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT
 from perfsuite.measure import environment
 from perfsuite.measure.environment import environment_from_json
-from perfsuite.plugin.no_baseline import choose_comparison, predicted_fingerprint
+from perfsuite.plugin.no_baseline import SessionPlan, choose_comparison, predicted_fingerprint
 
 pytest_plugins = ["pytester"]
 # Imported here, before any in-process pytester run: one that imported torch would unload it after, and torch
@@ -113,7 +113,6 @@ def test_the_shipped_baselines_gate_their_own_machine_class(monkeypatch):
     import perfsuite.measure.timing as timing
 
     monkeypatch.setattr(timing, "default_num_threads", lambda: stored.num_threads)
-    values = {"perf_model": stored.model, "perf_dtype": stored.dtype, "perf_device": "cpu", "perf_against": None,
-              "perf_ray": None, "perf_engines": ("static",), "perf_baseline_dir": "baselines"}  # fmt: skip
-    choice = choose_comparison("HEAD", values, False, ROOT, ROOT, xdist=False)
+    plan = SessionPlan(stored.model, stored.dtype, "cpu", ROOT / "baselines", engines=("static", "inflight"))
+    choice = choose_comparison("HEAD", plan, ROOT, ROOT)
     assert choice.against is None and choice.line.startswith(f"baselines for this environment ({folder.name})")

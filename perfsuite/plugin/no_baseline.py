@@ -22,9 +22,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from perfsuite.engine.names import SERVER_ENGINES
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlan:
+    """What the options ask of the session, as far as the choice goes."""
+
+    model: str
+    dtype: str
+    device: str  # as given: auto, cpu, cuda, cuda:N
+    baseline_dir: Path
+    engines: tuple[str, ...]
+    against: str | None = None  # --perf-against given
+    ray: str | None = None
+    save_baseline: bool = False
+    xdist: bool = False  # -n / --dist
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +49,19 @@ class BaselineChoice:
     line: str
 
 
-def choose_comparison(
-    ref: str, values: dict[str, Any], save_baseline: bool, rootdir: Path, invocation_dir: Path, xdist: bool
-) -> BaselineChoice:
+def choose_comparison(ref: str, plan: SessionPlan, rootdir: Path, invocation_dir: Path) -> BaselineChoice:
     """Baselines/ when they hold this environment, else A/B against ``ref`` where it can run."""
-    cannot = _why_no_switch(values, save_baseline, xdist)
+    cannot = _why_no_switch(plan)
     if cannot is not None:
         return BaselineChoice(None, f"--perf-against-if-no-baseline {ref}: {cannot}")
-    fingerprint = predicted_fingerprint(values["perf_model"], values["perf_dtype"], values["perf_device"])
-    baseline_dir = rootdir / values["perf_baseline_dir"]
+    fingerprint = predicted_fingerprint(plan.model, plan.dtype, plan.device)
     from perfsuite.judge.baselines import BaselineStore
 
-    if BaselineStore(baseline_dir).holds_fingerprint(fingerprint):
-        return BaselineChoice(None, f"baselines for this environment ({fingerprint}) in {baseline_dir}: gating on them")
-    missing = f"no baseline for this environment ({fingerprint}) in {baseline_dir}"
+    if BaselineStore(plan.baseline_dir).holds_fingerprint(fingerprint):
+        return BaselineChoice(
+            None, f"baselines for this environment ({fingerprint}) in {plan.baseline_dir}: gating on them"
+        )
+    missing = f"no baseline for this environment ({fingerprint}) in {plan.baseline_dir}"
     from perfsuite.ab.trees import names_a_reference
 
     if not names_a_reference(ref, rootdir, invocation_dir):
@@ -72,16 +85,16 @@ def predicted_fingerprint(model: str, dtype: str, device_option: str) -> str:
     return capture_environment(model, dtype, device, num_threads).fingerprint()
 
 
-def _why_no_switch(values: dict[str, Any], save_baseline: bool, xdist: bool) -> str | None:
-    if save_baseline:
+def _why_no_switch(plan: SessionPlan) -> str | None:
+    if plan.save_baseline:
         return "recording baselines (--perf-save-baseline): no A/B"
-    if values["perf_against"] is not None:
-        return f"--perf-against {values['perf_against']} given: A/B against it"
-    if values["perf_ray"] is not None:
+    if plan.against is not None:
+        return f"--perf-against {plan.against} given: A/B against it"
+    if plan.ray is not None:
         return "--perf-ray: comparing with baselines/ (A/B on a cluster needs --perf-against)"
-    servers = [name for name in values["perf_engines"] if name in SERVER_ENGINES]
+    servers = [name for name in plan.engines if name in SERVER_ENGINES]
     if servers:
         return f"{', '.join(servers)} measures a server, the same for both sides: comparing with baselines/"
-    if xdist:
+    if plan.xdist:
         return "-n: A/B runs one pair of workers per session: comparing with baselines/"
     return None

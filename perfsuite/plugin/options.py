@@ -461,13 +461,21 @@ def _against_if_no_baseline(config: pytest.Config, values: dict[str, Any], save_
         return None
     if not ref.strip():
         raise pytest.UsageError("--perf-against-if-no-baseline needs a git ref or a checkout's path, e.g. HEAD")
-    from perfsuite.plugin.no_baseline import choose_comparison
+    from perfsuite.plugin.no_baseline import SessionPlan, choose_comparison
 
-    xdist = bool(getattr(config.option, "numprocesses", None)) or getattr(config.option, "dist", "no") != "no"
+    plan = SessionPlan(
+        model=values["perf_model"],
+        dtype=values["perf_dtype"],
+        device=values["perf_device"],
+        baseline_dir=Path(config.rootpath) / values["perf_baseline_dir"],
+        engines=values["perf_engines"],
+        against=values["perf_against"],
+        ray=values["perf_ray"],
+        save_baseline=save_baseline,
+        xdist=bool(getattr(config.option, "numprocesses", None)) or getattr(config.option, "dist", "no") != "no",
+    )
     try:
-        choice = choose_comparison(
-            ref, values, save_baseline, Path(config.rootpath), Path(config.invocation_params.dir), xdist
-        )
+        choice = choose_comparison(ref, plan, Path(config.rootpath), Path(config.invocation_params.dir))
     except ValueError as error:  # a device this machine does not have
         raise pytest.UsageError(f"--perf-device: {error}") from None
     if choice.against is not None:
