@@ -472,7 +472,9 @@ def _against_if_no_baseline(config: pytest.Config, values: dict[str, Any], save_
         against=values["perf_against"],
         ray=values["perf_ray"],
         save_baseline=save_baseline,
-        xdist=bool(getattr(config.option, "numprocesses", None)) or getattr(config.option, "dist", "no") != "no",
+        xdist=hasattr(config, "workerinput")  # an xdist worker: its controller chose
+        or bool(getattr(config.option, "numprocesses", None))
+        or getattr(config.option, "dist", "no") != "no",
     )
     try:
         choice = choose_comparison(ref, plan, Path(config.rootpath), Path(config.invocation_params.dir))
