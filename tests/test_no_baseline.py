@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from fake_backend import FAKE_BACKEND_CONFTEST
-from perfsuite.judge.stats import PAIRED_MIN_EFFECT
-from perfsuite.measure import environment
+from perfsuite.measure import environment, timing
 from perfsuite.measure.environment import environment_from_json
 from perfsuite.plugin.no_baseline import SessionPlan, choose_comparison, predicted_fingerprint
 
 pytest_plugins = ["pytester"]
-# Imported here, before any in-process pytester run: one that imported torch would unload it after, and torch
-# cannot be imported twice in a process.
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fake backend, with the threads the default perf_model fixture sets: the environment make perf captures.
@@ -41,6 +36,24 @@ def git(path: Path, *args: str) -> None:
                    capture_output=True)  # fmt: skip
 
 
+def committed(path: Path) -> Path:
+    (path / "a.txt").write_text("a\n")
+    git(path, "init", "-q")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "base")
+    return path
+
+
+def plan(baseline_dir: Path, **changes) -> SessionPlan:
+    return SessionPlan("smollm2-135m", "float32", "cpu", baseline_dir, **{"engines": ("static", "inflight"), **changes})
+
+
+def store_a_baseline(baseline_dir: Path, fingerprint: str) -> None:
+    folder = baseline_dir / fingerprint / "tests" / "test_x.py"
+    folder.mkdir(parents=True)
+    (folder / "test_x.json").write_text("{}")
+
+
 @pytest.fixture
 def project(pytester):
     pytester.makeconftest(CONFTEST)
@@ -48,57 +61,50 @@ def project(pytester):
     return pytester
 
 
-def test_without_a_baseline_for_this_environment_the_session_goes_ab_against_head(project):
-    git(project.path, "init", "-q")
-    git(project.path, "add", "-A")
-    git(project.path, "commit", "-q", "-m", "base")
-    result = project.runpytest_inprocess(*FALLBACK, "--co")
-    fingerprint = predicted_fingerprint("smollm2-135m", "float32", "auto")
-    result.stdout.fnmatch_lines([
-        f"perfsuite: no baseline for this environment ({fingerprint}) in {project.path / 'baselines'}: comparing the "
-        "current tree against HEAD side by side (--perf-against HEAD)"
-    ])  # fmt: skip
-    config = project.parseconfigure(*FALLBACK)
-    from perfsuite.plugin.stash import SESSION_KEY
-
-    options = config.stash[SESSION_KEY].options
-    assert options.against == "HEAD" and options.policy.min_effect == PAIRED_MIN_EFFECT, "the A/B mode's default"
+# -- the choice -----------------------------------------------------------------------------------------------------
 
 
-def test_with_baselines_for_this_environment_the_session_gates_on_them(project):
-    """The predicted fingerprint is the one a session captures: baselines it saved are found and compared with."""
-    saved = project.runpytest_inprocess("--perf", "--perf-profile", "smoke", "-p", "no:randomly",
-                                        "--perf-save-baseline")  # fmt: skip
-    saved.assert_outcomes(passed=1)
-    result = project.runpytest_inprocess(*FALLBACK, "-rs")
-    [folder] = (project.path / "baselines").iterdir()
-    result.stdout.fnmatch_lines([f"perfsuite: baselines for this environment ({folder.name}) in *: gating on them"])
-    [test] = json.loads((project.path / "reports" / "results.json").read_text())["tests"]
-    assert test["judgement"]["baseline_status"] != "no baseline" and test["judgement"]["comparisons"]
-    assert "A/B:" not in result.stdout.str()
+def test_without_a_baseline_for_this_environment_the_session_goes_ab_against_ref(tmp_path):
+    repo = committed(tmp_path)
+    store_a_baseline(repo / "baselines", "cpu-another-machine-0123456789")  # another environment's: not ours
+    choice = choose_comparison("HEAD", plan(repo / "baselines"), repo, repo)
+    fingerprint = predicted_fingerprint("smollm2-135m", "float32", "cpu")
+    assert choice.against == "HEAD"
+    assert choice.line == (f"no baseline for this environment ({fingerprint}) in {repo / 'baselines'}: comparing the "
+                           "current tree against HEAD side by side (--perf-against HEAD)")  # fmt: skip
 
 
-def test_outside_git_head_names_nothing_so_the_session_compares_with_baselines_saying_why(project):
-    result = project.runpytest_inprocess(*FALLBACK, "-rs")
-    result.stdout.fnmatch_lines([
-        "perfsuite: no baseline for this environment (*) in *, and 'HEAD' names no commit or checkout here (no git?): "
-        "comparing with baselines/ as --perf does, which judges nothing; record baselines with --perf-save-baseline "
-        "(make baselines)",
-        "perfsuite: judged 0 of 4 planned comparisons (4 without a baseline for this environment)*",
-    ])  # fmt: skip
-    result.assert_outcomes(skipped=1)
+def test_with_a_baseline_for_this_environment_the_session_gates_on_baselines(tmp_path):
+    repo = committed(tmp_path)
+    fingerprint = predicted_fingerprint("smollm2-135m", "float32", "cpu")
+    store_a_baseline(repo / "baselines", fingerprint)
+    choice = choose_comparison("HEAD", plan(repo / "baselines"), repo, repo)
+    assert choice.against is None
+    assert choice.line == f"baselines for this environment ({fingerprint}) in {repo / 'baselines'}: gating on them"
+
+
+def test_outside_git_head_names_nothing_so_baselines_stay_saying_why(tmp_path):
+    choice = choose_comparison("HEAD", plan(tmp_path / "baselines"), tmp_path, tmp_path)
+    assert choice.against is None
+    assert "and 'HEAD' names no commit or checkout here (no git?): comparing with baselines/ as --perf does" in (
+        choice.line
+    )
+    assert choice.line.endswith("record baselines with --perf-save-baseline (make baselines)")
 
 
 @pytest.mark.parametrize(
-    ("args", "why"),
+    ("changes", "why"),
     [
-        (("--perf-save-baseline",), "recording baselines (--perf-save-baseline): no A/B"),
-        (("--perf-against", "HEAD~1"), "--perf-against HEAD~1 given: A/B against it"),
+        ({"save_baseline": True}, "recording baselines (--perf-save-baseline): no A/B"),
+        ({"against": "HEAD~1"}, "--perf-against HEAD~1 given: A/B against it"),
+        ({"ray": "auto"}, "--perf-ray: comparing with baselines/"),
+        ({"engines": ("openai-http",)}, "openai-http measures a server, the same for both sides"),
+        ({"xdist": True}, "-n: A/B runs one pair of workers per session"),
     ],
 )
-def test_nothing_switches_where_the_session_chose_its_comparison_itself(project, args, why):
-    result = project.runpytest_inprocess(*FALLBACK, *args, "--co")
-    result.stdout.fnmatch_lines([f"perfsuite: --perf-against-if-no-baseline HEAD: {why}"])
+def test_nothing_switches_where_ab_cannot_run_or_the_options_chose(tmp_path, changes, why):
+    choice = choose_comparison("HEAD", plan(tmp_path / "baselines", **changes), committed(tmp_path), tmp_path)
+    assert choice.against is None and choice.line.startswith(f"--perf-against-if-no-baseline HEAD: {why}")
 
 
 def test_the_shipped_baselines_gate_their_own_machine_class(monkeypatch):
@@ -110,9 +116,29 @@ def test_the_shipped_baselines_gate_their_own_machine_class(monkeypatch):
     if (here.torch_version, here.transformers_version) != (stored.torch_version, stored.transformers_version):
         pytest.skip(f"this torch/transformers ({here.torch_version}, {here.transformers_version}) is not the pinned one")
     monkeypatch.setattr(environment, "cpu_model", lambda: stored.cpu_model)
-    import perfsuite.measure.timing as timing
-
     monkeypatch.setattr(timing, "default_num_threads", lambda: stored.num_threads)
-    plan = SessionPlan(stored.model, stored.dtype, "cpu", ROOT / "baselines", engines=("static", "inflight"))
-    choice = choose_comparison("HEAD", plan, ROOT, ROOT)
+    choice = choose_comparison("HEAD", plan(ROOT / "baselines"), ROOT, ROOT)
     assert choice.against is None and choice.line.startswith(f"baselines for this environment ({folder.name})")
+
+
+# -- in a session ---------------------------------------------------------------------------------------------------
+
+
+def test_a_session_predicts_the_fingerprint_it_then_captures_and_says_what_it_compares_with(project):
+    """Outside git, HEAD names nothing: the session compares with baselines/ (there are none) and says why."""
+    result = project.runpytest_subprocess(*FALLBACK, "-rs")
+    fingerprint = predicted_fingerprint("smollm2-135m", "float32", "auto")
+    result.stdout.fnmatch_lines([
+        f"perfsuite: no baseline for this environment ({fingerprint}) in *, and 'HEAD' names no commit or checkout "
+        "here (no git?)*",
+        "perfsuite: judged 0 of 4 planned comparisons (4 without a baseline for this environment)*",
+    ])  # fmt: skip
+    results = json.loads((project.path / "reports" / "results.json").read_text())
+    assert results["fingerprint"] == fingerprint, "the environment predicted before the session is the one it captured"
+
+
+def test_in_a_git_checkout_without_baselines_the_session_is_an_ab_session(project):
+    committed(project.path)
+    result = project.runpytest_subprocess(*FALLBACK, "--co")
+    result.stdout.fnmatch_lines(["perfsuite: no baseline for this environment (*) in *: comparing the current tree against "
+                                 "HEAD side by side (--perf-against HEAD)"])  # fmt: skip

@@ -116,7 +116,7 @@ def test_a_perf_session_writes_summary_md_and_fills_the_step_summary(pytester, m
     )
     step_summary = pytester.path / "step_summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
-    result = pytester.runpytest_inprocess("--perf", "--perf-profile", "smoke", "-p", "no:randomly")
+    result = pytester.runpytest_subprocess("--perf", "--perf-profile", "smoke", "-p", "no:randomly")
     summary = pytester.path / "reports" / "summary.md"
     result.stdout.fnmatch_lines([f"summary: {summary}"])
     markdown = summary.read_text()
