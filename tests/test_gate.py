@@ -323,7 +323,7 @@ def test_written_files_follow_the_umask(project):
         project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
     finally:
         os.umask(old)
-    for path in [*baseline_files(project), project.path / "reports" / "results.json", project.path / "reports" / "report.html"]:
+    for path in [*baseline_files(project), *(project.path / "reports" / name for name in ("results.json", "report.html", "summary.md"))]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
 
 

@@ -60,7 +60,7 @@ def test_a_session_under_history_none_writes_no_history_anywhere(project):
     result = project.runpytest_subprocess(*ARGS, "--perf-history", "none")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["change points: not checked: no run history is kept (--perf-history none)"])
-    assert sorted(path.name for path in (project.path / "reports").iterdir()) == ["report.html", "results.json"]
+    assert sorted(path.name for path in (project.path / "reports").iterdir()) == ["report.html", "results.json", "summary.md"]
     assert "history:" not in result.stdout.str()
 
 

@@ -1,7 +1,7 @@
 """The run history store: sessions in and out, its schema versions, and what a kill or a second writer cannot break.
 
 Everything here runs on SQLite files in tmp_path; the URL path is taken with a
-``sqlite:///`` URL, as a PostgreSQL one would be.
+``sqlite:///`` URL. tests/test_history_postgres.py runs the store on a real PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -256,8 +256,8 @@ def test_a_missing_driver_of_another_scheme_names_its_own_package_and_the_suppor
     message = str(error.value)
     assert message.startswith("mysql://ci@db.example/perf: the driver for mysql, MySQLdb, is not installed "
                               "(pip install mysqlclient); perfsuite's history store supports sqlite:///PATH")  # fmt: skip
-    assert message.endswith("postgresql+psycopg://USER@HOST/DB (pip install 'psycopg[binary]')")
-    assert message.count("psycopg") == 2, "psycopg only as the postgresql scheme's driver, not as mysql's fix"
+    assert message.endswith("postgresql+pg8000://USER@HOST/DB (pip install pg8000)")
+    assert message.count("pg8000") == 2, "pg8000 only as the postgresql scheme's driver, not as mysql's fix"
 
 
 # -- schema versions -----------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ def test_init_writes_the_four_files_filled_in_for_the_engine(tmp_path, capsys):
     assert [step for step in steps if step.get("uses", "").startswith("actions/upload-artifact")][0]["with"]["path"] == (
         "reports/"
     )
+    [comment] = [step for step in steps if "gh pr comment" in step.get("run", "")]
+    assert comment["run"].endswith("--body-file reports/summary.md") and comment["if"].startswith("always() && ")
+    assert comment["env"]["GH_TOKEN"] == "${{ github.token }}" and workflow["permissions"]["pull-requests"] == "write"
 
 
 def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path, capsys):
@@ -195,13 +198,15 @@ def test_the_written_workflow_passes_on_a_pull_request_in_a_fresh_python(tmp_pat
     assert [step["uses"].split("@")[0] for step in steps if "uses" in step] == [
         "actions/checkout", "actions/setup-python", "actions/upload-artifact"
     ]  # fmt: skip
-    scripts = [step for step in steps if "run" in step]
+    # The comment step needs GitHub (its API, the pull request's number): test_init_writes_the_four_files checks it.
+    scripts = [step for step in steps if "run" in step and "gh pr comment" not in step["run"]]
     assert where_perfsuite_is(python, tmp_path, env).returncode != 0, "the fresh Python has no perfsuite yet"
     env.update({name: with_context(str(value)) for name, value in {**workflow["env"], **job.get("env", {})}.items()})
 
     unset = run_step(with_context(scripts[0]["run"]), project, {**env, "PERFSUITE_SOURCE": ""})
     assert unset.returncode != 0 and "PERFSUITE_SOURCE: set it at the top of this workflow" in unset.stderr
 
+    env["GITHUB_STEP_SUMMARY"] = str(tmp_path / "step_summary.md")
     for step in scripts:
         step_env = {**env, **{name: with_context(str(value)) for name, value in step.get("env", {}).items()}}
         ran = run_step(with_context(step["run"]), project, step_env)
@@ -211,3 +216,6 @@ def test_the_written_workflow_passes_on_a_pull_request_in_a_fresh_python(tmp_pat
     installed = where_perfsuite_is(python, tmp_path, env)
     assert installed.returncode == 0 and Path(installed.stdout.strip()).is_relative_to(python.parents[1]), installed
     assert (project / "reports").is_dir(), "what the last step uploads"
+    summary = (project / "reports" / "summary.md").read_text()  # what the comment step posts
+    assert summary.startswith("### perfsuite: ") and "REF origin/main" in summary
+    assert (tmp_path / "step_summary.md").read_text() == summary, "the job summary"

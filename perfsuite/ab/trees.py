@@ -157,6 +157,14 @@ def _checkout_tree(ref: str, path: Path, current: Path, current_commit: str | No
     return Trees(ref, commit, current, path, current_commit, None, perfsuite_in_trees=in_trees)
 
 
+def names_a_reference(ref: str, rootdir: Path, invocation_dir: Path) -> bool:
+    """Whether ``prepare_trees`` could resolve ``ref``: a checkout's folder, or a commit of the rootdir's repository."""
+    as_path = (invocation_dir / ref).expanduser().resolve()
+    if _looks_like_path(ref) or as_path.is_dir():
+        return as_path.is_dir()
+    return _commit_of(rootdir.resolve(), ref) is not None
+
+
 def _looks_like_path(ref: str) -> bool:
     return ref.startswith((".", "/", "~"))
 

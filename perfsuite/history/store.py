@@ -321,10 +321,9 @@ def _engine(location: Location) -> sa.Engine:
     return engine
 
 
-# The store is tested on these; SQLAlchemy may open others, each with its own driver.
-SUPPORTED = (
-    "sqlite:///PATH (no driver to install) and postgresql+psycopg://USER@HOST/DB (pip install 'psycopg[binary]')"
-)
+# The store is tested on these (tests/test_history_postgres.py on a real server); SQLAlchemy may open others, each
+# with its own driver (postgresql+psycopg too).
+SUPPORTED = "sqlite:///PATH (no driver to install) and postgresql+pg8000://USER@HOST/DB (pip install pg8000)"
 # The pip package of each driver module SQLAlchemy's dialects import.
 _DRIVER_PACKAGES = {
     "psycopg": "'psycopg[binary]'",

@@ -177,6 +177,11 @@ class BaselineStore:
         mine = environment.fingerprint()
         return sorted(d.name for d in self.root.iterdir() if d.is_dir() and d.name != mine and (d / relative).exists())
 
+    def holds_fingerprint(self, fingerprint: str) -> bool:
+        """Whether any baseline is stored under ``fingerprint`` (a test's own may still be missing)."""
+        folder = self.root / fingerprint
+        return folder.is_dir() and any(folder.rglob("*.json"))
+
     def save(self, baseline: Baseline) -> Path:
         """Write ``baseline``; BaselineError if it holds a value ``load`` would refuse."""
         path = self.path_for(baseline.test_id, baseline.environment)

@@ -54,6 +54,16 @@ MISSING_ON_ONE_SIDE = "not measured on both sides"  # a metric undefined in a ru
 NOT_MEASURED = "not measured (their tests recorded no result)"  # failed or errored first, or measured nothing
 
 
+def status_reason(status: str) -> str:
+    """Why a test with nothing compared judged nothing, from its baseline status, as the session's line says it."""
+    return _STATUS_REASONS.get(status, (status, None))[0]
+
+
+def verdict_reason(verdict: Verdict) -> str | None:
+    """Why a compared metric was not judged (noisy, inconclusive); None for a verdict that judged."""
+    return _VERDICT_REASONS[verdict][0] if verdict in _VERDICT_REASONS else None
+
+
 @dataclass(frozen=True, slots=True)
 class Unjudged:
     """Planned comparisons not judged, for one reason."""

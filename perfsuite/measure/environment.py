@@ -114,7 +114,12 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def capture_environment(model: str, dtype: str, device: str) -> Environment:
+def capture_environment(model: str, dtype: str, device: str, num_threads: int | None = None) -> Environment:
+    """This machine's environment for ``model`` in ``dtype`` on ``device``.
+
+    ``num_threads``: the intra-op threads the measurement will run with, where it
+    is known before torch is set up (default: torch's count now).
+    """
     import torch
     import transformers
 
@@ -126,7 +131,7 @@ def capture_environment(model: str, dtype: str, device: str) -> Environment:
         dtype=dtype,
         model=model,
         cpu_model=cpu_model(),
-        num_threads=torch.get_num_threads(),
+        num_threads=num_threads if num_threads is not None else torch.get_num_threads(),
         cuda_version=torch.version.cuda if is_cuda else None,
         driver_version=_nvidia_driver() if is_cuda else None,
     )

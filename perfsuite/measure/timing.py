@@ -48,13 +48,18 @@ def configure_threads(num_threads: int | None) -> int:
     """
     import torch
 
-    num_threads = num_threads or len(os.sched_getaffinity(0))
+    num_threads = num_threads or default_num_threads()
     torch.set_num_threads(num_threads)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # only settable once, before any parallel work
         pass
     return num_threads
+
+
+def default_num_threads() -> int:
+    """The intra-op threads ``configure_threads(None)`` sets: one per CPU this process may run on."""
+    return len(os.sched_getaffinity(0))
 
 
 def synchronize(device: str) -> None:

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from perfsuite.plugin.stash import (
     REPORT_KEY,
     RESULTS_KEY,
     SESSION_KEY,
+    SUMMARY_KEY,
 )
 from perfsuite.plugin.terminal import WrittenFiles, write_summary
 
@@ -60,6 +62,14 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         if gpus:
             config.stash[GPU_ASSIGNMENT_KEY] = GpuAssignment(gpus)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """--perf-against-if-no-baseline: what the session compares with, and why, before anything runs."""
+    perf_session = config.stash.get(SESSION_KEY, None)
+    if perf_session is None or perf_session.options.comparison_note is None:
+        return []
+    return [f"perfsuite: {perf_session.options.comparison_note}"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -154,6 +164,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
             report_dir, earlier = perf_session.options.report_dir, perf_session.earlier_sessions
             config.stash[REPORT_KEY] = write_report(perf_session.finished, report_dir, earlier)
+            config.stash[SUMMARY_KEY] = _write_markdown_summary(perf_session)
     except OutputError as error:
         config.stash[OUTPUT_ERROR_KEY] = str(error)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -162,6 +173,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed = failed_late or perf_session.failing_change_points or perf_session.fails_strict
     if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _write_markdown_summary(perf_session: PerfSession) -> Path:
+    """``summary.md`` beside the report, and GitHub's job summary when ``$GITHUB_STEP_SUMMARY`` is set."""
+    from perfsuite.report.summary import summary_markdown, write_summary_files
+
+    assert perf_session.finished is not None  # the caller wrote the results first
+    markdown = summary_markdown(perf_session.finished, perf_session.tally())
+    return write_summary_files(markdown, perf_session.options.report_dir).summary
 
 
 def _append_to_history(session: pytest.Session, perf_session: PerfSession) -> None:
@@ -263,7 +283,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if perf_session.results or perf_session.determinism or (ran and perf_session.tally().num_planned):
         terminalreporter.section("perfsuite")
     written = WrittenFiles(
-        config.stash.get(RESULTS_KEY, None), config.stash.get(REPORT_KEY, None), config.stash.get(HISTORY_KEY, None)
+        config.stash.get(RESULTS_KEY, None),
+        config.stash.get(REPORT_KEY, None),
+        config.stash.get(HISTORY_KEY, None),
+        config.stash.get(SUMMARY_KEY, None),
     )
     errors = (config.stash.get(OUTPUT_ERROR_KEY, None), config.stash.get(HISTORY_ERROR_KEY, None))
     write_summary(terminalreporter.write_line, perf_session, written, *errors, ran)

@@ -7,6 +7,7 @@ parses its arguments; bad combinations raise ``pytest.UsageError``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,6 +275,14 @@ _OPTIONS = (
         "each test on one node of the cluster (docs/ray.md)",
     ),
     (
+        "perf_against_if_no_baseline",
+        str,
+        None,
+        "a git ref or checkout as --perf-against takes: compare with baselines/ where they hold this environment, "
+        "else measure the current tree against it side by side, so a machine without baselines still gets a verdict "
+        "(make perf passes HEAD)",
+    ),
+    (
         "perf_against_workers",
         worker_count,
         "2",
@@ -410,6 +419,8 @@ class PerfOptions:
     strict: bool = False
     busy_threshold: float = option_default("perf_busy_threshold")
     against: str | None = option_default("perf_against")  # --perf-against REF: A/B side by side, no baselines
+    # --perf-against-if-no-baseline: whether the session gates on baselines/ or went A/B, and why (the report header)
+    comparison_note: str | None = None
     worker_timeout: float = option_default("perf_worker_timeout")
     against_workers: int = option_default("perf_against_workers")  # worker processes per side
     against_threads: int | str = option_default("perf_against_threads")  # a count, or auto: chosen before each test
@@ -431,6 +442,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
     save_baseline = config.getoption("perf_save_baseline")
     if save_baseline and not enabled:
         raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
+    note = _against_if_no_baseline(config, values, save_baseline) if enabled else None
     _check_modes(config, values, save_baseline)
     batch_invariant = config.getoption("perf_batch_invariant")
     if batch_invariant:
@@ -438,7 +450,39 @@ def read_options(config: pytest.Config) -> PerfOptions:
     sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
     if enabled:
         _check_what_the_tests_need(values, sweep)
-    return _perf_options(config, values, enabled, save_baseline, batch_invariant, sweep)
+    options = _perf_options(config, values, enabled, save_baseline, batch_invariant, sweep)
+    return dataclasses.replace(options, comparison_note=note)
+
+
+def _against_if_no_baseline(config: pytest.Config, values: dict[str, Any], save_baseline: bool) -> str | None:
+    """--perf-against-if-no-baseline REF: sets ``values["perf_against"]`` to REF where the session goes A/B; its line."""
+    ref = values["perf_against_if_no_baseline"]
+    if ref is None:
+        return None
+    if not ref.strip():
+        raise pytest.UsageError("--perf-against-if-no-baseline needs a git ref or a checkout's path, e.g. HEAD")
+    from perfsuite.plugin.no_baseline import SessionPlan, choose_comparison
+
+    plan = SessionPlan(
+        model=values["perf_model"],
+        dtype=values["perf_dtype"],
+        device=values["perf_device"],
+        baseline_dir=Path(config.rootpath) / values["perf_baseline_dir"],
+        engines=values["perf_engines"],
+        against=values["perf_against"],
+        ray=values["perf_ray"],
+        save_baseline=save_baseline,
+        xdist=hasattr(config, "workerinput")  # an xdist worker: its controller chose
+        or bool(getattr(config.option, "numprocesses", None))
+        or getattr(config.option, "dist", "no") != "no",
+    )
+    try:
+        choice = choose_comparison(ref, plan, Path(config.rootpath), Path(config.invocation_params.dir))
+    except ValueError as error:  # a device this machine does not have
+        raise pytest.UsageError(f"--perf-device: {error}") from None
+    if choice.against is not None:
+        values["perf_against"] = choice.against
+    return choice.line
 
 
 def _option_values(config: pytest.Config) -> dict[str, Any]:

@@ -18,6 +18,7 @@ SESSION_KEY = pytest.StashKey[PerfSession]()
 GPU_ASSIGNMENT_KEY = pytest.StashKey[GpuAssignment]()  # pytest-xdist's controller: which worker holds which GPU
 RESULTS_KEY = pytest.StashKey[Path]()  # results.json, once written at session end
 REPORT_KEY = pytest.StashKey[Path]()  # the HTML report written at session end
+SUMMARY_KEY = pytest.StashKey[Path]()  # the Markdown summary beside it (reports/summary.md)
 OUTPUT_ERROR_KEY = pytest.StashKey[str]()  # why results.json or a baseline could not be written
 HISTORY_KEY = pytest.StashKey[str]()  # where the session was appended to the run history (--perf-history)
 HISTORY_ERROR_KEY = pytest.StashKey[str]()  # why it could not be

@@ -39,6 +39,7 @@ class WrittenFiles:
     results: Path | None
     report: Path | None
     history: str | None = None  # where the session was appended to the run history
+    summary: Path | None = None  # the Markdown summary for a pull request (and $GITHUB_STEP_SUMMARY when set)
 
 
 def write_summary(
@@ -108,6 +109,8 @@ def _write_results(
     )
     if written.report is not None:
         write(f"report: {written.report}")
+    if written.summary is not None:
+        write(f"summary: {written.summary}")
     if written.history is not None:
         write(f"history: {written.history}")
 

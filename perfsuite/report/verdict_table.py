@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfsuite.judge.results import Verdict
+from perfsuite.judge.tally import status_reason, verdict_reason
 from perfsuite.report.table import format_table
 
 if TYPE_CHECKING:
@@ -82,6 +83,15 @@ class VerdictRow:
         if self.verdict is not None:
             return self.verdict.value
         return "changed" if self.kind is RowKind.COUNTER_CHANGED else "none"
+
+    @property
+    def why_not_judged(self) -> str | None:
+        """None where the row has a verdict that judged; else why not (no baseline, noisy, a counter)."""
+        if self.kind is RowKind.COUNTER_CHANGED:
+            return "an exact counter: shown, never judged"
+        if self.verdict is None:
+            return status_reason(self.status)
+        return verdict_reason(self.verdict)
 
     @property
     def cells(self) -> VerdictCells:
