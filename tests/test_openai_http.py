@@ -532,3 +532,19 @@ def test_cached_tokens_count_at_most_the_prompt_a_chat_template_adds_to():
     received = Received(request, 1.0, 2.0, (Piece(1.5, "ab", (1, 2)),), FinishReason.LENGTH, 2,
                         num_cached_tokens=len(PROMPT) + 7)  # fmt: skip
     assert to_record(received, encode).num_cached_tokens == len(PROMPT)
+
+
+# --------------------------------------------------------------------------- the server's /metrics
+
+
+def test_a_server_without_metrics_runs_as_before_and_records_nothing_server_side(serve):
+    from perfsuite.report.server_metrics import NOT_EXPOSED, server_metrics_facts
+    from test_server_metrics import as_session_result
+
+    _, url = serve(VLLM)  # no /metrics: 404
+    client = engine_for(url)
+    first, second = client.run(requests()), client.run(requests())
+    assert first.server_metrics is None and second.server_metrics is None
+    assert client.metrics_exposed is False
+    assert [len(r.records) for r in (first, second)] == [3, 3]
+    assert server_metrics_facts(as_session_result(first)) == [("server metrics", NOT_EXPOSED)]

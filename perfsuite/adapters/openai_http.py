@@ -85,8 +85,10 @@ from perfsuite.adapters.server_info import (
     auth_headers,
     fetch_server_info,
 )
+from perfsuite.adapters.server_scrape import MetricsPage, RunScraper
 from perfsuite.engine.admission import refuse_follow_ups
 from perfsuite.engine.names import OPENAI_HTTP
+from perfsuite.engine.server_metrics import ServerMetrics
 from perfsuite.engine.types import (
     EngineCounters,
     FinishReason,
@@ -147,6 +149,16 @@ def _default_probe_prompt(tokenize_text: Callable[[str], Sequence[int]]) -> tupl
 
 
 @dataclass(frozen=True, slots=True)
+class _Run:
+    """What one run's event loop brings back: the streams, the timed region, the server's metrics around it."""
+
+    received: list[Received]
+    start: float
+    end: float
+    server_metrics: ServerMetrics | None
+
+
+@dataclass(frozen=True, slots=True)
 class Negotiated:
     """What the probe settled: the prompt format used, and whether the server returns token ids."""
 
@@ -199,6 +211,7 @@ class OpenAIHttpEngine:
         self._server_info: ServerInfo | None = None
         self._negotiated: Negotiated | None = None
         self._saw_text_only_output = False
+        self._metrics_exposed: bool | None = None  # None: not asked yet
 
     # ------------------------------------------------------------------ what the server is
 
@@ -269,12 +282,28 @@ class OpenAIHttpEngine:
         refuse_follow_ups(ordered, self.name)
         served = self.served_model
         check_prompts_fit(ordered, served.max_model_len, served.model_id, self.base_url)
-        received, start, end = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency, start_at))
-        if any(not r.has_exact_ids for r in received):
+        run = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency, start_at))
+        if any(not r.has_exact_ids for r in run.received):
             self._saw_text_only_output = True
-        records = tuple(to_record(r, self._tokenize_text) for r in received)
-        self._check_output_lengths(received, records)
-        return RunResult(self.name, records, start, end, EngineCounters())
+        records = tuple(to_record(r, self._tokenize_text) for r in run.received)
+        self._check_output_lengths(run.received, records)
+        return RunResult(self.name, records, run.start, run.end, EngineCounters(), server_metrics=run.server_metrics)
+
+    @property
+    def metrics_exposed(self) -> bool | None:
+        """Whether the server's ``/metrics`` has vLLM's metrics (``perfsuite.adapters.server_scrape``); None until a
+        run has asked."""
+        return self._metrics_exposed
+
+    def _start_scraper(self) -> RunScraper | None:
+        """The server's metrics read before the run, and a thread reading them during it; None: not exposed."""
+        if self._metrics_exposed is False:
+            return None
+        scraper = RunScraper(
+            MetricsPage(self.base_url, auth_headers(self._options.api_key)), self.served_model.model_id
+        )
+        self._metrics_exposed = scraper.start()
+        return scraper if self._metrics_exposed else None
 
     def _check_output_lengths(self, received: Sequence[Received], records: Sequence[RequestRecord]) -> None:
         mismatches = [
@@ -306,11 +335,12 @@ class OpenAIHttpEngine:
         on_step: Callable[[list[StepOutput]], None] | None,
         max_concurrency: int | None,
         start_at: float | None = None,
-    ) -> tuple[list[Received], float, float]:
+    ) -> _Run:
         num_clients = min(self._batch_size, max_concurrency or self._batch_size)
         async with self._session(num_clients) as session:
             if self._negotiated is None:
                 self._negotiated = await self._negotiate(session)
+            scraper = await asyncio.to_thread(self._start_scraper)  # after the probe, so it does not count
             client = self._client(session, self._payload_builder(), on_step)
             payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
             start = time.perf_counter() if start_at is None else start_at
@@ -320,7 +350,8 @@ class OpenAIHttpEngine:
                 client, requests, payloads, start, num_clients, closed_loop=max_concurrency is not None
             )
             end = time.perf_counter()
-        return received, start, end
+        server_metrics = await asyncio.to_thread(scraper.finish, len(requests)) if scraper is not None else None
+        return _Run(received, start, end, server_metrics)
 
     def _session(self, num_clients: int) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(

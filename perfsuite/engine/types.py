@@ -11,6 +11,7 @@ import operator
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, fields
 
+from perfsuite.engine.server_metrics import ServerMetrics
 from perfsuite.engine.work import StepWork
 
 
@@ -464,6 +465,7 @@ class RunResult:
     steps: tuple[StepTrace, ...] = ()
     num_kv_blocks: int | None = None  # the KV pool (a slot cache's slots); None: not perfsuite's engine
     kv_block_size: int | None = None  # tokens per block (a slot's max_seq_len)
+    server_metrics: ServerMetrics | None = None  # a server's /metrics around the run; None: not exposed, in-process
 
     @property
     def duration(self) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite.engine.server_metrics import ServerMetrics
 from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult
 from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
 from perfsuite.measure.peaks import MachinePeaks
@@ -309,6 +310,7 @@ class Measured:
     noisy: str | None
     send_lag: SendLag | None = None  # open loop: the repeat whose sends kept the schedule worst
     cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing
+    server_metrics: tuple[ServerMetrics, ...] = ()  # a server's /metrics around each repeat; none: not exposed
 
 
 def summarise(
@@ -346,7 +348,14 @@ def summarise(
         noisy=_with_client_bound(repeats.noisy, repeats.runs),
         send_lag=worst_send_lag(repeats.runs),
         cached_prompts=cached_prompts(m for r in per_run for m in r.requests),
+        server_metrics=_all_server_metrics(repeats.runs),
     )
+
+
+def _all_server_metrics(runs: Sequence[RunResult]) -> tuple[ServerMetrics, ...]:
+    """One per repeat, or none: a test whose server stopped exposing its metrics midway pools none of them."""
+    readings = [run.server_metrics for run in runs]
+    return tuple(r for r in readings if r is not None) if all(r is not None for r in readings) else ()
 
 
 def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, float]:

@@ -1,0 +1,61 @@
+"""The report's view of what a server's own metrics said (``perfsuite.engine.server_metrics``), beside the client.
+
+For a test against a server: the server's TTFT and ITL from its histograms, the client's TTFT minus the
+server's (the network and the client's own overhead: what the server never sees), the KV cache usage, the
+queue, preemptions and prefix cache hits, pooled over the repeats; or ``not exposed``.
+"""
+
+from __future__ import annotations
+
+from perfsuite.engine.server_metrics import HistogramDelta, ServerMetrics
+from perfsuite.judge.results import TestResult
+
+NOT_EXPOSED = "not exposed"
+
+
+def server_metrics_facts(test: TestResult) -> list[tuple[str, str]]:
+    """Rows for the test's facts; none for a test measured in this process."""
+    if not test.is_remote:
+        return []
+    server = test.measurement.pooled_server_metrics
+    if server is None:
+        return [("server metrics", NOT_EXPOSED)]
+    facts = [
+        (f"server {label} mean / p50 / p99", _latency_text(histogram))
+        for label, histogram in (("TTFT", server.ttft), ("ITL", server.itl))
+        if histogram is not None and histogram.count > 0
+    ]
+    gap = client_minus_server_ttft_ms(test.measurement.summary.ttft.mean_ms, server)
+    if gap is not None:
+        facts.append(("client - server TTFT (mean)", f"{gap:.3g} ms (network and client overhead)"))
+    return facts + _load_facts(server)
+
+
+def client_minus_server_ttft_ms(client_mean_ms: float, server: ServerMetrics) -> float | None:
+    """The client's mean TTFT minus the server's, in ms; None where the server has no TTFT histogram."""
+    server_mean = server.ttft.mean if server.ttft is not None else None
+    return None if server_mean is None else client_mean_ms - 1e3 * server_mean
+
+
+def _latency_text(histogram: HistogramDelta) -> str:
+    figures = [histogram.mean, histogram.quantile(0.5), histogram.quantile(0.99)]
+    shown = " / ".join("-" if f is None else f"{1e3 * f:.3g}" for f in figures)
+    return f"{shown} ms ({histogram.count:g} requests, quantiles within the server's buckets)"
+
+
+def _load_facts(server: ServerMetrics) -> list[tuple[str, str]]:
+    facts = []
+    usage = server.kv_cache_usage
+    if usage is not None:
+        scrapes = f"{usage.num_scrapes} scrape{'s' if usage.num_scrapes != 1 else ''} while in flight"
+        facts.append(("server KV cache usage max / mean", f"{usage.max:.1%} / {usage.mean:.1%} ({scrapes})"))
+    elif server.num_scrapes_during == 0:
+        facts.append(("server KV cache usage", "not read: every run was shorter than the scrape interval"))
+    if server.num_waiting is not None:
+        facts.append(("server queue (waiting) max", f"{server.num_waiting.max:g}"))
+    if server.num_preemptions is not None:
+        facts.append(("server preemptions", f"{server.num_preemptions:g}"))
+    rate = server.prefix_cache_hit_rate
+    if rate is not None:
+        facts.append(("server prefix cache hits", f"{rate:.1%} of {server.prefix_cache_queries:g} prompt tokens"))
+    return facts
