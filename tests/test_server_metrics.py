@@ -144,3 +144,12 @@ def test_results_json_keeps_each_repeats_server_metrics_and_the_report_shows_cli
 def test_a_server_without_metrics_says_not_exposed_and_an_in_process_test_says_nothing():
     assert server_metrics_facts(remote_result(())) == [("server metrics", NOT_EXPOSED)]
     assert server_metrics_facts(make_result("t::static")) == []
+
+
+def test_the_report_shows_both_prompt_counts_where_the_server_counted_a_template():
+    result = changed(remote_result(()), summary=dataclasses.replace(
+        make_result("t").measurement.summary, total_input_tokens=570, total_client_input_tokens=384))  # fmt: skip
+    assert ("prompt tokens, server's usage / as sent", "570 / 384 (the server counts its template too)") in (
+        server_metrics_facts(result)
+    )
+    assert not any("prompt tokens" in label for label, _ in server_metrics_facts(remote_result(())))

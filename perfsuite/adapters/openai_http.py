@@ -547,6 +547,7 @@ class _Client:
             finish_reason=state.finish_reason,
             num_usage_tokens=state.num_usage_tokens,
             num_cached_tokens=state.num_cached_tokens,
+            num_usage_prompt_tokens=state.num_usage_prompt_tokens,
         )
 
     async def _stream(self, request: Request, payload: dict) -> StreamState:

@@ -310,6 +310,9 @@ class RequestRecord:
     # One log-probability per output token, where the engine was asked for them (perfsuite's engines over
     # ModelRunner(logprobs=True)); None: not asked, or an engine that does not give them.
     output_logprobs: tuple[float, ...] | None = None
+    # A server's client: the prompt as perfsuite built it, where the server's usage counted another number of
+    # prompt tokens (num_prompt_tokens: a chat template's tokens); None: they agree, or nobody else counted.
+    num_client_prompt_tokens: int | None = None
 
     @property
     def num_output_tokens(self) -> int:

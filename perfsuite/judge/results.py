@@ -309,6 +309,7 @@ READER_KEYS = frozenset(
         "output_throughput",
         "completed",
         "total_output_tokens",
+        "total_input_tokens",
         GOODPUT,
         *(f"{statistic}_{name}_ms" for name in LATENCIES for statistic in ("mean", "median", "std", "p90", "p99")),
         *(

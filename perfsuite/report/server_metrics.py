@@ -17,9 +17,10 @@ def server_metrics_facts(test: TestResult) -> list[tuple[str, str]]:
     """Rows for the test's facts; none for a test measured in this process."""
     if not test.is_remote:
         return []
+    counted = _prompt_count_facts(test)
     server = test.measurement.pooled_server_metrics
     if server is None:
-        return [("server metrics", NOT_EXPOSED)]
+        return [*counted, ("server metrics", NOT_EXPOSED)]
     facts = [
         (f"server {label} mean / p50 / p99", _latency_text(histogram))
         for label, histogram in (("TTFT", server.ttft), ("ITL", server.itl))
@@ -28,7 +29,16 @@ def server_metrics_facts(test: TestResult) -> list[tuple[str, str]]:
     gap = client_minus_server_ttft_ms(test.measurement.summary.ttft.mean_ms, server)
     if gap is not None:
         facts.append(("client - server TTFT (mean)", f"{gap:.3g} ms (network and client overhead)"))
-    return facts + _load_facts(server)
+    return counted + facts + _load_facts(server)
+
+
+def _prompt_count_facts(test: TestResult) -> list[tuple[str, str]]:
+    """The prompt tokens the server counted beside those perfsuite built, where they differ (a chat template)."""
+    summary = test.measurement.summary
+    if summary.total_client_input_tokens is None or summary.total_input_tokens is None:
+        return []
+    shown = f"{summary.total_input_tokens} / {summary.total_client_input_tokens} (the server counts its template too)"
+    return [("prompt tokens, server's usage / as sent", shown)]
 
 
 def client_minus_server_ttft_ms(client_mean_ms: float, server: ServerMetrics) -> float | None:
