@@ -153,3 +153,18 @@ def test_the_report_shows_both_prompt_counts_where_the_server_counted_a_template
         server_metrics_facts(result)
     )
     assert not any("prompt tokens" in label for label, _ in server_metrics_facts(remote_result(())))
+
+
+def test_the_terminal_line_says_the_server_ttft_the_gap_and_the_load_or_not_exposed():
+    from perfsuite.report.server_metrics import server_metrics_line
+
+    line = server_metrics_line("openai-http", 32.5, fixture_run())
+    assert line == (
+        "server metrics (openai-http): TTFT mean 30 ms, client - server 2.5 ms; KV cache usage max 50.0%; "
+        "queue max 3; 2 preemptions; prefix cache hits 25.0%"
+    )
+    short = dataclasses.replace(fixture_run(), num_scrapes_during=0, kv_cache_usage=None)
+    assert "KV cache usage not read (the run was shorter than the scrape interval)" in server_metrics_line(
+        "openai-http", 32.5, short
+    )
+    assert server_metrics_line("openai-http", 32.5, None) == "server metrics (openai-http): not exposed"

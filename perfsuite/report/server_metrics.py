@@ -69,3 +69,24 @@ def _load_facts(server: ServerMetrics) -> list[tuple[str, str]]:
     if rate is not None:
         facts.append(("server prefix cache hits", f"{rate:.1%} of {server.prefix_cache_queries:g} prompt tokens"))
     return facts
+
+
+def server_metrics_line(engine_name: str, client_mean_ttft_ms: float, server: ServerMetrics | None) -> str:
+    """One line for a terminal: ``server metrics (openai-http): TTFT mean 12.3 ms, client - server 1.2 ms; ...``."""
+    if server is None:
+        return f"server metrics ({engine_name}): {NOT_EXPOSED}"
+    parts = []
+    gap = client_minus_server_ttft_ms(client_mean_ttft_ms, server)
+    if gap is not None and server.ttft is not None and server.ttft.mean is not None:
+        parts.append(f"TTFT mean {1e3 * server.ttft.mean:.3g} ms, client - server {gap:.3g} ms")
+    if server.kv_cache_usage is not None:
+        parts.append(f"KV cache usage max {server.kv_cache_usage.max:.1%}")
+    elif server.num_scrapes_during == 0:
+        parts.append("KV cache usage not read (the run was shorter than the scrape interval)")
+    if server.num_waiting is not None:
+        parts.append(f"queue max {server.num_waiting.max:g}")
+    if server.num_preemptions is not None:
+        parts.append(f"{server.num_preemptions:g} preemptions")
+    if server.prefix_cache_hit_rate is not None:
+        parts.append(f"prefix cache hits {server.prefix_cache_hit_rate:.1%}")
+    return f"server metrics ({engine_name}): {'; '.join(parts) or 'none of the figures perfsuite reads'}"
