@@ -82,6 +82,13 @@ def test_the_served_models_series_are_read_and_another_models_ignored():
     assert page.total("vllm:num_preemptions_total", None) == 10, "no served model named: every series summed"
 
 
+def test_only_the_metrics_read_are_parsed_so_other_lines_cost_nothing_and_cannot_break_the_page():
+    other = '# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.0\nsome_exporter_garbage{{{ 1\n'
+    page = Scrape.parse(other + BEFORE)
+    assert "process_cpu_seconds_total" not in page.samples
+    assert page.total("vllm:num_preemptions_total", MODEL) == 5
+
+
 def test_older_vllms_gpu_cache_usage_is_read_where_kv_cache_usage_is_missing():
     old = during(0.75, 0, 0).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
     assert Scrape.parse(old).kv_cache_usage(MODEL) == 0.75

@@ -85,7 +85,7 @@ from perfsuite.adapters.server_info import (
     auth_headers,
     fetch_server_info,
 )
-from perfsuite.adapters.server_scrape import MetricsPage, RunScraper
+from perfsuite.adapters.server_scrape import DEFAULT_INTERVAL_S, MetricsPage, RunScraper
 from perfsuite.engine.admission import refuse_follow_ups
 from perfsuite.engine.names import OPENAI_HTTP
 from perfsuite.engine.server_metrics import ServerMetrics
@@ -174,7 +174,8 @@ class OpenAIHttpEngine:
     its own event loop, so call it from synchronous code (as the harness does).
     ``detokenize`` turns a prompt's ids into text (for text prompts and chat);
     ``probe_prompt_ids`` is the prompt of the 1-token probe request (default:
-    ``PROBE_TEXT`` tokenized, else token 0).
+    ``PROBE_TEXT`` tokenized, else token 0). ``scrape_interval_s``: how often the server's ``/metrics`` is read
+    while a run is in flight (``perfsuite.adapters.server_scrape``); None: never read.
     """
 
     name = OPENAI_HTTP
@@ -192,6 +193,7 @@ class OpenAIHttpEngine:
         probe_prompt_ids: Sequence[int] | None = None,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
+        scrape_interval_s: float | None = DEFAULT_INTERVAL_S,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -211,6 +213,7 @@ class OpenAIHttpEngine:
         self._server_info: ServerInfo | None = None
         self._negotiated: Negotiated | None = None
         self._saw_text_only_output = False
+        self._scrape_interval_s = scrape_interval_s  # None: never read the server's /metrics
         self._metrics_exposed: bool | None = None  # None: not asked yet
 
     # ------------------------------------------------------------------ what the server is
@@ -297,11 +300,10 @@ class OpenAIHttpEngine:
 
     def _start_scraper(self) -> RunScraper | None:
         """The server's metrics read before the run, and a thread reading them during it; None: not exposed."""
-        if self._metrics_exposed is False:
+        if self._metrics_exposed is False or self._scrape_interval_s is None:
             return None
-        scraper = RunScraper(
-            MetricsPage(self.base_url, auth_headers(self._options.api_key)), self.served_model.model_id
-        )
+        page = MetricsPage(self.base_url, auth_headers(self._options.api_key))
+        scraper = RunScraper(page, self.served_model.model_id, self._scrape_interval_s)
         self._metrics_exposed = scraper.start()
         return scraper if self._metrics_exposed else None
 

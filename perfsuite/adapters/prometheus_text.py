@@ -32,6 +32,25 @@ COUNTERS = {
 }
 
 
+# Where a server counts the requests it finished (read to know the last scrape has the whole run).
+REQUEST_SUCCESS = "vllm:request_success_total"
+# Every metric read: a page's other lines are dropped before parsing (a vLLM page has hundreds that parse slowly).
+READ_NAMES = (*HISTOGRAMS.values(), *KV_CACHE_USAGE, *GAUGES.values(), *COUNTERS.values(), REQUEST_SUCCESS)
+# What a scrape while the run is in flight is read for: the load.
+GAUGE_NAMES = (*KV_CACHE_USAGE, *GAUGES.values())
+_COMMENTS = ("# HELP ", "# TYPE ")
+
+
+def read_lines(text: str, names: tuple[str, ...] = READ_NAMES) -> str:
+    """The page's lines about ``names``: their samples and their HELP and TYPE comments (no parsing: cheap)."""
+    kept = []
+    for line in text.splitlines():
+        name = line[len("# HELP ") :] if line.startswith(_COMMENTS) else line
+        if name.startswith(names):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 class MetricsTextError(ValueError):
     """The page is not Prometheus' text format."""
 
@@ -48,7 +67,8 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class Scrape:
-    """One reading of the page: its samples, by sample name (``_bucket``, ``_sum``, ``_total`` included)."""
+    """One reading of the page: the samples of ``READ_NAMES``, by sample name (``_bucket``, ``_sum``, ``_total``
+    included)."""
 
     samples: dict[str, tuple[Sample, ...]]
 
@@ -58,7 +78,7 @@ class Scrape:
 
         by_name: dict[str, list[Sample]] = {}
         try:
-            for family in text_string_to_metric_families(text):
+            for family in text_string_to_metric_families(read_lines(text)):
                 for s in family.samples:
                     by_name.setdefault(s.name, []).append(Sample(s.name, tuple(sorted(s.labels.items())), s.value))
         except ValueError as error:

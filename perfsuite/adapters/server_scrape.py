@@ -1,6 +1,10 @@
 """The server's ``/metrics`` read around one run: once before it, every ``interval_s`` during it in a thread of its
 own (never in the client's event loop, so the client's timestamps do not wait on it), and once after it.
 
+While the run is in flight a scrape only keeps the load gauges' lines of the page (a string filter); they are
+parsed after the run, outside its timed region: ``prometheus_client``'s parser takes tens of milliseconds for a
+vLLM server's page (bench/server_scrape_overhead.py), time the client's event loop would wait for the GIL.
+
 A server whose ``/metrics`` does not answer 200 with Prometheus text, or whose page has none of vLLM's metric
 names (``perfsuite.adapters.prometheus_text``), is *not exposed*: the run goes on, its ``server_metrics`` is
 None, and the next runs do not ask again. A scrape that fails mid-run is skipped. Only the given endpoint is
@@ -15,7 +19,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
-from perfsuite.adapters.prometheus_text import MetricsTextError, Scrape, run_server_metrics
+from perfsuite.adapters.prometheus_text import (
+    GAUGE_NAMES,
+    REQUEST_SUCCESS,
+    MetricsTextError,
+    Scrape,
+    read_lines,
+    run_server_metrics,
+)
 from perfsuite.engine.server_metrics import ServerMetrics
 
 DEFAULT_INTERVAL_S = 0.5
@@ -27,7 +38,7 @@ SETTLE_S = 1.0
 FINISHED_COUNTS = (
     "vllm:e2e_request_latency_seconds_count",
     "vllm:time_to_first_token_seconds_count",
-    "vllm:request_success_total",
+    REQUEST_SUCCESS,
 )
 
 
@@ -41,12 +52,19 @@ class MetricsPage:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def read(self) -> Scrape | None:
+        text = self.read_text()
+        try:
+            return None if text is None else Scrape.parse(text)
+        except MetricsTextError:
+            return None
+
+    def read_text(self) -> str | None:
+        """The page as it is, None where it does not answer 200."""
         request = urllib.request.Request(self.url, headers=self._headers)
         try:
             with self._opener.open(request, timeout=self._timeout_s) as response:
-                text = response.read().decode("utf-8", errors="replace")
-            return Scrape.parse(text)
-        except (OSError, urllib.error.URLError, MetricsTextError, UnicodeError):
+                return response.read().decode("utf-8", errors="replace")
+        except (OSError, urllib.error.URLError, UnicodeError):
             return None
 
 
@@ -58,7 +76,7 @@ class RunScraper:
         self._model = model
         self._interval_s = interval_s
         self._first: Scrape | None = None
-        self._during: list[Scrape] = []
+        self._during: list[str] = []  # the gauges' lines of each page read while in flight, parsed after the run
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -74,9 +92,9 @@ class RunScraper:
 
     def _scrape_until_stopped(self) -> None:
         while not self._stop.wait(self._interval_s):
-            scrape = self._page.read()
-            if scrape is not None:
-                self._during.append(scrape)
+            text = self._page.read_text()
+            if text is not None:
+                self._during.append(read_lines(text, GAUGE_NAMES))
 
     def finish(self, num_requests: int) -> ServerMetrics | None:
         """Stop the thread, read the page once more (until the run's requests are counted, at most ``SETTLE_S``)
@@ -92,7 +110,16 @@ class RunScraper:
         assert self._first is not None, "finish follows a start that read the page"
         if last is None:  # the server stopped answering /metrics: the counters cannot be told apart from the run's
             return None
-        return run_server_metrics(self._first, self._during, last, self._model)
+        return run_server_metrics(self._first, self._parsed_during(), last, self._model)
+
+    def _parsed_during(self) -> list[Scrape]:
+        scrapes = []
+        for text in self._during:
+            try:
+                scrapes.append(Scrape.parse(text))
+            except MetricsTextError:  # a page cut short: that reading is skipped, as one that failed
+                continue
+        return scrapes
 
     def _counted(self, last: Scrape) -> float:
         """Requests the server finished since the first read (``FINISHED_COUNTS``); all of them (infinite) where it
