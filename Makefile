@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test test-cluster test-browser lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
+.PHONY: perf test test-cluster test-browser test-transformers4 lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,8 +76,8 @@ baselines: $(STAMP)
 run: $(STAMP)
 	$(BIN)/perfsuite run
 
-# `make lint` and `make docs`, then two phases (conftest.py): the tests not marked `timing` (nor `cluster` or `browser`,
-# the tiers below) under pytest-xdist ($(TEST_WORKERS) workers; most wait on
+# `make lint` and `make docs`, then two phases (conftest.py): the tests not marked `timing` (nor `cluster`, `browser` or
+# `transformers4`, the tiers below) under pytest-xdist ($(TEST_WORKERS) workers; most wait on
 # subprocesses), then the `timing` ones alone (they read the machine's load or must see a slowdown). pytest exits 5
 # when a phase collects nothing (e.g. a -k filter that matches none of its tests): that phase passes. The static
 # checks and the docs come first (seconds); pytest runs whatever they gave, and any of the four failing fails
@@ -120,6 +120,19 @@ test-browser: $(STAMP)
 	PERFSUITE_TEST_PHASE=browser $(BIN)/python -m pytest --durations=5 $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the browser phase"; rc=0; fi; exit $$rc
 
+# The tests marked `transformers4` (tests/test_served_tokenizer.py): the tokenizer folder `perfsuite serve` hands its
+# clients, loaded with transformers 4.x (which many benchmark clients pin) from a venv of its own,
+# $(TRANSFORMERS4_VENV), made once from the package index (no torch: tokenizers only). Exit 5 passes.
+TRANSFORMERS4_VENV ?= .venv-transformers4
+TRANSFORMERS4_PINS := transformers==4.57.1 tokenizers==0.22.1 huggingface_hub==0.36.0 jinja2
+test-transformers4: $(STAMP)
+	test -x $(TRANSFORMERS4_VENV)/bin/python || $(PYTHON) -m venv $(TRANSFORMERS4_VENV)
+	$(TRANSFORMERS4_VENV)/bin/python -c "import transformers, jinja2" 2>/dev/null || \
+		$(TRANSFORMERS4_VENV)/bin/python -m pip install -q $(TRANSFORMERS4_PINS)
+	PERFSUITE_TEST_PHASE=transformers4 PERFSUITE_TRANSFORMERS4_PYTHON=$(abspath $(TRANSFORMERS4_VENV))/bin/python \
+		$(BIN)/python -m pytest --durations=5 $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the transformers4 phase"; rc=0; fi; exit $$rc
+
 # The docs site (mkdocs.yml): --strict fails on a broken link, a page left out of the nav or a stale API
 # reference. Seconds. Not --quiet: it hides the warnings that --strict counts, and then nothing fails.
 docs: $(STAMP)
@@ -132,7 +145,7 @@ calibrate: $(STAMP)
 	$(BIN)/python bench/calibrate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache site
+	rm -rf $(VENV) $(TRANSFORMERS4_VENV) .pytest_cache .hypothesis .mypy_cache site
 
 # The peers tier (docs/serving-and-peers.md): vLLM's CPU build in a venv of its own, since vLLM pins its own
 # torch and transformers, with perfsuite installed beside it under vLLM's pins as constraints (nothing of

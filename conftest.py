@@ -10,13 +10,16 @@ with ``dev`` becomes an ``@example`` on its test so it stays fixed.
 of them wait on subprocesses, and a 2-core runner has a core to spare),
 then ``timing`` runs the ``timing`` ones alone. Those read the machine's
 load or detect a slowdown; beside another xdist worker, perfsuite would
-rightly call their runs noisy. Two tiers stand beside ``make test``, each a
+rightly call their runs noisy. Three tiers stand beside ``make test``, each a
 phase of its own that ``make test`` leaves out: ``cluster`` (``make
 test-cluster``) runs the tests marked ``cluster``, which start a real
 multi-node Ray cluster on this machine, minutes of a 2-core runner; and
 ``browser`` (``make test-browser``, which installs Chromium first) runs the
 tests marked ``browser``, which render the report in headless Chromium, a
-dependency the suite does not install. Unset (a plain ``pytest``), every test
+dependency the suite does not install; and ``transformers4`` (``make
+test-transformers4``, which makes a venv with transformers 4.57 first) runs
+the tests marked ``transformers4``, which load files that ``perfsuite serve``
+hands its clients with the transformers 4.x that many of them pin. Unset (a plain ``pytest``), every test
 runs.
 
 In the parallel phase each worker runs on a CPU of its own: torch sizes its
@@ -50,8 +53,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 PHASE_VARIABLE = "PERFSUITE_TEST_PHASE"
-PHASES = ("parallel", "timing", "cluster", "browser")
-TIERS = ("cluster", "browser")  # markers whose tests run only in their own phase (a make target of their own)
+PHASES = ("parallel", "timing", "cluster", "browser", "transformers4")
+TIERS = ("cluster", "browser", "transformers4")  # markers whose tests run only in their own phase (a make target of their own)
 ROOT = Path(__file__).resolve().parent
 
 

@@ -10,12 +10,22 @@ small warm-up run; the engine counts every step's FLOPs and bytes
 and the steps' times into achieved rates, prefill MFU and decode MBU. The
 peaks are measured once, first (``perfsuite.measure.peaks``). Prints a
 Markdown table.
+
+A second table puts every engine on the same footing, vLLM included where it
+is importable (``.venv-peers``, ``make peers``; it counts no work of its
+own): a *full decode step* (every one of the B requests decoding) timed from
+one step's end to the next, its median over the run, and the FLOPs and bytes
+perfsuite counts for such a step of this model at the run's middle context
+(``--prompt`` + ``--output`` / 2), so vLLM's decode MBU is perfsuite's count
+over vLLM's step time, the same yardstick as perfsuite's engines'.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,10 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import add_model_arguments, comma_list, load_bench_model  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
 from perfsuite.engine import Request, SamplingParams  # noqa: E402
-from perfsuite.adapters import Backend, EngineConfig, build_engine  # noqa: E402
+from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine  # noqa: E402
 from perfsuite.engine.model_runner import ModelRunner  # noqa: E402
-from perfsuite.measure.peaks import measure_peaks  # noqa: E402
+from perfsuite.engine.types import ScheduledChunk  # noqa: E402
+from perfsuite.engine.work import ModelShape, StepWork, step_work  # noqa: E402
+from perfsuite.measure.peaks import MachinePeaks, measure_peaks  # noqa: E402
 from perfsuite.measure.utilization import run_rates  # noqa: E402
+
+COUNTS_NO_WORK = ("vllm",)  # measured by its full decode step alone
 
 
 def requests(batch_size: int, prompt: int, output: int, vocab: int) -> list[Request]:
@@ -38,10 +52,34 @@ def requests(batch_size: int, prompt: int, output: int, vocab: int) -> list[Requ
     ]  # fmt: skip
 
 
+def full_decode_step(batch_size: int, context: int, shape: ModelShape) -> StepWork:
+    """The work perfsuite counts for one decode step of ``batch_size`` rows at position ``context``."""
+    rows = [ScheduledChunk(f"r{i}", i, (5,), context, True, False) for i in range(batch_size)]
+    return step_work(rows, shape)
+
+
+def full_step_seconds(step_ends: list[tuple[float, int]], batch_size: int) -> float | None:
+    """The median gap from one step's end to the next over steps that gave ``batch_size`` outputs."""
+    gaps = [t - before for (before, _), (t, outputs) in zip(step_ends, step_ends[1:]) if outputs == batch_size]
+    return statistics.median(gaps) if gaps else None
+
+
+def step_row(kind: str, batch_size: int, seconds: float | None, work: StepWork, peaks: MachinePeaks) -> str:
+    if seconds is None:
+        return f"| {kind} | {batch_size} | n/a | | | |"
+    moved, flops = work.decode.bytes_moved, work.decode.flops
+    return (f"| {kind} | {batch_size} | {1e3 * seconds:.1f} | {moved / seconds / 1e9:.2f} | "
+            f"{moved / seconds / peaks.bytes_per_second:.1%} | {flops / seconds / 1e9:.2f} |")  # fmt: skip
+
+
+def default_engines() -> tuple[str, ...]:
+    return ("static", "inflight", "paged", *(name for name in COUNTS_NO_WORK if name in available_engines()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
-    parser.add_argument("--engines", type=comma_list(str), default=("static", "inflight", "paged"))
+    parser.add_argument("--engines", type=comma_list(str), default=default_engines())
     parser.add_argument("--batch-sizes", type=comma_list(positive_int), default=(1, 8, 32))
     parser.add_argument("--prompt", type=positive_int, default=32)
     parser.add_argument("--output", type=positive_int, default=32)
@@ -58,20 +96,41 @@ def main() -> None:
               f"{peaks.datasheet_bytes_per_second / 1e9:.0f} GB/s")  # fmt: skip
     vocab = runner.model_shape.vocab_size
     max_seq_len = args.prompt + args.output
-    print("\n| engine | B | prefill GFLOP/s | prefill MFU | decode GB/s | decode MBU | decode GFLOP/s | decode FLOP/byte |")
+    print(
+        "\n| engine | B | prefill GFLOP/s | prefill MFU | decode GB/s | decode MBU | decode GFLOP/s | decode FLOP/byte |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    step_rows = []
+    shape = runner.model_shape
+    middle = args.prompt + args.output // 2
     for kind in args.engines:
         for batch_size in args.batch_sizes:
             backend = Backend(runner, list, None, max_seq_len, str(runner.device))
             engine = build_engine(kind, backend, EngineConfig(batch_size, max_seq_len))
-            engine.run(requests(1, 8, 4, vocab))  # warm-up
-            rates = run_rates(engine.run(requests(batch_size, args.prompt, args.output, vocab)))
+            try:
+                engine.run(requests(1, 8, 4, vocab))  # warm-up
+                step_ends: list[tuple[float, int]] = []
+                run = engine.run(
+                    requests(batch_size, args.prompt, args.output, vocab),
+                    on_step=lambda out, ends=step_ends: ends.append((time.perf_counter(), len(out))),
+                )
+            finally:
+                getattr(engine, "close", lambda: None)()  # vllm: its engine-core process goes with it
+            seconds = full_step_seconds(step_ends, batch_size)
+            step_rows.append(step_row(kind, batch_size, seconds, full_decode_step(batch_size, middle, shape), peaks))
+            rates = run_rates(run)
+            if rates is None:
+                continue
             prefill, decode = rates["prefill"], rates["decode"]
             print(f"| {kind} | {batch_size} | {prefill.flops_per_second / 1e9:.2f} | "
                   f"{prefill.flops_per_second / peaks.flops_per_second:.1%} | {decode.bytes_per_second / 1e9:.2f} | "
                   f"{decode.bytes_per_second / peaks.bytes_per_second:.1%} | {decode.flops_per_second / 1e9:.2f} | "
                   f"{decode.arithmetic_intensity:.2f} |",
                   flush=True)  # fmt: skip
+    print(f"\nA full decode step (B rows at position {middle}), perfsuite's count of its work over each engine's time:")
+    print("\n| engine | B | ms a full decode step | decode GB/s | decode MBU | decode GFLOP/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print("\n".join(step_rows))
 
 
 if __name__ == "__main__":

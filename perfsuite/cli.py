@@ -340,8 +340,8 @@ def _add_serve_command(commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="serve perfsuite's in-flight or paged engine over an OpenAI-compatible HTTP API",
-        description="POST /v1/completions and /v1/chat/completions (streamed or not, greedy), GET /health and "
-        "GET /v1/models. "
+        description="POST /v1/completions and /v1/chat/completions (streamed or not, greedy), GET /v1/models, "
+        "GET /health and GET /metrics (Prometheus, vLLM's metric names). "
         "Measure it with `pytest --perf --perf-engines openai-http --perf-endpoint http://HOST:PORT`.",
     )
     serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory ({DEFAULT_MODEL})")
@@ -366,6 +366,13 @@ def _add_serve_command(commands) -> None:
     serve.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
     serve.add_argument("--threads", type=thread_count, help="torch intra-op threads (default: one per core)")
+    serve.add_argument(
+        "--no-request-log",
+        dest="request_log",
+        action="store_false",
+        help="log no line per request (default: one line per request to stderr: method, path, status, ids, "
+        "tokens, TTFT, duration, finish reason)",
+    )
 
 
 def _add_init_command(commands) -> None:
@@ -488,6 +495,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_open_requests=args.max_open_requests,
         served_model_name=args.served_model_name,
         engine=args.engine,
+        request_log=args.request_log,
     )
     return serve(options)
 

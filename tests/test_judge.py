@@ -11,7 +11,7 @@ from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.catalogue import GOODPUT, METRICS
 from perfsuite.judge.compare import policy_of, rejudge
-from perfsuite.judge.judge import Reference, adjust_family, judge
+from perfsuite.judge.judge import FamilyPlan, Reference, adjust_family, judge
 from perfsuite.judge.results import KV_COUNTERS as KV_NAMES
 from perfsuite.judge.results import read_results
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy, Verdict
@@ -29,7 +29,7 @@ def reference(samples: dict, counters=EngineCounters(num_forward_passes=10), slo
 
 
 def judged(result, ref, slo=None, num_comparisons=4):
-    return judge(result, ref, status="compared", slo=slo, policy=Policy(), num_comparisons=num_comparisons)
+    return judge(result, ref, status="compared", slo=slo, policy=Policy(), plan=FamilyPlan(num_comparisons))
 
 
 def test_a_slower_run_regresses_and_carries_its_minimum_detectable_effect():
@@ -182,7 +182,7 @@ def test_an_ab_reference_tree_older_than_the_kv_counters_has_them_not_recorded()
 
     def changes(reference):
         judged = judge_paired(result, Reference.of_reference_side(reference, current, None), status="A/B",
-                              policy=Policy(), num_comparisons=4)  # fmt: skip
+                              policy=Policy(), plan=FamilyPlan(4))  # fmt: skip
         return {c.name for c in judged.judgement.counter_changes}, judged.judgement.baseline_unrecorded_counters
 
     assert changes(older_tree) == (set(), KV_NAMES)

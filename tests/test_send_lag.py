@@ -93,7 +93,7 @@ def test_a_closed_loop_has_no_schedule_to_keep():
 
 
 def test_a_client_bound_run_makes_the_test_noisy_so_its_comparisons_judge_nothing():
-    from perfsuite.judge.judge import Reference, judge
+    from perfsuite.judge.judge import FamilyPlan, Reference, judge
     from perfsuite.judge.results import Measurement, TestResult
     from perfsuite.judge.stats import Policy
     from results_builders import ENVIRONMENT, make_result
@@ -108,7 +108,7 @@ def test_a_client_bound_run_makes_the_test_noisy_so_its_comparisons_judge_nothin
     result = TestResult("t", Measurement.of(measured, make_result("t").measurement.parameters, None, 10.0, ENVIRONMENT))
     baseline = {name: tuple(v * 0.5 for v in values) for name, values in measured.samples.items()}  # 2x slower now
     reference = Reference(baseline, EngineCounters(), {}, None)
-    judged = judge(result, reference, status="compared", slo=None, policy=Policy(), num_comparisons=2).result
+    judged = judge(result, reference, status="compared", slo=None, policy=Policy(), plan=FamilyPlan(2)).result
     comparisons = judged.judgement.comparisons
     assert comparisons and all(c.verdict is Verdict.NOISY for c in comparisons)
     kept = summarise(Repeats(tuple(engine_run(FakeTime(), schedule(20, 0.1)) for _ in range(5))), metrics)

@@ -20,11 +20,12 @@ import urllib.request
 import pytest
 
 from perfsuite.adapters import Backend, EngineConfig, build_engine
+from perfsuite.cache_dir import CACHE_DIR_ENV
 from perfsuite.cli import build_parser
 from perfsuite.engine import FinishReason, SamplingParams
 from perfsuite.models import ModelSpec, load_model
 from perfsuite.serve import CompletionServer, ServeLimits, ServerThread
-from perfsuite.serve.launch import ServeOptions, build_server, short_model_name, tokenizer_folder
+from perfsuite.serve.launch import ServeOptions, build_server, short_model_name
 
 MAX_SEQ_LEN = 128
 SERVED_NAME = "tiny-served"
@@ -318,23 +319,24 @@ def test_serve_takes_a_served_model_name(tmp_path):
     assert args.served_model_name == "my-model"
     with pytest.raises(ValueError, match="--served-model-name"):
         ServeOptions(model="tiny-random", served_model_name=" ")
-    local = types.SimpleNamespace(spec=ModelSpec("/m/SmolLM2", "local", path=str(tmp_path)), tokenizer=None)
-    assert (short_model_name(local), tokenizer_folder(local)) == (tmp_path.name, str(tmp_path))
-    cached = types.SimpleNamespace(spec=ModelSpec("smollm2-135m", "gguf-package"),
-                                   tokenizer=types.SimpleNamespace(name_or_path=str(tmp_path)))  # fmt: skip
-    assert (short_model_name(cached), tokenizer_folder(cached)) == ("smollm2-135m", str(tmp_path.resolve()))
-    built = types.SimpleNamespace(spec=ModelSpec("tiny-random", "random"), tokenizer=types.SimpleNamespace())
-    assert tokenizer_folder(built) is None
+    local = types.SimpleNamespace(spec=ModelSpec("/m/SmolLM2", "local", path=str(tmp_path)))
+    assert short_model_name(local) == tmp_path.name
+    assert short_model_name(types.SimpleNamespace(spec=ModelSpec("smollm2-135m", "gguf-package"))) == "smollm2-135m"
 
 
-def test_build_server_serves_the_served_model_name():
+def test_build_server_serves_the_served_model_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     options = ServeOptions(model="tiny-random", port=0, batch_size=2, max_seq_len=64, device="cpu",
                            served_model_name="my-model")  # fmt: skip
     with ServerThread(build_server(options)) as thread:
         status, raw = call(thread.url + "/v1/models")
         assert status == 200
         (model,) = json.loads(raw)["data"]
-        assert (model["id"], model["max_model_len"], model["root"]) == ("my-model", 64, None)
+        assert (model["id"], model["max_model_len"]) == ("my-model", 64)
+        assert model["root"].startswith(str(tmp_path / "tokenizers" / "my-model-")), "the tokenizer's portable copy"
+        assert f"tokenizer files (transformers 4.x and 5.x load them; /v1/models' root): {model['root']}" in (
+            capsys.readouterr().err
+        ), "the banner names the folder, for a client that cannot reach a hub"
         error = error_of(thread.url + "/v1/completions", {"prompt": "hi", "model": "tiny-random"}, status=404)
         assert "'my-model'" in error["message"]
 

@@ -22,6 +22,7 @@ from perfsuite.models.tokenizer import BOS_TOKEN_ID
 from perfsuite.serve import CompletionServer, ServerThread
 from perfsuite.serve.completion_request import PromptLimits, parse_chat_request, parse_completion_request
 from perfsuite.serve.errors import ApiError
+from perfsuite.serve.histograms import ServedHistograms
 from perfsuite.serve.metrics import metrics_registry, metrics_text
 from perfsuite.serve.worker import EngineLoad, ServedTotals, kv_cache_usage
 
@@ -188,6 +189,10 @@ class StubWorker:
     load = EngineLoad(num_running=3, num_waiting=2, num_free_slots=1, num_slots=4, kv_cache_usage=0.75)
     totals = ServedTotals(EngineCounters(num_prefix_cache_queried_tokens=400, num_prefix_cache_hit_tokens=160,
                                          num_preemptions=5), num_stopped=1, num_aborted=2)  # fmt: skip
+    finished = RequestRecord("r", num_prompt_tokens=3, output_token_ids=(7, 8), arrival_time=10.0,
+                             first_scheduled_time=10.0, token_times=(10.004, 10.024), finished_time=10.024,
+                             finish_reason=FinishReason.LENGTH)  # fmt: skip
+    histograms = ServedHistograms.empty(max_model_len=64).after_finishing([finished])
 
 
 def test_the_collector_writes_the_load_and_totals_it_is_given():
@@ -197,8 +202,22 @@ def test_the_collector_writes_the_load_and_totals_it_is_given():
                  'vllm:prefix_cache_queries_total{model_name="m"} 400.0',
                  'vllm:prefix_cache_hits_total{model_name="m"} 160.0', 'vllm:num_preemptions_total{model_name="m"} 5.0',
                  'vllm:request_success_total{finished_reason="stop",model_name="m"} 1.0',
-                 'vllm:request_success_total{finished_reason="abort",model_name="m"} 2.0'):  # fmt: skip
+                 'vllm:request_success_total{finished_reason="abort",model_name="m"} 2.0',
+                 'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 0.0',
+                 'vllm:time_to_first_token_seconds_bucket{le="0.005",model_name="m"} 1.0',
+                 'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 1.0',
+                 'vllm:time_to_first_token_seconds_count{model_name="m"} 1.0',
+                 'vllm:inter_token_latency_seconds_bucket{le="0.01",model_name="m"} 0.0',
+                 'vllm:inter_token_latency_seconds_bucket{le="0.025",model_name="m"} 1.0',
+                 'vllm:time_per_output_token_seconds_bucket{le="0.025",model_name="m"} 1.0',
+                 'vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 1.0',
+                 'vllm:request_prompt_tokens_bucket{le="2.0",model_name="m"} 0.0',
+                 'vllm:request_prompt_tokens_bucket{le="5.0",model_name="m"} 1.0',
+                 'vllm:request_generation_tokens_bucket{le="2.0",model_name="m"} 1.0',
+                 'vllm:request_generation_tokens_bucket{le="50.0",model_name="m"} 1.0',
+                 'vllm:request_generation_tokens_sum{model_name="m"} 2.0'):  # fmt: skip
         assert line in text.splitlines(), line
+    assert 'vllm:request_generation_tokens_bucket{le="100.0",model_name="m"} 1.0' not in text, "buckets up to 64"
 
 
 def test_totals_add_each_steps_growth_of_the_engines_counters():

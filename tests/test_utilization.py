@@ -9,7 +9,7 @@ import pytest
 
 from perfsuite.engine.types import EngineCounters, RunResult, ScheduledChunk, StepTrace
 from perfsuite.engine.work import ModelShape, step_work
-from perfsuite.judge.catalogue import METRICS
+from perfsuite.judge.catalogue import METRICS, UTILIZATION_METRICS
 from perfsuite.measure.peaks import MachinePeaks, datasheet_peaks, peaks_from_timings
 from perfsuite.measure.summaries import Repeats, summarise
 from perfsuite.measure.utilization import DECODE_MBU, PREFILL_MFU, run_rates, utilization_samples
@@ -66,12 +66,69 @@ def test_a_run_without_counted_work_or_without_peaks_has_no_mfu():
     assert DECODE_MBU not in utilization_samples(run_of(PREFILL), PEAKS)  # no decode: no MBU, never a NaN
 
 
-def test_summarise_stores_mfu_and_mbu_per_repeat_beside_the_compared_metrics_not_among_them():
+def test_summarise_stores_mfu_and_mbu_per_repeat_and_the_rates_judged_through_them():
     runs = (run_of(PREFILL, DECODE), run_of(trace(0.0, 0.04, chunk(0, 0, 16, True)), DECODE))
     measured = summarise(Repeats(runs), METRICS, peaks=PEAKS)
     assert measured.samples[PREFILL_MFU][0] == pytest.approx(2 * measured.samples[PREFILL_MFU][1])
     assert len(measured.samples["decode_gbps"]) == 2
-    assert PREFILL_MFU not in METRICS and DECODE_MBU not in METRICS
+    assert set(UTILIZATION_METRICS) == {"prefill_tflops", "decode_gbps"}
+    assert all(name in measured.samples for name in UTILIZATION_METRICS)
+
+
+# -- judged: a drop in MBU at one workload is a regression --------------------------------------------------------
+
+STEADY = (1.00, 1.01, 0.99, 1.00, 1.02, 0.98)
+
+
+def utilization_result(decode_gbps: tuple[float, ...], throughput: tuple[float, ...] = (100.0, 101.0, 99.0) * 2):
+    from results_builders import make_result
+
+    samples = {"output_throughput": throughput, "decode_gbps": decode_gbps, DECODE_MBU: decode_gbps}
+    return make_result("t.py::test_a[paged]", samples=samples)
+
+
+def test_a_drop_in_decode_bandwidth_at_one_workload_is_a_regression_judged_in_its_own_family():
+    from perfsuite.judge.judge import FamilyPlan, Reference, judge
+    from perfsuite.judge.stats import Policy, Verdict
+
+    baseline = Reference(utilization_result(STEADY).measurement.samples, EngineCounters(), {}, None)
+    slower = utilization_result(tuple(0.8 * x for x in STEADY))
+    plan = FamilyPlan(headline=400, utilization=2)  # a big headline family leaves MBU's bar where it was
+    comparisons = judge(slower, baseline, status="compared", slo=None, policy=Policy(), plan=plan).result
+    by_metric = {c.metric: c for c in comparisons.judgement.comparisons}
+    assert by_metric["decode_gbps"].verdict is Verdict.REGRESSED
+    assert by_metric["decode_gbps"].change == pytest.approx(-0.2)
+    assert by_metric["output_throughput"].verdict is Verdict.UNCHANGED
+    assert DECODE_MBU not in by_metric  # MBU itself divides by a peak measured once per session
+
+
+def test_a_baseline_older_than_the_rates_or_an_engine_that_counts_no_work_plans_only_the_headline_metrics():
+    from perfsuite.judge.judge import FamilyPlan, Reference, judge
+    from perfsuite.judge.stats import Policy
+    from perfsuite.judge.tally import tally
+
+    older = Reference({"output_throughput": (100.0, 101.0, 99.0) * 2}, EngineCounters(), {}, None)
+    judged = judge(utilization_result(STEADY), older, status="compared", slo=None, policy=Policy(), plan=FamilyPlan(4))
+    assert [c.metric for c in judged.result.judgement.comparisons] == ["output_throughput"]
+    assert tally([judged.result], 1).all_judged
+
+
+def test_the_session_end_adjustment_keeps_the_two_families_apart():
+    """Thirty flat headline comparisons would raise a lone MBU regression's adjusted p thirty-one-fold in one family."""
+    from perfsuite.judge.judge import FamilyPlan, Reference, adjust_family, judge
+    from perfsuite.judge.stats import Policy, Verdict
+    from results_builders import make_result
+
+    baseline = Reference(utilization_result(STEADY).measurement.samples, EngineCounters(), {}, None)
+    flat = [make_result(f"t.py::test_{i}", samples={"output_throughput": (100.0, 101.0, 99.0) * 2}) for i in range(29)]
+    slower = utilization_result(tuple(0.8 * x for x in STEADY))
+    plan = FamilyPlan(headline=30, utilization=60)
+    results = [judge(r, baseline, status="compared", slo=None, policy=Policy(), plan=plan).result for r in flat]
+    results.append(judge(slower, baseline, status="compared", slo=None, policy=Policy(), plan=plan).result)
+    final, _ = adjust_family(results, Policy())
+    verdicts = {c.metric: c.verdict for c in final[-1].judgement.comparisons}
+    assert verdicts["decode_gbps"] is Verdict.REGRESSED
+    assert verdicts["output_throughput"] is Verdict.UNCHANGED
 
 
 def test_peaks_from_timings_count_a_square_matmul_and_a_copys_read_and_write():
@@ -134,3 +191,15 @@ def test_perfsuite_compare_shows_both_files_mfu_and_mbu(tmp_path, capsys):
     main(["compare", written("old.json", 0.4), written("new.json", 0.2)])
     out = capsys.readouterr().out
     assert "roofs in " + str(tmp_path / "old.json") in out and "40.0%" in out and "20.0%" in out
+
+
+def test_the_bench_yardstick_for_a_full_decode_step_is_the_engines_own_count_and_the_gap_between_full_steps():
+    """bench/roofline.py divides perfsuite's count of a full decode step by each engine's step time, vLLM's too."""
+    from bench_modules import load_bench
+
+    roofline = load_bench("roofline")
+    rows = [chunk(i, 20, 1, False) for i in range(3)]
+    assert roofline.full_decode_step(3, 20, SHAPE) == step_work(rows, SHAPE)
+    ends = [(0.0, 1), (0.5, 3), (0.7, 3), (1.0, 2), (1.4, 3)]
+    assert roofline.full_step_seconds(ends, 3) == pytest.approx(0.4)  # gaps 0.5, 0.2, 0.4 before full steps
+    assert roofline.full_step_seconds(ends[:1], 3) is None

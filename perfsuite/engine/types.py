@@ -74,15 +74,19 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     def finish_reason(self, token_id: int, num_generated: int, eos_token_id: int | None) -> FinishReason | None:
-        """Why generation stops after ``token_id``, the ``num_generated``-th token; None to go on."""
+        """Why generation stops after ``token_id``, the ``num_generated``-th token; None to go on.
+
+        The length is checked first, as vLLM v1's ``check_stop`` does: an EOS or stop token that is also the last
+        token allowed finishes the request for its length. Which tokens come out is the same either way.
+        """
+        if num_generated >= self.max_new_tokens:
+            return FinishReason.LENGTH
         if num_generated < self.min_tokens:
             return None
         if token_id in self.stop_token_ids:
             return FinishReason.STOP
         if not self.ignore_eos and eos_token_id is not None and token_id == eos_token_id:
             return FinishReason.STOP
-        if num_generated >= self.max_new_tokens:
-            return FinishReason.LENGTH
         return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.stats import CounterChange, Direction, compare_counters
 from perfsuite.measure.summaries import BUSY_SHARE, GOODPUT, PROBE
+from perfsuite.measure.utilization import DECODE_BYTES_PER_SECOND, PREFILL_FLOPS_PER_SECOND
 
 __all__ = [  # PROBE, BUSY_SHARE and GOODPUT are the sample keys measure.summaries writes
     "ALL_METRICS",
@@ -25,6 +26,7 @@ __all__ = [  # PROBE, BUSY_SHARE and GOODPUT are the sample keys measure.summari
     "POSITIVE_SAMPLES",
     "PROBE",
     "RAW_SERVER_FIGURES",
+    "UTILIZATION_METRICS",
     "exact_counter_changes",
     "normalize_to_machine_speed",
     "zero_is_measured",
@@ -45,6 +47,16 @@ METRICS: dict[str, Direction] = {
 # Goodput is compared too when the session has an SLO (--perf-slo) and the
 # baseline was measured against the same SLO.
 ALL_METRICS: dict[str, Direction] = {**METRICS, GOODPUT: Direction.HIGHER_IS_BETTER}
+
+# How close to the machine (perfsuite.measure.utilization), compared wherever both sides counted the engine's
+# work (perfsuite's own engines; a peer or a server counts none). Judged through MFU's and MBU's numerators, the
+# achieved rates, rescaled by the machine probe like throughput: at one workload on one machine class a drop in
+# MBU is a drop in decode GB/s, and MBU's denominator is a peak measured once per session, whose own few percent
+# of noise would shift every repeat of a session the same way and pass for a change.
+UTILIZATION_METRICS: dict[str, Direction] = {
+    PREFILL_FLOPS_PER_SECOND: Direction.HIGHER_IS_BETTER,
+    DECODE_BYTES_PER_SECOND: Direction.HIGHER_IS_BETTER,
+}
 
 # A capacity test (perfsuite/suites/test_capacity.py) makes one sample per search: the highest Poisson rate, in
 # requests/s, at which the SLO held (perfsuite.measure.capacity). Its only compared metric.
@@ -94,7 +106,7 @@ def normalize_to_machine_speed(
     reference = statistics.median(base[PROBE])
     for side in (base, cur):
         slowdowns = [probe / reference for probe in side[PROBE]]
-        for name, direction in {**ALL_METRICS, **CAPACITY_METRICS}.items():
+        for name, direction in {**ALL_METRICS, **CAPACITY_METRICS, **UTILIZATION_METRICS}.items():
             if name in side and len(side[name]) == len(slowdowns):
                 side[name] = [
                     value * k if direction is Direction.HIGHER_IS_BETTER else value / k

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
-from perfsuite.judge.judge import Reference, adjust_family, judge, not_compared, sequential_policy
+from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS, UTILIZATION_METRICS
+from perfsuite.judge.judge import FamilyPlan, Reference, adjust_family, judge, not_compared, sequential_policy
 from perfsuite.judge.results import Results, TestResult
 from perfsuite.judge.stats import STORED_MIN_EFFECT, Policy
 from perfsuite.judge.tally import Tally, tally
@@ -32,7 +32,8 @@ def policy_of(results: Results, alpha: float | None = None, min_effect: float | 
 def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old run") -> Results:
     """``new`` with its comparisons, counter changes and baseline samples taken against ``old``."""
     # a capacity test's capacities too; its configuration names its SLO, so another SLO is another configuration
-    metrics = {**(ALL_METRICS if new.slo is not None else METRICS), **CAPACITY_METRICS}
+    headline = {**(ALL_METRICS if new.slo is not None else METRICS), **CAPACITY_METRICS}
+    metrics = {**headline, **UTILIZATION_METRICS}
     comparable = {t.test_id for t in new.tests if _comparable(old.test(t.test_id), t)}
     judged, skipped_goodput = [], False
     for test in new.tests:
@@ -48,7 +49,7 @@ def rejudge(old: Results, new: Results, policy: Policy, old_name: str = "the old
                 status=f"compared with {old_name}",
                 slo=new.slo,
                 policy=policy,
-                num_comparisons=len(comparable) * len(metrics),
+                plan=FamilyPlan.of_tests(len(comparable), len(headline)),
                 metrics=metrics,
             )
             judged.append(judgement.result)

@@ -7,6 +7,13 @@ noisy rule, minimum detectable effect and Benjamini-Hochberg adjustment.
 ``judge`` compares one test and leaves its p-values raw; the caller adjusts
 them over its family: ``adjust_family`` at the end, and a session also with
 ``stats.adjust_interim`` while it runs (``plugin.session`` says why).
+
+There are two families, each adjusted on its own at the session's alpha: the
+headline metrics (throughput and latencies, goodput, capacity), planned for
+every test, and the rates behind MFU and MBU (``catalogue.UTILIZATION_METRICS``),
+which only an engine that counts its work measures. Kept apart so that a
+session of peers, which counts none, plans no comparison it cannot make, and
+the headline verdicts keep their power where MFU and MBU are judged too.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from perfsuite.judge.catalogue import (
     NORMALISED,
     PROBE,
     RAW_SERVER_FIGURES,
+    UTILIZATION_METRICS,
     exact_counter_changes,
     normalize_to_machine_speed,
 )
 from perfsuite.judge.paired import compare_paired
 from perfsuite.judge.power import PowerPlan, minimum_detectable_effect
 from perfsuite.judge.results import KV_COUNTERS, Judgement, PolicyDescription, ProbeDescription, TestResult
-from perfsuite.judge.stats import Direction, Policy, Verdict, adjust, compare, mark_noisy
+from perfsuite.judge.stats import Comparison, Direction, Policy, Verdict, adjust, compare, mark_noisy
 from perfsuite.measure.summaries import Measured
 
 
@@ -67,6 +75,32 @@ class Reference:
         return cls(reference.samples, reference.counters, reference.request_samples, slo, unrecorded)
 
 
+JUDGED_METRICS = {**ALL_METRICS, **UTILIZATION_METRICS}
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyPlan:
+    """How many comparisons each family plans: an upper bound on how many it will make (module docstring)."""
+
+    headline: int
+    utilization: int = 0
+
+    @classmethod
+    def of_tests(cls, num_tests: int, headline_metrics: int) -> FamilyPlan:
+        return cls(max(1, num_tests * headline_metrics), max(1, num_tests * len(UTILIZATION_METRICS)))
+
+    def size_of(self, metric: str) -> int:
+        """The planned size of ``metric``'s family."""
+        return max(1, self.utilization if metric in UTILIZATION_METRICS else self.headline)
+
+
+def by_family(comparisons: Sequence[Comparison]) -> tuple[list[int], list[int]]:
+    """The positions of ``comparisons``' headline ones and of their MFU and MBU ones."""
+    utilization = [i for i, c in enumerate(comparisons) if c.metric in UTILIZATION_METRICS]
+    chosen = set(utilization)
+    return [i for i in range(len(comparisons)) if i not in chosen], utilization
+
+
 @dataclass(frozen=True, slots=True)
 class Judged:
     """A test judged against its reference, its p-values not yet adjusted over the family."""
@@ -82,26 +116,27 @@ def judge(
     status: str,
     slo: str | None,
     policy: Policy,
-    num_comparisons: int,
-    metrics: Mapping[str, Direction] = ALL_METRICS,
+    plan: FamilyPlan,
+    metrics: Mapping[str, Direction] = JUDGED_METRICS,
 ) -> Judged:
     """``result`` compared with ``reference``, metric by metric, and its exact counters.
 
     Samples are first put on one machine speed (``normalize_to_machine_speed``);
     goodput is compared only when both count the same SLO. Each comparison
-    carries the smallest slowdown a lone regression among ``num_comparisons``
-    could be flagged for; a noisy result's comparisons judge nothing.
+    carries the smallest slowdown a lone regression among its family's planned
+    comparisons could be flagged for; a noisy result's comparisons judge nothing.
     """
     base, current = normalize_to_machine_speed(reference.samples, result.measurement.samples)
     goodput_skipped = GOODPUT in base and GOODPUT in current and reference.slo != slo
-    lone_alpha = policy.alpha / max(1, num_comparisons)
     comparisons = []
     for name, direction in metrics.items():
         if not base.get(name) or not current.get(name) or (name == GOODPUT and goodput_skipped):
             continue
         comparison = dataclasses.replace(
             compare(name, base[name], current[name], direction, policy),
-            min_detectable_effect=minimum_detectable_effect(base[name], direction, lone_alpha, policy.min_effect),
+            min_detectable_effect=minimum_detectable_effect(
+                base[name], direction, policy.alpha / plan.size_of(name), policy.min_effect
+            ),
         )
         comparisons.append(mark_noisy(comparison) if result.measurement.noisy else comparison)
     judged = result.with_judgement(
@@ -119,8 +154,8 @@ def judge_paired(
     *,
     status: str,
     policy: Policy,
-    num_comparisons: int,
-    metrics: Mapping[str, Direction] = ALL_METRICS,
+    plan: FamilyPlan,
+    metrics: Mapping[str, Direction] = JUDGED_METRICS,
 ) -> TestResult:
     """``result`` (side B) against ``reference`` (side A) measured beside it, repeat i of each forming pair i.
 
@@ -130,7 +165,9 @@ def judge_paired(
     """
     current = result.measurement.samples
     comparisons = tuple(
-        compare_paired(name, reference.samples[name], current[name], direction, policy, num_comparisons=num_comparisons)
+        compare_paired(
+            name, reference.samples[name], current[name], direction, policy, num_comparisons=plan.size_of(name)
+        )
         for name, direction in metrics.items()
         if reference.samples.get(name) and current.get(name)
     )
@@ -156,8 +193,13 @@ def not_compared(result: TestResult, status: str) -> TestResult:
 
 
 def adjust_family(results: Sequence[TestResult], policy: Policy) -> tuple[list[TestResult], list[str]]:
-    """Every comparison of ``results`` adjusted together; and what the adjustment newly flags as regressed."""
-    adjusted = iter(adjust([c for r in results for c in r.judgement.comparisons], policy))
+    """Every comparison of ``results`` adjusted within its family; and what the adjustment newly flags as regressed."""
+    everything = [c for r in results for c in r.judgement.comparisons]
+    settled = list(everything)
+    for family in by_family(everything):
+        for i, comparison in zip(family, adjust([everything[i] for i in family], policy)):
+            settled[i] = comparison
+    adjusted = iter(settled)
     final, newly_regressed = [], []
     for result in results:
         comparisons = tuple(next(adjusted) for _ in result.judgement.comparisons)

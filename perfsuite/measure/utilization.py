@@ -22,13 +22,20 @@ from perfsuite.engine.types import RunResult
 from perfsuite.measure.peaks import MachinePeaks
 
 KINDS = ("prefill", "decode")
-# Per-repeat sample keys (higher is better): the share of the peaks, and the achieved rates. Stored, not
-# compared: at one workload the FLOPs and bytes are exact counters (a change in them is flagged exactly,
-# perfsuite.judge.catalogue.exact_counter_changes), so what is left of MFU and MBU is the throughput and TPOT
-# that are compared already; comparing them too would spend the significance budget twice on one signal.
+# Per-repeat sample keys (higher is better): the share of the peaks, and the achieved rates. The session judges
+# prefill's FLOP/s and decode's bytes/s (perfsuite.judge.catalogue.UTILIZATION_METRICS says why not MFU and MBU).
 PREFILL_MFU = "prefill_mfu"
 DECODE_MBU = "decode_mbu"
-UTILIZATION_KEYS = (PREFILL_MFU, DECODE_MBU, "prefill_tflops", "prefill_gbps", "decode_tflops", "decode_gbps")
+PREFILL_FLOPS_PER_SECOND = "prefill_tflops"
+DECODE_BYTES_PER_SECOND = "decode_gbps"
+UTILIZATION_KEYS = (
+    PREFILL_MFU,
+    DECODE_MBU,
+    PREFILL_FLOPS_PER_SECOND,
+    "prefill_gbps",
+    "decode_tflops",
+    DECODE_BYTES_PER_SECOND,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,9 @@ a ``ModelSpec`` without loading anything; ``load_model`` loads it.
 * A local directory with ``config.json`` is loaded with ``from_pretrained``.
 
 The modules: ``spec`` (names and ``ModelSpec``), ``gguf``, ``cache``,
-``random_weights``, ``tokenizer`` and ``load`` (``load_model``, ``LoadedModel``,
-``model_config``). Nothing here downloads: every transformers call passes
+``random_weights``, ``tokenizer``, ``load`` (``load_model``, ``LoadedModel``,
+``model_config``) and ``portable_tokenizer`` (a tokenizer's files as transformers
+4.x and 5.x both load them, for ``perfsuite serve``'s clients). Nothing here downloads: every transformers call passes
 ``local_files_only``. torch and transformers are imported inside the
 functions, so importing this package stays cheap.
 """
@@ -29,6 +30,7 @@ from perfsuite.models.cache import (
 )
 from perfsuite.models.gguf import load_gguf_model, smollm2_gguf_path
 from perfsuite.models.load import LoadedModel, config_values, context_of, load_model, model_config, parse_dtype
+from perfsuite.models.portable_tokenizer import served_tokenizer_folder, write_portable_tokenizer
 from perfsuite.models.spec import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
@@ -56,7 +58,9 @@ __all__ = [
     "parse_dtype",
     "read_model_cache",
     "resolve_model_spec",
+    "served_tokenizer_folder",
     "smollm2_cache_dir",
     "smollm2_gguf_path",
     "write_model_cache",
+    "write_portable_tokenizer",
 ]

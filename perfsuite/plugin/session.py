@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, overload
 
 from perfsuite.codec import decode, encode
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
-from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS
+from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS, UTILIZATION_METRICS
 from perfsuite.judge.judge import (
+    FamilyPlan,
     Reference,
     adjust_family,
+    by_family,
     describe_policy,
     describe_probe,
     judge,
@@ -175,8 +177,18 @@ class PerfSession:
         return ALL_METRICS if self.options.slo is not None else METRICS
 
     @property
+    def judged_metrics(self) -> dict[str, Direction]:
+        """The compared metrics, and MFU's and MBU's rates wherever both sides counted the engine's work."""
+        return {**self.compared_metrics, **UTILIZATION_METRICS}
+
+    @property
     def num_planned_comparisons(self) -> int:
+        """The headline family's planned comparisons (``judge.judge`` says why MFU and MBU are a family apart)."""
         return max(1, self.num_planned_tests * len(self.compared_metrics))
+
+    @property
+    def family_plan(self) -> FamilyPlan:
+        return FamilyPlan.of_tests(self.num_planned_tests, len(self.compared_metrics))
 
     @property
     def slo_label(self) -> str | None:
@@ -221,7 +233,7 @@ class PerfSession:
         elif isinstance(entry, CapacityEntry):
             result = self._judged_and_saved(self._capacity_result(entry), CAPACITY_METRICS)
         else:
-            result = self._judged_and_saved(self._timed_result(entry), self.compared_metrics)
+            result = self._judged_and_saved(self._timed_result(entry), self.judged_metrics)
         self.results.append(result)
         return result
 
@@ -286,8 +298,8 @@ class PerfSession:
             Reference.of_reference_side(reference, current, self.slo_label),
             status=f"A/B against {self.against.label}",
             policy=self.options.policy,
-            num_comparisons=self.num_planned_comparisons,
-            metrics=self.compared_metrics,
+            plan=self.family_plan,
+            metrics=self.judged_metrics,
         )
         return self._bounded(result)
 
@@ -304,8 +316,17 @@ class PerfSession:
     def _bounded(self, result: TestResult) -> TestResult:
         """With the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
         earlier = [c for r in self.results for c in r.judgement.comparisons]
-        policy = self.options.policy
-        bounded = adjust_interim(result.judgement.comparisons, earlier, self.num_planned_comparisons, policy)
+        current = result.judgement.comparisons
+        bounded = list(current)
+        plan = self.family_plan
+        for earlier_family, current_family in zip(by_family(earlier), by_family(current)):
+            if not current_family:
+                continue
+            size = plan.size_of(current[current_family[0]].metric)
+            made = [current[i] for i in current_family]
+            adjusted = adjust_interim(made, [earlier[i] for i in earlier_family], size, self.options.policy)
+            for i, comparison in zip(current_family, adjusted):
+                bounded[i] = comparison
         return result.with_judgement(comparisons=tuple(bounded))
 
     def _warn_once(self, warning: str) -> None:
@@ -333,8 +354,8 @@ class PerfSession:
             status="compared",
             slo=self.slo_label,
             policy=policy,
-            num_comparisons=self.num_planned_comparisons,
-            metrics=metrics or self.compared_metrics,
+            plan=self.family_plan,
+            metrics=metrics or self.judged_metrics,
         )
         if judgement.goodput_skipped:
             self.warnings.append(

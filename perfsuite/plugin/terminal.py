@@ -102,7 +102,8 @@ def _write_results(
         )
     write(
         f"profile {options.profile.name}, {perf_session.repeats} repeats, alpha {options.policy.alpha} "
-        f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics), "
+        f"(Benjamini-Hochberg over {perf_session.num_planned_comparisons} comparisons of {num_metrics} metrics, "
+        f"and apart over MFU's and MBU's rates where measured), "
         f"min effect {options.policy.min_effect:.0%}; {_where_the_results_are(perf_session, written)}"
     )
     if written.report is not None:

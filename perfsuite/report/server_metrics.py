@@ -50,7 +50,7 @@ def client_minus_server_ttft_ms(client_mean_ms: float, server: ServerMetrics) ->
 def _latency_text(histogram: HistogramDelta) -> str:
     figures = [histogram.mean, histogram.quantile(0.5), histogram.quantile(0.99)]
     shown = " / ".join("-" if f is None else f"{1e3 * f:.3g}" for f in figures)
-    return f"{shown} ms ({histogram.count:g} requests, quantiles within the server's buckets)"
+    return f"{shown} ms ({histogram.count:g} observed; quantiles within the server's buckets)"
 
 
 def _load_facts(server: ServerMetrics) -> list[tuple[str, str]]:

@@ -5,7 +5,10 @@ One job per module, dependencies pointing down the list:
 - ``launch``: the command line's options; loads the model and runs the server.
 - ``server_thread``: a server on a background thread (tests, notebooks).
 - ``app``: the aiohttp handlers (``/v1/completions``, ``/v1/chat/completions``,
-  ``/health``, ``/v1/models``) and SSE streaming.
+  ``/health``, ``/v1/models``, ``/metrics``) and SSE streaming.
+- ``request_log``: one log line per HTTP request.
+- ``metrics``: ``/metrics`` in Prometheus' text format, under vLLM's names;
+  ``histograms``: its latency and length histograms, with vLLM's buckets.
 - ``responses``: the JSON bodies and SSE framing of (chat) completion answers.
 - ``worker``: the engine's one thread and each HTTP request's token stream.
 - ``completion_request``: a completion or chat body, checked against an

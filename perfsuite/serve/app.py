@@ -11,8 +11,9 @@ Endpoints:
   ``delta`` carries the text (the first with ``role``), or returned whole as a
   ``chat.completion``. A model without a chat template answers 400.
 - ``GET /health``: 200 with the engine's load (running, waiting, free slots).
-- ``GET /metrics``: the load and the totals (prefix cache queries and hits, preemptions, tokens, finished
-  requests) in Prometheus' text format under vLLM's metric names (``perfsuite.serve.metrics``).
+- ``GET /metrics``: the load, the totals (prefix cache queries and hits, preemptions, tokens, finished
+  requests) and the latency and length histograms in Prometheus' text format under vLLM's metric names
+  (``perfsuite.serve.metrics``).
 - ``GET /v1/models``: the one model served, under its served name, with its
   ``max_model_len`` and ``root`` (the folder of its tokenizer files, when it
   has one, so a client can load the same tokenizer).
@@ -31,7 +32,10 @@ request's prompts) when the engine says. Any other field is rejected
 with a 400 that names it (``completion_request``), and a ``model`` other than
 the served name gets a 404, as from vLLM.
 
-Every error is answered in OpenAI's shape, from one middleware; malformed
+Every request is logged, one line at INFO (``request_log``; ``request_log=False``
+leaves the log out). A path the server does not answer is a 404 that names it
+and lists the endpoints (``ROUTES``). Every error is answered in OpenAI's shape,
+from one middleware; malformed
 bodies (bad UTF-8 or JSON, lone surrogates, deep nesting, huge integers) are
 400s, and a body not declared ``application/json`` is a 415, as from vLLM
 (``json_body``).
@@ -64,10 +68,22 @@ from perfsuite.serve.errors import ApiError, EngineFailure, invalid_request
 from perfsuite.serve.json_body import check_json_content_type, parse_json_body
 from perfsuite.serve.limits import ServeLimits
 from perfsuite.serve.metrics import CONTENT_TYPE, metrics_registry, metrics_text
+from perfsuite.serve.request_log import RequestProgress, log_requests, progress_of
 from perfsuite.serve.responses import CompletionEnvelope, sse_event
 from perfsuite.serve.worker import EngineWorker, TokenStream
 
 log = logging.getLogger(__name__)
+
+# What the server answers: (method, path, CompletionServer's handler).
+ROUTES = (
+    ("POST", "/v1/completions", "_completions"),
+    ("POST", "/v1/chat/completions", "_chat_completions"),
+    ("GET", "/v1/models", "_models"),
+    ("GET", "/health", "_health"),
+    ("GET", "/metrics", "_metrics_page"),
+)
+_ENDPOINT_LIST = ", ".join(f"{method} {path}" for method, path, _ in ROUTES)
+_MAX_PATH_CHARS = 200
 
 _CLIENT_ID_HEADER = "X-Request-Id"
 _MAX_CLIENT_ID_CHARS = 128
@@ -86,10 +102,21 @@ async def _json_errors(request: web.Request, handler) -> web.StreamResponse:
     except web.HTTPException as error:
         if error.status < 400:
             raise
-        return _error_response(ApiError(error.status, error.text or error.reason))
+        return _error_response(ApiError(error.status, _http_error_message(request, error)))
     except Exception as error:
         log.exception("unexpected error serving %s %s", request.method, request.path)
         return _error_response(ApiError(500, f"internal error: {type(error).__name__}: {error}"))
+
+
+def _http_error_message(request: web.Request, error: web.HTTPException) -> str:
+    """aiohttp's routing errors, saying what was asked for and what this server answers."""
+    path = request.path if len(request.path) <= _MAX_PATH_CHARS else request.path[:_MAX_PATH_CHARS] + "..."
+    if isinstance(error, web.HTTPNotFound):
+        return f"no endpoint {request.method} {path}; this server answers {_ENDPOINT_LIST}"
+    if isinstance(error, web.HTTPMethodNotAllowed):
+        allowed = " or ".join(sorted(error.allowed_methods))
+        return f"{path} takes {allowed}, not {request.method}; this server answers {_ENDPOINT_LIST}"
+    return error.text or error.reason
 
 
 class CompletionServer:
@@ -104,11 +131,13 @@ class CompletionServer:
         vocab_size: int,
         limits: ServeLimits = ServeLimits(),
         model_root: str | None = None,
+        request_log: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._model_name = model_name
         self._model_root = model_root
         self._limits = limits
+        self._request_log = request_log
         self._prompt_limits = PromptLimits(
             engine.max_seq_len, vocab_size, limits.default_max_tokens, model_name, limits.max_prompts
         )
@@ -126,12 +155,11 @@ class CompletionServer:
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port) and return the port."""
         await self._worker.start()
-        app = web.Application(middlewares=[_json_errors], client_max_size=self._limits.max_body_bytes)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/metrics", self._metrics_page)
+        middlewares = [log_requests, _json_errors] if self._request_log else [_json_errors]
+        app = web.Application(middlewares=middlewares, client_max_size=self._limits.max_body_bytes)
+        for method, path, handler in ROUTES:
+            add = app.router.add_get if method == "GET" else app.router.add_post  # add_get answers HEAD too
+            add(path, getattr(self, handler))
         # handler_cancellation: a client that disconnects cancels its handler,
         # whose cleanup aborts the request even while it waits for a token.
         self._runner = web.AppRunner(
@@ -216,10 +244,13 @@ class CompletionServer:
         self, http_request: web.Request, request: CompletionRequest, completion_id: str
     ) -> web.StreamResponse:
         completion = CompletionEnvelope(completion_id, int(time.time()), self._model_name, request)
+        progress = progress_of(http_request)
+        progress.request_id, progress.num_prompt_tokens = completion_id, request.num_prompt_tokens
+        progress.client_request_id = _client_id(http_request)
         self._check_room(len(request.prompts))
         engine_requests = request.to_engine_requests(completion_id)
         client_ids = _client_ids(http_request, len(engine_requests))
-        choices = _Choices([r.request_id for r in engine_requests])
+        choices = _Choices([r.request_id for r in engine_requests], progress)
         try:
             stream = await self._worker.open(engine_requests, client_ids)
             if request.stream:
@@ -293,6 +324,7 @@ class _Choices:
     """The tokens of each choice (one per prompt) as they arrive."""
 
     request_ids: list[str]
+    progress: RequestProgress  # the request log's view, told of each token
     token_ids: list[list[int]] = field(init=False)
     finish_reasons: list[FinishReason | None] = field(init=False)
     _index_of: dict[str, int] = field(init=False)
@@ -301,6 +333,7 @@ class _Choices:
         self.token_ids = [[] for _ in self.request_ids]
         self.finish_reasons = [None for _ in self.request_ids]
         self._index_of = {request_id: index for index, request_id in enumerate(self.request_ids)}
+        self.progress.finish_reasons = self.finish_reasons
 
     @property
     def num_choices(self) -> int:
@@ -315,6 +348,7 @@ class _Choices:
         index = self._index_of[output.request_id]
         self.token_ids[index].append(output.token_id)
         self.finish_reasons[index] = output.finish_reason
+        self.progress.add_token()
         return index, len(self.token_ids[index]) == 1
 
     def whole(self, completion: CompletionEnvelope, decode: Callable[[list[int]], str]) -> list[dict]:

@@ -1,15 +1,22 @@
 """``perfsuite serve`` from the command line: load the model, warm up, serve until signalled.
 
 The model is served under ``--served-model-name`` (default: its short name, or
-a local folder's name), and ``/v1/models`` names the folder of its tokenizer
-files as ``root``: the local folder, or for ``smollm2-135m`` the safetensors
-cache that perfsuite writes. Random models build their tokenizer in code and
-have no folder (``root`` is null).
+a local folder's name), and ``/v1/models`` names a folder of its tokenizer
+files as ``root``: a copy that transformers 4.x and 5.x both load
+(``perfsuite.models.portable_tokenizer``), written under the cache root at
+start-up, whatever the model (a local folder, the SmolLM2 copy, a random
+model's tokenizer built in code). The start-up banner prints it, for clients
+that cannot reach a hub.
+
+Each request is logged at INFO on ``perfsuite.serve.requests``
+(``perfsuite.serve.request_log``), which the command line sends to stderr;
+``--no-request-log`` leaves the log out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +26,7 @@ from perfsuite.engine import Engine, Request
 from perfsuite.engine.names import INFLIGHT, PAGED, PAGED_PREFIX
 from perfsuite.serve.app import CompletionServer
 from perfsuite.serve.limits import DEFAULT_MAX_OPEN_REQUESTS, ServeLimits
+from perfsuite.serve.request_log import REQUEST_LOGGER
 
 if TYPE_CHECKING:
     from perfsuite.models import LoadedModel
@@ -44,6 +52,7 @@ class ServeOptions:
     max_open_requests: int = DEFAULT_MAX_OPEN_REQUESTS
     served_model_name: str | None = None  # None: the model's short name
     engine: str = INFLIGHT
+    request_log: bool = True  # a line per request at INFO (--no-request-log: none)
 
     def __post_init__(self) -> None:
         if self.engine not in SERVE_ENGINES:
@@ -58,6 +67,8 @@ class ServeOptions:
 
 def serve(options: ServeOptions) -> int:
     """Load the model, warm the engine up and serve until interrupted."""
+    if options.request_log:
+        log_requests_to_stderr()
     asyncio.run(build_server(options).serve_until_signalled(options.host, options.port))
     return 0
 
@@ -82,10 +93,12 @@ def build_server(options: ServeOptions) -> CompletionServer:
     assert isinstance(engine, Engine)  # SERVE_ENGINES are perfsuite's own, which the worker steps
     warm_up(engine, [Request("warm-up", tuple(loaded.tokenizer("Hello")["input_ids"]) or (0,))])
     served_name = options.served_model_name or short_model_name(loaded)
+    root = tokenizer_folder(loaded, served_name)
     print(
         f"perfsuite serve: {loaded.spec.name} {options.dtype} on {device}, engine {options.engine}"
         + (f" ({threads} threads)" if threads else "")
-        + f", batch size {options.batch_size}, max_seq_len {max_seq_len}, served as {served_name!r}",
+        + f", batch size {options.batch_size}, max_seq_len {max_seq_len}, served as {served_name!r}\n"
+        + f"perfsuite serve: tokenizer files (transformers 4.x and 5.x load them; /v1/models' root): {root}",
         file=sys.stderr,
     )
     return CompletionServer(
@@ -94,7 +107,8 @@ def build_server(options: ServeOptions) -> CompletionServer:
         model_name=served_name,
         vocab_size=loaded.model.config.vocab_size,
         limits=ServeLimits(max_open_requests=options.max_open_requests),
-        model_root=tokenizer_folder(loaded),
+        model_root=root,
+        request_log=options.request_log,
     )
 
 
@@ -105,11 +119,18 @@ def short_model_name(loaded: LoadedModel) -> str:
     return loaded.spec.name
 
 
-def tokenizer_folder(loaded: LoadedModel) -> str | None:
-    """The folder the tokenizer was loaded from (it holds the tokenizer files); None when built in code."""
-    if loaded.spec.path is not None:
-        return loaded.spec.path
-    folder = getattr(loaded.tokenizer, "name_or_path", None)
-    if isinstance(folder, str) and folder and Path(folder).is_dir():
-        return str(Path(folder).resolve())
-    return None
+def tokenizer_folder(loaded: LoadedModel, served_name: str) -> str:
+    """The folder of the tokenizer's portable copy (written once, under the cache root), for ``root``."""
+    from perfsuite.models import served_tokenizer_folder
+
+    return str(served_tokenizer_folder(loaded.tokenizer, served_name))
+
+
+def log_requests_to_stderr() -> None:
+    """Send the request log's INFO lines to stderr (a library user configures logging as they like)."""
+    logger = logging.getLogger(REQUEST_LOGGER)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s perfsuite serve: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -20,6 +20,7 @@ from typing import Any
 
 from perfsuite.engine import Engine, EngineCounters, FinishReason, Request, RequestRecord, StepOutput
 from perfsuite.serve.errors import EngineFailure, invalid_request
+from perfsuite.serve.histograms import ServedHistograms
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class EngineWorker:
         self._max_cached_tokens = num_recent_records
         self._records_lock = threading.Lock()
         self._totals = ServedTotals()
+        self._histograms = ServedHistograms.empty(engine.max_seq_len)
         if not engine.has_unfinished_requests():
             engine.forget_finished()  # earlier runs (a warm-up) are not this server's requests
         self._counted = engine.counters  # the engine's counters when the totals last took them in
@@ -147,6 +149,10 @@ class EngineWorker:
     @property
     def totals(self) -> ServedTotals:
         return self._totals
+
+    @property
+    def histograms(self) -> ServedHistograms:
+        return self._histograms
 
     def recent_records(self) -> tuple[RequestRecord, ...]:
         """The engine's records of recently finished requests, named by their ``X-Request-Id`` when sent."""
@@ -271,6 +277,7 @@ class EngineWorker:
         if not records:
             return
         self._totals = self._totals.after_finishing(records)
+        self._histograms = self._histograms.after_finishing(records)
         named = [replace(r, request_id=self._client_ids.pop(r.request_id, r.request_id)) for r in records]
         with self._records_lock:
             self._recent_records.extend(named)
