@@ -10,6 +10,7 @@ background threads, so client and engine timestamps share one
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import json
 import time
@@ -468,3 +469,11 @@ def test_a_client_run_records_the_servers_kv_usage_counters_and_ttft_and_the_rep
     assert server.ttft.mean is not None and 0 < server.ttft.mean <= result.measurement.summary.ttft.mean_ms / 1e3
     facts = dict(server_metrics_facts(result))
     assert "client - server TTFT (mean)" in facts and "server TTFT mean / p50 / p99" in facts
+
+
+def test_a_run_shorter_than_the_scrape_interval_still_reads_the_servers_load_once_in_flight(loaded, served):
+    client = build_engine("openai-http", Backend.from_loaded(loaded, endpoint=served.url), EngineConfig(2, 256))
+    run = client.run([dataclasses.replace(r, arrival_time=0.0) for r in spread_requests(loaded.tokenizer, 2)])
+    assert run.server_metrics is not None and run.server_metrics.num_scrapes_during >= 1, (
+        "the first output nudges a reading")
+    assert run.server_metrics.kv_cache_usage is not None

@@ -4,11 +4,13 @@ quantiles as Prometheus computes them, pooling repeats, and a server without the
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import pytest
 
 from perfsuite.adapters.prometheus_text import Scrape, run_server_metrics
+from perfsuite.adapters.server_scrape import RunScraper
 from perfsuite.engine.server_metrics import GaugeReadings, HistogramDelta, ServerMetrics, pooled
 from perfsuite.judge.results import TestResult
 from perfsuite.measure.environment import ServerEnvironment
@@ -175,3 +177,52 @@ def test_the_terminal_line_says_the_server_ttft_the_gap_and_the_load_or_not_expo
         "openai-http", 32.5, short
     )
     assert server_metrics_line("openai-http", 32.5, None) == "server metrics (openai-http): not exposed"
+
+
+class FixturePage:
+    """A server's /metrics as ``MetricsPage`` reads it: BEFORE at first, a loaded page while in flight, AFTER."""
+
+    def __init__(self) -> None:
+        self.pages = [BEFORE]
+
+    def read(self) -> Scrape:
+        return Scrape.parse(self.pages[-1])
+
+    def read_text(self) -> str:
+        return self.pages[-1]
+
+
+def test_the_first_output_gets_a_reading_even_in_a_run_shorter_than_the_interval():
+    page = FixturePage()
+    scraper = RunScraper(page, MODEL, interval_s=3600)  # no reading by the clock in this test
+    assert scraper.start()
+    page.pages.append(during(0.5, 3, 4))
+    scraper.nudge()  # the client's first output
+    page_after = AFTER
+    metrics = _finished(scraper, page, page_after)
+    assert metrics.num_scrapes_during == 1 and metrics.kv_cache_usage == GaugeReadings(0.5, 0.5, 1)
+
+
+def _finished(scraper: RunScraper, page: FixturePage, after: str) -> ServerMetrics:
+    # the nudged reading may still be pending as the run ends: finish reads it before it stops
+    while scraper.is_reading and not scraper._during:  # noqa: SLF001 - waits for the thread, not a timed assertion
+        threading.Event().wait(0.01)
+    page.pages.append(after)
+    metrics = scraper.finish(num_requests=10)
+    assert metrics is not None
+    return metrics
+
+
+def test_a_failed_run_stops_the_readings():
+    scraper = RunScraper(FixturePage(), MODEL, interval_s=0.01)
+    assert scraper.start() and scraper.is_reading
+    scraper.stop()
+    scraper._thread.join(5)  # noqa: SLF001
+    assert not scraper.is_reading
+
+
+def test_a_page_without_vllms_metrics_starts_nothing():
+    page = FixturePage()
+    page.pages = ["# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.0\n"]
+    scraper = RunScraper(page, MODEL)
+    assert not scraper.start() and not scraper.is_reading

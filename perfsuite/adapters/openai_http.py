@@ -343,15 +343,20 @@ class OpenAIHttpEngine:
             if self._negotiated is None:
                 self._negotiated = await self._negotiate(session)
             scraper = await asyncio.to_thread(self._start_scraper)  # after the probe, so it does not count
-            client = self._client(session, self._payload_builder(), on_step)
-            payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
-            start = time.perf_counter() if start_at is None else start_at
-            if start > time.perf_counter():
-                await asyncio.sleep(start - time.perf_counter())
-            received = await _send_all(
-                client, requests, payloads, start, num_clients, closed_loop=max_concurrency is not None
-            )
-            end = time.perf_counter()
+            try:
+                client = self._client(session, self._payload_builder(), on_step, scraper)
+                payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
+                start = time.perf_counter() if start_at is None else start_at
+                if start > time.perf_counter():
+                    await asyncio.sleep(start - time.perf_counter())
+                received = await _send_all(
+                    client, requests, payloads, start, num_clients, closed_loop=max_concurrency is not None
+                )
+                end = time.perf_counter()
+            except BaseException:
+                if scraper is not None:
+                    scraper.stop()
+                raise
         server_metrics = await asyncio.to_thread(scraper.finish, len(requests)) if scraper is not None else None
         return _Run(received, start, end, server_metrics)
 
@@ -368,10 +373,13 @@ class OpenAIHttpEngine:
         session: aiohttp.ClientSession,
         builder: PayloadBuilder,
         on_step: Callable[[list[StepOutput]], None] | None,
+        scraper: RunScraper | None = None,
     ) -> _Client:
-        return _Client(
+        client = _Client(
             session, self.base_url + builder.path, builder, self._options.send_request_ids, on_step, self._tokenize_text
         )
+        client.on_first_output = scraper.nudge if scraper is not None else None
+        return client
 
     def _payload_builder(self, prompt_format: str | None = None) -> PayloadBuilder:
         if prompt_format is None and self._options.sends_text:
@@ -523,6 +531,7 @@ class _Client:
         self._send_request_ids = send_request_ids
         self._on_step = on_step
         self._tokenize_text = tokenize_text
+        self.on_first_output: Callable[[], None] | None = None  # called once, at the first chunk with output
 
     async def complete(self, request: Request, payload: dict, arrival: float) -> Received:
         where = f"request {request.request_id!r} to {self._url}"
@@ -565,11 +574,19 @@ class _Client:
                 if not data.startswith("data:"):
                     continue
                 pieces = state.take(data[len("data:") :].strip(), arrival)
+                if pieces and self.on_first_output is not None:
+                    self._first_output_came()
                 if state.is_done:
                     break
                 if self._on_step is not None and pieces:
                     self._report_progress(request.request_id, pieces, state.finish_reason)
         return state
+
+    def _first_output_came(self) -> None:
+        """The run's first output: the server holds its requests now, so its load is worth a reading."""
+        first_output, self.on_first_output = self.on_first_output, None
+        assert first_output is not None
+        first_output()
 
     def _rejection(self, request: Request, status: int, body: str) -> str:
         message = f"request {request.request_id!r}: HTTP {status} from {self._url}: {error_message(body)}"

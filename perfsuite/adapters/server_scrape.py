@@ -1,5 +1,6 @@
-"""The server's ``/metrics`` read around one run: once before it, every ``interval_s`` during it in a thread of its
-own (never in the client's event loop, so the client's timestamps do not wait on it), and once after it.
+"""The server's ``/metrics`` read around one run: once before it, during it in a thread of its own (never in the
+client's event loop, so the client's timestamps do not wait on it) as the first output arrives and every
+``interval_s``, and once after it.
 
 While the run is in flight a scrape only keeps the load gauges' lines of the page (a string filter); they are
 parsed after the run, outside its timed region: ``prometheus_client``'s parser takes tens of milliseconds for a
@@ -78,6 +79,8 @@ class RunScraper:
         self._first: Scrape | None = None
         self._during: list[str] = []  # the gauges' lines of each page read while in flight, parsed after the run
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by nudge and stop: the thread reads now, or ends
+        self._nudged = False
         self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
@@ -91,15 +94,38 @@ class RunScraper:
         return True
 
     def _scrape_until_stopped(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            nudged, self._nudged = self._nudged, False
+            if self._stop.is_set() and not nudged:
+                return
             text = self._page.read_text()
             if text is not None:
                 self._during.append(read_lines(text, GAUGE_NAMES))
+            if self._stop.is_set():
+                return
+
+    def nudge(self) -> None:
+        """Read the page now (the thread does; this returns at once): the run's first output came, so the server
+        holds its requests. A run shorter than the interval still gets its reading, even where the run ends first."""
+        self._nudged = True
+        self._wake.set()
+
+    @property
+    def is_reading(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        """End the thread's readings (a run that failed: nothing is computed)."""
+        self._stop.set()
+        self._wake.set()
 
     def finish(self, num_requests: int) -> ServerMetrics | None:
         """Stop the thread, read the page once more (until the run's requests are counted, at most ``SETTLE_S``)
         and compute the run's figures."""
-        self._stop.set()
+        self.stop()
         if self._thread is not None:
             self._thread.join()
         deadline = time.monotonic() + SETTLE_S
