@@ -32,8 +32,6 @@ from perfsuite.serve import CompletionServer, ServeLimits, ServeOptions, ServerT
 from perfsuite.report.server_metrics import server_metrics_facts
 from test_server_metrics import as_session_result
 
-TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
-
 MAX_SEQ_LEN = 128
 BATCH_SIZE = 4
 FAKE_VOCAB = 320
@@ -448,9 +446,7 @@ def spread_requests(tokenizer, num_requests: int = 5, gap_s: float = 0.3) -> lis
 
 
 def test_a_client_run_records_the_servers_kv_usage_counters_and_ttft_and_the_report_shows_the_gap(loaded, served):
-    """Acceptance (issue 41): server-side TTFT and KV usage in results.json, client − server TTFT in the report.
-
-    perfsuite serve's TTFT histogram comes with branch wt-serve; until then this test xfails at that point."""
+    """Acceptance (issue 41): server-side TTFT and KV usage in results.json, client − server TTFT in the report."""
     client = build_engine("openai-http", Backend.from_loaded(loaded, endpoint=served.url), EngineConfig(2, 256))
     requests_sent = spread_requests(loaded.tokenizer)
     run = client.run(requests_sent)
@@ -462,9 +458,6 @@ def test_a_client_run_records_the_servers_kv_usage_counters_and_ttft_and_the_rep
     assert server.prefix_cache_queries is not None and server.prefix_cache_hits is not None
     result = as_session_result(run)
     assert result.measurement.server_metrics == (server,), "results.json keeps each repeat's server figures"
-    page = urllib.request.urlopen(served.url + "/metrics", timeout=5).read().decode()
-    if TTFT_HISTOGRAM not in page:
-        pytest.xfail(f"perfsuite serve does not expose {TTFT_HISTOGRAM} yet (branch wt-serve adds it)")
     assert server.ttft is not None and server.ttft.count == len(requests_sent)
     assert server.ttft.mean is not None and 0 < server.ttft.mean <= result.measurement.summary.ttft.mean_ms / 1e3
     facts = dict(server_metrics_facts(result))
