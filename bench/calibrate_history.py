@@ -88,6 +88,7 @@ from calibrate_e2e import _tail, run_logged  # noqa: E402
 from perfsuite.history.changes import ChangePointPolicy, detect, head_step  # noqa: E402
 from perfsuite.history.head import check_head  # noqa: E402
 from perfsuite.history.series import Series, build_series  # noqa: E402
+from perfsuite.history.trend import TrendPolicy, trend_beside_steps  # noqa: E402
 from perfsuite.host import cpu_model  # noqa: E402
 from perfsuite.judge.results import Results, ResultsFileError, read_results, results_from_json  # noqa: E402
 
@@ -101,6 +102,7 @@ SUITE = "perfsuite.suites.test_throughput"
 BUSY_THRESHOLD = "0.99"  # measure whatever the load; the option takes a share strictly below 1
 DEFAULT_BUSY_THRESHOLD = 0.05  # perfsuite's: the table says how many sessions it would have left out
 HEADLINE = "output_throughput"
+TRENDS = TrendPolicy()  # the trend test beside the step search, its defaults
 GRID = {
     "max_p_value": (0.001, 0.005, 0.01, 0.05),
     "min_magnitude": (0.01, 0.02, 0.05),
@@ -552,7 +554,70 @@ def setup_table(data: dict[str, Any], policy: ChangePointPolicy) -> str:
 
 def report(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0) -> str:
     analysis = analyse(data, policy, resamples, seed)
-    return "\n\n".join([setup_table(data, policy), figures_table(analysis), verdict_line(analysis)])
+    trends = trends_report(data, policy, resamples, seed)
+    return "\n\n".join([setup_table(data, policy), figures_table(analysis), verdict_line(analysis), trends])
+
+
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """A series replayed session by session with the step search and the trend test beside it."""
+
+    new_steps: tuple[int, ...]  # sessions (indices) that reported a new step
+    new_trends: tuple[int, ...]
+    new_regressions: tuple[int, ...]  # of either kind
+    num_searched: int
+
+    @property
+    def num_false(self) -> int:
+        """In an A/A series: every new step and every new trend is a false change."""
+        return len(self.new_steps) + len(self.new_trends)
+
+
+def steps_and_trends(series: Series, policy: ChangePointPolicy, trends: TrendPolicy = TRENDS) -> Verdicts:
+    """After each session from ``min_points`` on, over the newest ``window_len`` (as ``replay_series``): the new
+    steps and new trends a session would report."""
+    steps, found, regressions = [], [], []
+    for end in range(policy.min_points, len(series.points) + 1):
+        detection = detect(replace(series, points=series.points[max(0, end - policy.window_len) : end]), policy)
+        step, trend = head_step(detection), trend_beside_steps(detection, trends)
+        new_step = step is not None and step.is_new
+        new_trend = trend is not None and trend.is_new
+        if new_step:
+            steps.append(end - 1)
+        if new_trend:
+            found.append(end - 1)
+        if (new_step and step.change_point.is_regression) or (new_trend and trend.trend.is_regression):
+            regressions.append(end - 1)
+    searched = max(0, len(series.points) - policy.min_points + 1)
+    return Verdicts(tuple(steps), tuple(found), tuple(regressions), searched)
+
+
+def trends_report(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0) -> str:
+    """Per metric: the creep found by a new regression, step or trend (runs after it passes 10%, 0 or less: before),
+    and the A/A false changes, steps and trends together, measured and resampled."""
+    past = first_past(CREEP_TARGET, data["every"])
+    creep = {(s.key.test_id, s.key.metric): s for s in build_series(documents_of(data, "creep"))}
+    lines = [f"steps and trends together ({TRENDS}):"]
+    for aa in build_series(documents_of(data, "aa")):
+        key = (aa.key.test_id, aa.key.metric)
+        found = steps_and_trends(creep[key], policy).new_regressions if key in creep else ()
+        runs = next((index - past + 1 for index in found), None)
+        measured = steps_and_trends(aa, policy)
+        rng = random.Random(f"{seed}-{key[0]}-{key[1]}-trends")
+        _, draw = resampler(list(aa.values), rng)
+        false = searched = 0
+        for _ in range(resamples):
+            points = tuple(replace(p, value=v) for p, v in zip(aa.points, draw(), strict=True))
+            run = steps_and_trends(replace(aa, points=points), policy)
+            false, searched = false + run.num_false, searched + run.num_searched
+        synthetic = f"{100 * false / searched:.2f} per 100 ({false} of {searched})" if searched else "not resampled"
+        creep_found = "not found" if runs is None else f"found at run {runs} after it passes {CREEP_TARGET:.0%}"
+        lines.append(
+            f"  {_short(key[0])} {key[1]}: creep {creep_found} (that run is 1; 0 or less: before); A/A measured "
+            f"{len(measured.new_steps)} new steps + {len(measured.new_trends)} new trends in {measured.num_searched} "
+            f"runs; resampled {synthetic}"
+        )
+    return "\n".join(lines)
 
 
 def grid_report(data: dict[str, Any], resamples: int = 0, seed: int = 0) -> str:

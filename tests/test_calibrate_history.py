@@ -158,8 +158,11 @@ def test_the_table_and_the_verdict_line():
     assert re.fullmatch(r"session 10: (\d|not found) \(any report: (\d|not found)\)", cells[4])
     assert cells[5] == "0/11 runs = 0.0 (per run: 0 = 0.0)"  # A/A: 16 sessions, searched from the 6th
     assert re.fullmatch(r"0/22 runs = 0\.0 \(per run: 0 = 0\.0\) \(2 series, permutation .*\)", cells[6])
-    last = text.splitlines()[-1]
-    assert last.startswith("output_throughput: creep found within 5 runs: ")
+    assert any(line.startswith("output_throughput: creep found within 5 runs: ") for line in text.splitlines())
+    trends = text.split("steps and trends together (TrendPolicy(")[1].splitlines()
+    (headline,) = [line for line in trends if " output_throughput: " in line]
+    assert re.search(r"creep (found at run -?\d+ after it passes 10%|not found) \(that run is 1; 0 or less: before\); A/A measured 0 new steps \+ 0 new trends in 11 "
+                     r"runs; resampled \d\.\d\d per 100 \(\d+ of 22\)$", headline)  # fmt: skip
     grid = calibrate.grid_report(data, resamples=0)
     assert len(grid.splitlines()) == 4 * 3 * 2 * 2
     assert "max_p_value=0.05 min_magnitude=0.05 head_runs=3 min_after_runs=1: " in grid

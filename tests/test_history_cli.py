@@ -40,11 +40,25 @@ def test_show_lists_each_series_with_its_runs_and_change_points(history_store, c
     assert "regression" in change and "(at the head)" in change and "p=" in change and "-1" in change
 
 
+def test_show_lists_a_creep_as_a_trend_beside_the_steps(tmp_path, capsys):
+    """Throughput 1% lower each run from the 9th on: a trend with its slope per run and the run it starts at."""
+    path = tmp_path / "history.sqlite"
+    flat = step_values(8, 0, step=0.0, noise=0.01, seed=2)
+    creep = [value * (1 - 0.01 * (i + 1)) for i, value in enumerate(step_values(12, 0, step=0.0, noise=0.01, seed=3))]
+    with HistoryStore.open(path) as store:
+        for run in sessions(flat + creep):
+            store.append(run)
+    assert main(["history", "show", "--store", str(path), "--metric", "output_throughput"]) == 0
+    (trend,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trend: ")]
+    assert "per run" in trend and "(regression) since " in trend and "over the newest 20 runs" in trend
+
+
 def test_show_without_a_filter_lists_every_series_and_says_which_were_too_short(history_store, capsys):
     assert main(["history", "show", "--store", str(history_store), "--metric", "output_throughput"]) == 0
     out = capsys.readouterr().out
     assert f"{TEST_ID}  output_throughput" in out and f"{OTHER_TEST}  output_throughput" in out
     assert "change points: not searched (3 runs, fewer than the 6 a search needs)" in out
+    assert "trend: not tested (3 runs, fewer than the 10 a trend test needs)" in out
 
 
 def test_a_filter_that_matches_nothing_says_so(history_store, capsys):

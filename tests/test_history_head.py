@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from history_builders import TEST_ID, session, sessions, step_values
-from perfsuite.history.head import HEAD_WARNING_PREFIX, check_head
+from perfsuite.history.head import HEAD_WARNING_PREFIX, TREND_WARNING_PREFIX, check_head
 from perfsuite.judge.results import AgainstDescription
 
 
@@ -32,6 +32,18 @@ def test_a_steady_session_has_none_and_says_what_was_searched():
     assert check.changes == () and check.warnings == ()
     summary = "change points: none at the head of 1 series searched (20 earlier sessions in the history)"
     assert check.summary() == summary
+
+
+def test_a_creep_no_split_shows_yet_is_a_trend_at_the_head_among_the_warnings():
+    """1% slower each session from the 9th, 3% noise, 14 sessions: no split yet, the trend test has it."""
+    noise = step_values(14, 0, step=0.0, noise=0.03, seed=1)
+    *history, current = sessions([value * (1 - 0.01 * max(0, i - 7)) for i, value in enumerate(noise)])
+    check = check_head(history, current)
+    (trend,) = check.trends
+    assert check.changes == () and trend.is_new and trend.trend.is_regression
+    assert check.warnings == (TREND_WARNING_PREFIX + trend.describe(),)
+    assert "per run" in check.warnings[0] and "since " in check.warnings[0]
+    assert check.summary().endswith("; trends: 1 at the head (1 new)")
 
 
 def test_a_short_history_is_counted_as_too_short():

@@ -30,6 +30,25 @@ def test_a_change_point_is_a_dashed_line_on_the_trend_and_a_row_with_its_commit_
     assert "<a " not in section, "no repository URL is known: the range is text, not a link"
 
 
+def test_a_creep_is_drawn_as_a_trend_line_with_its_band_and_listed_with_its_slope():
+    """1% slower each session from the 9th, 3% noise, 14 sessions: no split yet, a trend (as in test_history_head)."""
+    noise = step_values(14, 0, step=0.0, noise=0.03, seed=1)
+    *history, current = sessions([value * (1 - 0.01 * max(0, i - 7)) for i, value in enumerate(noise)])
+    section = history_section(render_report(current, history))
+    assert 'id="trend-line-0"' in section and 'id="trend-band-0"' in section
+    rows = re.findall(r'<tr class="change-(\w+)">(.*?)</tr>', section, re.S)
+    (trend,) = [(kind, row) for kind, row in rows if "trend " in row]
+    assert trend[0] == "regression"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", trend[1], re.S)
+    assert cells[4].startswith("trend -0.") and "per run (95% CI " in cells[4]
+    assert cells[2] == f"<code>{commit_of(0)[:7]}..{commit_of(13)[:7]}</code>", "from where the slope starts"
+
+
+def test_a_step_is_drawn_without_a_trend_band():
+    *history, current = sessions(step_values(14, 3, step=-0.12))
+    assert "trend-band-" not in history_section(render_report(current, history))
+
+
 def test_a_steady_history_is_drawn_without_change_points():
     *history, current = sessions(step_values(10, 1, step=0.0))
     section = history_section(render_report(current, history))

@@ -141,7 +141,7 @@ def _write_change_points(write: Callable[..., None], perf_session: PerfSession) 
     check = perf_session.head_check
     if check is None:
         return
-    from perfsuite.history.head import HEAD_WARNING_PREFIX  # loaded already: the session's end made the check
+    from perfsuite.history.head import HEAD_WARNING_PREFIX, TREND_WARNING_PREFIX  # loaded already: session end
 
     failing = set(perf_session.failing_change_points)
     for change in check.changes:
@@ -154,6 +154,8 @@ def _write_change_points(write: Callable[..., None], perf_session: PerfSession) 
             write(f"{HEAD_WARNING_PREFIX}{line} (fails nothing: --perf-fail-on-change-point is off)", yellow=True)
         else:
             write(f"{HEAD_WARNING_PREFIX}{line}")
+    for trend in check.trends:
+        write(f"{TREND_WARNING_PREFIX}{trend.describe()}", yellow=trend.trend.is_regression)
     write(check.summary())
 
 

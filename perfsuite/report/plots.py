@@ -58,12 +58,25 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
+class SlopeBand:
+    """A trend over the newest runs: its fitted line and the band its slope's confidence interval spans."""
+
+    x: tuple[float, ...]
+    fitted: tuple[float, ...]
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    label: str  # e.g. "-0.62%/run"
+    is_regression: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Trend:
     """One panel of the history figure: a series over runs, its change points, and whether its last run is this one."""
 
     line: Series
     steps: tuple[Step, ...] = ()
     last_is_this_run: bool = True
+    slope: SlopeBand | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,13 +196,23 @@ def history_figure(trends: Sequence[Trend], y_label: str = "median output tokens
                 xytext=(2, -2),
                 textcoords="offset points",
             )
+        if trend.slope is not None:
+            _draw_slope(axes, trend.slope, index)
         axes.set_title(line.label, fontsize=8)
         axes.set_xticks(line.x)
         axes.tick_params(labelsize=7)
         axes.grid(alpha=0.3)
-    figure.supxlabel("run (oldest first; red: this run; dashed: change points)", fontsize=8)
+    figure.supxlabel("run (oldest first; red: this run; dashed: change points; band: a trend)", fontsize=8)
     figure.supylabel(y_label, fontsize=8)
     return figure_to_svg(figure)
+
+
+def _draw_slope(axes, slope: SlopeBand, index: int) -> None:
+    """The trend's fitted line, its confidence band, and its slope per run as a label at the newest run."""
+    colour = STEP_COLOURS[slope.is_regression]
+    axes.fill_between(slope.x, slope.low, slope.high, color=colour, alpha=0.15, linewidth=0, gid=f"trend-band-{index}")
+    axes.plot(slope.x, slope.fitted, color=colour, linewidth=1.2, gid=f"trend-line-{index}")
+    axes.annotate(slope.label, (slope.x[-1], slope.fitted[-1]), fontsize=6, color=colour, ha="right", va="bottom")
 
 
 def pair_ratio_figure(pairs: Sequence[PairRatios], min_effect: float) -> str:

@@ -13,11 +13,13 @@ the trends are drawn and a note says how to get the change points.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perfsuite.history.changes import ChangePoint, ChangePointPolicy, ChangePointsUnavailable, detect
 from perfsuite.history.series import SERIES_METRICS, Series, build_series, headline_metric
+from perfsuite.history.trend import Trend, find_trend
 from perfsuite.judge.results import Results, TestResult
 from perfsuite.report import plots
 
@@ -60,15 +62,14 @@ def history_section(
         series = _series_of(test, all_series, results)
         if series is None or len(series.points) < 2:
             continue
-        change_points: tuple[ChangePoint, ...] = ()
-        if note is None:
-            try:
-                change_points = detect(series, policy).change_points
-            except ChangePointsUnavailable as error:
-                note = f"Change points not marked: {error}."
+        change_points, head_is_a_step = _change_points(series, policy, note is None)
+        if isinstance(change_points, str):
+            note, change_points = change_points, ()
+        slope = None if head_is_a_step else find_trend(series).trend
         shown.append(series)
-        trends.append(_trend(test, series, change_points, results))
+        trends.append(_trend(test, series, change_points, results, slope))
         rows.extend(_row(test, series, change) for change in change_points)
+        rows.extend([_slope_row(test, series, slope)] if slope is not None else [])
     if not trends:
         return None
     runs = sorted({point.created_at for series in shown for point in series.points})
@@ -76,12 +77,26 @@ def history_section(
         f"{len(runs)} runs on this machine ({runs[0]} to {runs[-1]}). One panel per test: its runs of the same "
         "machine fingerprint and run configuration, each the median over its repeats rescaled by the machine probe "
         "(a server in another process: as measured). Dashed: change points (Apache Otava, p < "
-        f"{policy.max_p_value:g}), listed below."
+        f"{policy.max_p_value:g}), listed below. A band: a trend over the newest runs (Mann-Kendall and Sen's "
+        "slope, its 95% interval), listed below too."
     )
     if results.against is not None:
         caption += " This A/B session is not a point of them: it measured REF and the current tree side by side."
     svg = plots.history_figure(trends, y_label="median, probe-normalised")
     return HistorySection(caption, svg, tuple(rows), note)
+
+
+def _change_points(
+    series: Series, policy: ChangePointPolicy, searchable: bool
+) -> tuple[tuple[ChangePoint, ...] | str, bool]:
+    """The series' change points and whether one is at the head; or, instead of them, why none are marked."""
+    if not searchable:
+        return (), False
+    try:
+        detection = detect(series, policy)
+    except ChangePointsUnavailable as error:
+        return f"Change points not marked: {error}.", False
+    return detection.change_points, detection.head is not None
 
 
 def _runs_up_to(results: Results, history: Sequence[Results], max_runs: int) -> list[Results]:
@@ -108,7 +123,9 @@ def _series_of(test: TestResult, all_series: Sequence[Series], results: Results)
     )
 
 
-def _trend(test: TestResult, series: Series, change_points: Sequence[ChangePoint], results: Results) -> plots.Trend:
+def _trend(
+    test: TestResult, series: Series, change_points: Sequence[ChangePoint], results: Results, slope: Trend | None
+) -> plots.Trend:
     name = test.test_id.rpartition("::")[2]
     x = tuple(float(i) for i in range(1, len(series.points) + 1))
     steps = tuple(
@@ -117,7 +134,30 @@ def _trend(test: TestResult, series: Series, change_points: Sequence[ChangePoint
     )
     last_is_this_run = series.points[-1].created_at == (results.created_at or "")
     line = plots.Series(f"{name} ({UNITS[series.key.metric]})", x, series.values)
-    return plots.Trend(line, steps, last_is_this_run)
+    return plots.Trend(line, steps, last_is_this_run, None if slope is None else _band(series, slope))
+
+
+def _band(series: Series, slope: Trend) -> plots.SlopeBand:
+    """The trend over its window's runs (finite points only, as the test took them), at run numbers from 1."""
+    finite = [index for index, point in enumerate(series.points) if math.isfinite(point.value)][-slope.num_runs :]
+    x = tuple(float(index + 1) for index in finite)
+    ends = [tuple(slope.fitted(j, s) for j in range(len(x))) for s in (slope.slope_low, slope.slope_high)]
+    low = tuple(map(min, *ends))
+    high = tuple(map(max, *ends))
+    fitted = tuple(slope.fitted(j) for j in range(len(x)))
+    return plots.SlopeBand(x, fitted, low, high, f"{slope.slope_per_run:+.2%}/run", slope.is_regression)
+
+
+def _slope_row(test: TestResult, series: Series, slope: Trend) -> ChangeRow:
+    return ChangeRow(
+        test=test.test_id.rpartition("::")[2],
+        metric=series.key.metric,
+        commit_range=slope.commit_range,
+        dates=f"{slope.start.created_at} .. {slope.newest.created_at}",
+        change=f"trend {slope.slope_per_run:+.2%} per run (95% CI {slope.slope_low:+.2%}..{slope.slope_high:+.2%})",
+        p_value=f"{slope.p_value:.2g}",
+        kind=slope.kind,
+    )
 
 
 def _row(test: TestResult, series: Series, change: ChangePoint) -> ChangeRow:
