@@ -55,6 +55,13 @@ def number(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    value = number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def probability(text: str) -> float:
     value = number(text)
     if not 0 < value < 1:

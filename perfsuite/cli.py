@@ -26,6 +26,7 @@ from perfsuite.argtypes import (
     fraction,
     integer_at_least,
     positive_int,
+    positive_number,
     probability,
     thread_count,
 )
@@ -36,14 +37,27 @@ from perfsuite.history.series import SERIES_METRICS
 from perfsuite.measure.metrics import RunMetrics, run_metrics
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
 from perfsuite.models import DEFAULT_MODEL
+from perfsuite.report.server_metrics import server_metrics_line
 from perfsuite.report.table import format_table, memory_table, prefix_cache_table, utilization_table
-from perfsuite.workload import ShapedWorkload, Trace, Vocab, Workload, mixed_workload, parse_workload_option
+from perfsuite.workload import (
+    Arrivals,
+    ShapedWorkload,
+    ShippedPrompts,
+    SyntheticPrompts,
+    Trace,
+    Vocab,
+    Workload,
+    mixed_workload,
+    parse_prompts,
+    parse_workload_option,
+)
 
 if TYPE_CHECKING:
     from perfsuite.adapters import Backend, EngineConfig
     from perfsuite.engine import Request
     from perfsuite.judge.results import Results
     from perfsuite.models import LoadedModel
+    from perfsuite.workload import PromptSource
 
 
 MAX_NUM_REQUESTS = 100_000
@@ -66,8 +80,9 @@ def _add_run_command(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="run the default mixed workload on static and in-flight engines and print a table",
-        description="Shipped prompts, max_new_tokens uniform in [min, max] (seeded), EOS ignored, all at t0; "
-        "or --workload: shared-prefix groups, multi-turn chat or a replayed trace (docs/workloads.md).",
+        description="Shipped prompts (or --prompt-len synthetic ones), max_new_tokens uniform in [min, max] (seeded), "
+        "EOS ignored, all at t0 (or --request-rate, --concurrency); or --workload: shared-prefix groups, "
+        "multi-turn chat or a replayed trace (docs/workloads.md).",
     )
     run.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or local directory (default {DEFAULT_MODEL})")
     run.add_argument(
@@ -105,7 +120,35 @@ def _add_workload_arguments(run: argparse.ArgumentParser) -> None:
         "multi_turn:sessions=4,turns=3,prompt=64,message=32,output=32,think_time=0; "
         "trace:FILE[,block_size=512,time_scale=1,max_requests=N] (docs/workloads.md)",
     )
-    run.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    run.add_argument(
+        "--prompt-len",
+        type=argument_type(prompt_lengths),
+        metavar="N|LOW:HIGH",
+        help="prompt tokens of the default workload: N, or uniform in LOW..HIGH (synthetic; default: shipped prompts)",
+    )
+    run.add_argument("--seed", type=int, default=0, help="workload seed: prompts, lengths and arrivals (0)")
+    _add_arrival_arguments(run)
+
+
+def _add_arrival_arguments(run: argparse.ArgumentParser) -> None:
+    """When requests are sent: all at t0 (the default), open-loop at a rate, or a closed loop of N clients."""
+    run.add_argument(
+        "--request-rate",
+        type=positive_number,
+        metavar="REQ_PER_S",
+        help="open loop: Poisson arrivals at this many requests/s (default: every request at t0)",
+    )
+    run.add_argument(
+        "--burstiness",
+        type=positive_number,
+        help="with --request-rate: gamma-shaped gaps, 1 Poisson, below 1 burstier, above 1 smoother (1)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="closed loop: N clients, each sending its next request when its last one finishes",
+    )
 
 
 def _add_server_client_arguments(run: argparse.ArgumentParser) -> None:
@@ -154,6 +197,7 @@ def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
             ("--num-requests", args.num_requests),
             ("--min-new-tokens", args.min_new_tokens),
             ("--max-new-tokens", args.max_new_tokens),
+            ("--prompt-len", args.prompt_len),
         )
         if value is not None
     ]
@@ -162,6 +206,34 @@ def _check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
             f"{', '.join(default_workload_flags)} size the default workload, which --workload replaces; "
             "set those sizes in --workload's KEY=VALUE list"
         )
+    problem = _arrival_problem(args)
+    if problem is not None:
+        parser.error(problem)
+
+
+def _arrival_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arrival flags together (each alone is checked as it is parsed), or None."""
+    if args.request_rate is not None and args.concurrency is not None:
+        return (
+            "--request-rate and --concurrency are two ways to send: open loop at a rate, or a closed loop of N "
+            "clients; give one of them"
+        )
+    if args.burstiness is not None and args.request_rate is None:
+        return "--burstiness shapes the gaps between arrivals at a rate; add --request-rate, or drop --burstiness"
+    if isinstance(args.workload, Trace) and (args.request_rate is not None or args.concurrency is not None):
+        return "a trace's timestamps are its arrivals: drop --request-rate and --concurrency (scale with time_scale)"
+    if args.concurrency is not None and OPENAI_HTTP in args.engines and args.concurrency > args.batch_size:
+        return (
+            f"--concurrency {args.concurrency} needs as many connections, and openai-http opens at most "
+            f"--batch-size ({args.batch_size}); raise --batch-size to {args.concurrency} or lower --concurrency"
+        )
+    return None
+
+
+def _arrivals(args: argparse.Namespace) -> Arrivals:
+    if args.request_rate is not None:
+        return Arrivals(rate=args.request_rate, burstiness=args.burstiness or 1.0)
+    return Arrivals(concurrency=args.concurrency)
 
 
 def _http_client_options(args: argparse.Namespace) -> HttpClientOptions:
@@ -188,9 +260,36 @@ _RUN_FLAGS = {
 }
 
 
-def _in_run_flags(message: str) -> str:
-    for pytest_flag, run_flag in _RUN_FLAGS.items():
-        message = message.replace(pytest_flag, run_flag)
+def prompt_lengths(text: str) -> PromptSource:
+    """``--prompt-len``: ``N`` tokens, or ``LOW:HIGH`` uniform; the workload's own checks judge the numbers."""
+    low, colon, high = text.partition(":")
+    try:
+        table = (
+            {"kind": "uniform", "low": int(low), "high": int(high)} if colon else {"kind": "fixed", "tokens": int(low)}
+        )
+    except ValueError:
+        raise ValueError(
+            f"expected N or LOW:HIGH, whole numbers of prompt tokens (e.g. 128 or 64:256), got {text!r}"
+        ) from None
+    return parse_prompts(table)
+
+
+# The default workload's fields, as its checks name them, and the flags that set them.
+_DEFAULT_WORKLOAD_FLAGS = {
+    "prompts.high": "--prompt-len",
+    "prompts.low": "--prompt-len",
+    "output_lengths.high": "--max-new-tokens",
+    "output_lengths.low": "--min-new-tokens",
+    "arrivals.rate": "--request-rate",
+    "num_requests": "--num-requests",
+}
+
+
+def _in_run_flags(message: str, default_workload: bool = False) -> str:
+    """``message`` in ``run``'s flags: the pytest options', and (``default_workload``) the workload fields'."""
+    flags = {**_RUN_FLAGS, **(_DEFAULT_WORKLOAD_FLAGS if default_workload else {})}
+    for name, run_flag in flags.items():
+        message = message.replace(name, run_flag)
     return message
 
 
@@ -365,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except (ValueError, RuntimeError) as error:
-        message = _in_run_flags(str(error)) if args.command == "run" else str(error)
+        message = _in_run_flags(str(error), args.workload is None) if args.command == "run" else str(error)
         print(f"perfsuite: error: {message}", file=sys.stderr)
         return 2
 
@@ -546,6 +645,8 @@ def _run(args: argparse.Namespace) -> int:
         metrics = run_metrics(result)
         rows.append(_row(result, metrics))
         cache_lines.append(prefix_cache_line(result, metrics))
+        if kind == OPENAI_HTTP:
+            cache_lines.append(server_metrics_line(result.engine_name, 1e3 * metrics.ttft.mean, result.server_metrics))
     print(format_table(HEADERS, rows))
     for line in filter(None, cache_lines):
         print(line)
@@ -572,9 +673,12 @@ def _say_loaded(
 
 def _run_requests(workload: Workload | ShapedWorkload, loaded: LoadedModel, backend: Backend) -> list[Request]:
     """The workload's requests: synthetic ids over the backend's vocabulary, or text through the tokenizer."""
+    assert backend.vocab_size is not None  # Backend.from_loaded reads it from the model and its tokenizer
+    vocab = Vocab(backend.vocab_size, backend.special_token_ids)
     if isinstance(workload, ShapedWorkload):
-        assert backend.vocab_size is not None  # Backend.from_loaded reads it from the model and its tokenizer
-        return workload.requests(vocab=Vocab(backend.vocab_size, backend.special_token_ids))
+        return workload.requests(vocab=vocab)
+    if isinstance(workload.prompts, SyntheticPrompts):
+        return workload.requests(vocab=vocab)
     return workload.requests(lambda text: loaded.tokenizer(text)["input_ids"])
 
 
@@ -589,7 +693,7 @@ def _timed_engine_run(
     check_serves_follow_ups(engine, requests)
     warm_up(engine, requests)
     progress = None if args.no_progress else Progress(kind, len(requests))
-    result = timed_run(engine, requests, device, on_step=progress)
+    result = timed_run(engine, requests, device, on_step=progress, max_concurrency=args.concurrency)
     if progress:
         progress.close()
     return result
@@ -607,13 +711,23 @@ def prefix_cache_line(result: RunResult, metrics: RunMetrics) -> str | None:
 
 
 def _workload(args: argparse.Namespace) -> Workload | ShapedWorkload:
-    """``--workload``'s, its trace read now (a bad line fails before the model loads); else the default."""
+    """``--workload``'s, its trace read now (a bad line fails before the model loads); else the default, with the
+    flags' prompt lengths and arrivals."""
     if args.workload is None:
-        return mixed_workload(args.num_requests or 32, args.min_new_tokens or 8, args.max_new_tokens or 128, args.seed)
+        default = mixed_workload(
+            args.num_requests or 32, args.min_new_tokens or 8, args.max_new_tokens or 128, args.seed
+        )
+        return Workload(
+            default.num_requests,
+            default.lengths,
+            _arrivals(args),
+            default.seed,
+            args.prompt_len if args.prompt_len is not None else default.prompts,
+        )
     if isinstance(args.workload, Trace):
         for warning in args.workload.long_gaps():  # reads every line: a bad one fails before the model loads
             print(f"perfsuite: warning: {warning}", file=sys.stderr)
-    return ShapedWorkload(args.workload, seed=args.seed)
+    return ShapedWorkload(args.workload, seed=args.seed, arrivals=_arrivals(args))
 
 
 def _check_context_before_load(model: str, workload: Workload | ShapedWorkload) -> None:
@@ -633,7 +747,11 @@ def _check_context_before_load(model: str, workload: Workload | ShapedWorkload) 
 def _described(workload: Workload | ShapedWorkload) -> str:
     if isinstance(workload, ShapedWorkload):
         return f"workload {workload.label}"
-    return f"max_new_tokens uniform {workload.lengths.low}..{workload.lengths.high}"
+    prompts = "" if isinstance(workload.prompts, ShippedPrompts) else f"prompts {workload.prompts.label}, "
+    return (
+        f"{prompts}max_new_tokens uniform {workload.lengths.low}..{workload.lengths.high}, "
+        f"arrivals {workload.arrivals.label}"
+    )
 
 
 def _built(kind: str, backend, config):

@@ -24,6 +24,7 @@ from perfsuite.adapters.openai_stream import Piece, Received, to_record
 from perfsuite.engine import FinishReason, Request, SamplingParams
 from perfsuite.measure.metrics import request_metrics, run_metrics
 from perfsuite.measure.prefix_cache import cached_prompts
+from perfsuite.measure.summaries import vllm_summary
 from perfsuite.serve import ServerThread
 from fake_backend import FAKE_BACKEND_CONFTEST
 
@@ -70,6 +71,8 @@ class Behaviour:
     # usage.prompt_tokens_details.cached_tokens, vLLM's: a prompt seen before is cached but for its last token
     prefix_cache: bool = False
     cached_tokens: object = None  # sent as cached_tokens whatever the prompt (a broken server)
+    chat_template_tokens: int = 0  # usage.prompt_tokens of a chat request counts this many more than its message
+    prompt_tokens: object = None  # sent as usage.prompt_tokens whatever the prompt (a broken server)
 
 
 VLLM = Behaviour()
@@ -175,10 +178,19 @@ class FakeOpenAIServer:
             finish = reason if number == len(starts) - 1 else None
             await response.write(self._event({"choices": [self._choice(body, chunk_ids, text, finish)]}))
         if self.behaviour.sends_usage and body.get("stream_options", {}).get("include_usage"):
-            usage = {"completion_tokens": num_tokens + self.behaviour.usage_extra, **self._prompt_details(body)}
+            usage = {"completion_tokens": num_tokens + self.behaviour.usage_extra, **self._prompt_details(body),
+                     "prompt_tokens": self._prompt_tokens(body)}  # fmt: skip
             await response.write(self._event({"choices": [], "usage": usage}))
         await response.write(b"data: [DONE]\n\n")
         return response
+
+    def _prompt_tokens(self, body: dict) -> object:
+        if self.behaviour.prompt_tokens is not None:
+            return self.behaviour.prompt_tokens
+        if "messages" in body:
+            return len(encode(body["messages"][-1]["content"])) + self.behaviour.chat_template_tokens
+        prompt = body["prompt"]
+        return len(prompt) if isinstance(prompt, list) else len(encode(prompt))
 
     def _prompt_details(self, body: dict) -> dict:
         if self.behaviour.cached_tokens is not None:
@@ -532,3 +544,53 @@ def test_cached_tokens_count_at_most_the_prompt_a_chat_template_adds_to():
     received = Received(request, 1.0, 2.0, (Piece(1.5, "ab", (1, 2)),), FinishReason.LENGTH, 2,
                         num_cached_tokens=len(PROMPT) + 7)  # fmt: skip
     assert to_record(received, encode).num_cached_tokens == len(PROMPT)
+
+
+# --------------------------------------------------------------------------- the server's /metrics
+
+
+def test_a_server_without_metrics_runs_as_before_and_records_nothing_server_side(serve):
+    from perfsuite.report.server_metrics import NOT_EXPOSED, server_metrics_facts
+    from test_server_metrics import as_session_result
+
+    _, url = serve(VLLM)  # no /metrics: 404
+    client = engine_for(url)
+    first, second = client.run(requests()), client.run(requests())
+    assert first.server_metrics is None and second.server_metrics is None
+    assert client.metrics_exposed is False
+    assert [len(r.records) for r in (first, second)] == [3, 3]
+    assert server_metrics_facts(as_session_result(first)) == [("server metrics", NOT_EXPOSED)]
+
+
+
+# --------------------------------------------------------------------------- prompt tokens: the server's count
+
+
+def test_chat_records_the_servers_prompt_count_and_the_clients_where_they_differ(serve):
+    _, url = serve(replace(VLLM, chat_template_tokens=30))
+    result = engine_for(url, api="chat").run(requests())
+    assert {(r.num_prompt_tokens, r.num_client_prompt_tokens) for r in result.records} == {
+        (len(PROMPT) + 30, len(PROMPT))
+    }, "the server's usage.prompt_tokens counts the chat template; the client's count is kept beside it"
+    summary = vllm_summary([run_metrics(result)])
+    assert (summary.total_input_tokens, summary.total_client_input_tokens) == (3 * (len(PROMPT) + 30), 3 * len(PROMPT))
+    assert summary.vllm_keys()["total_input_tokens"] == 3 * (len(PROMPT) + 30)
+
+
+def test_completions_whose_count_the_server_agrees_with_keep_one_count(serve):
+    _, url = serve(VLLM)
+    result = engine_for(url).run(requests())
+    assert {(r.num_prompt_tokens, r.num_client_prompt_tokens) for r in result.records} == {(len(PROMPT), None)}
+    assert vllm_summary([run_metrics(result)]).total_client_input_tokens is None
+
+
+def test_a_server_without_usage_leaves_the_clients_prompt_count(serve):
+    _, url = serve(replace(LLAMA_CPP, accepts_token_ids=True, honours_ignore_eos=True, rejects_request_id_header=False))
+    result = engine_for(url).run(requests())
+    assert {(r.num_prompt_tokens, r.num_client_prompt_tokens) for r in result.records} == {(len(PROMPT), None)}
+
+
+def test_a_malformed_prompt_count_is_an_error_naming_the_request(serve):
+    _, url = serve(replace(VLLM, prompt_tokens="many"))
+    with pytest.raises(OpenAIHttpError, match=r"the server's usage.prompt_tokens is 'many', not a count of tokens"):
+        engine_for(url).run(requests())

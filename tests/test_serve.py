@@ -10,6 +10,7 @@ background threads, so client and engine timestamps share one
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import json
 import time
@@ -28,6 +29,8 @@ from perfsuite.engine.fake_runner import FakeRunner
 from perfsuite.measure.metrics import request_metrics
 from perfsuite.models import build_byte_tokenizer, load_model
 from perfsuite.serve import CompletionServer, ServeLimits, ServeOptions, ServerThread, build_server
+from perfsuite.report.server_metrics import server_metrics_facts
+from test_server_metrics import as_session_result
 
 MAX_SEQ_LEN = 128
 BATCH_SIZE = 4
@@ -430,3 +433,40 @@ def test_serve_refuses_an_engine_it_does_not_run():
     with pytest.raises(ValueError, match="--engine 'static' is not one perfsuite serve runs; choose from inflight, "
                                          "paged, paged-prefix"):  # fmt: skip
         ServeOptions(model="tiny-random", engine="static")
+
+
+# --------------------------------------------------------------------------- the server's metrics, read by the client
+
+
+def spread_requests(tokenizer, num_requests: int = 5, gap_s: float = 0.3) -> list[Request]:
+    """Open-loop requests over longer than the client's scrape interval, so the load gauges are read in flight."""
+    prompt = tuple(tokenizer("The server's own view of a run")["input_ids"])
+    params = SamplingParams(16, ignore_eos=True)
+    return [Request(f"spread-{i}", prompt, params, arrival_time=i * gap_s) for i in range(num_requests)]
+
+
+def test_a_client_run_records_the_servers_kv_usage_counters_and_ttft_and_the_report_shows_the_gap(loaded, served):
+    """Acceptance (issue 41): server-side TTFT and KV usage in results.json, client − server TTFT in the report."""
+    client = build_engine("openai-http", Backend.from_loaded(loaded, endpoint=served.url), EngineConfig(2, 256))
+    requests_sent = spread_requests(loaded.tokenizer)
+    run = client.run(requests_sent)
+    server = run.server_metrics
+    assert server is not None and client.metrics_exposed
+    assert server.num_scrapes_during >= 1, "the run lasts past one scrape interval"
+    assert server.kv_cache_usage is not None and 0 <= server.kv_cache_usage.max <= 1
+    assert server.num_waiting is not None and server.num_preemptions == 0
+    assert server.prefix_cache_queries is not None and server.prefix_cache_hits is not None
+    result = as_session_result(run)
+    assert result.measurement.server_metrics == (server,), "results.json keeps each repeat's server figures"
+    assert server.ttft is not None and server.ttft.count == len(requests_sent)
+    assert server.ttft.mean is not None and 0 < server.ttft.mean <= result.measurement.summary.ttft.mean_ms / 1e3
+    facts = dict(server_metrics_facts(result))
+    assert "client - server TTFT (mean)" in facts and "server TTFT mean / p50 / p99" in facts
+
+
+def test_a_run_shorter_than_the_scrape_interval_still_reads_the_servers_load_once_in_flight(loaded, served):
+    client = build_engine("openai-http", Backend.from_loaded(loaded, endpoint=served.url), EngineConfig(2, 256))
+    run = client.run([dataclasses.replace(r, arrival_time=0.0) for r in spread_requests(loaded.tokenizer, 2)])
+    assert run.server_metrics is not None and run.server_metrics.num_scrapes_during >= 1, (
+        "the first output nudges a reading")
+    assert run.server_metrics.kv_cache_usage is not None

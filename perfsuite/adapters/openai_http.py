@@ -85,8 +85,10 @@ from perfsuite.adapters.server_info import (
     auth_headers,
     fetch_server_info,
 )
+from perfsuite.adapters.server_scrape import DEFAULT_INTERVAL_S, MetricsPage, RunScraper
 from perfsuite.engine.admission import refuse_follow_ups
 from perfsuite.engine.names import OPENAI_HTTP
+from perfsuite.engine.server_metrics import ServerMetrics
 from perfsuite.engine.types import (
     EngineCounters,
     FinishReason,
@@ -147,6 +149,16 @@ def _default_probe_prompt(tokenize_text: Callable[[str], Sequence[int]]) -> tupl
 
 
 @dataclass(frozen=True, slots=True)
+class _Run:
+    """What one run's event loop brings back: the streams, the timed region, the server's metrics around it."""
+
+    received: list[Received]
+    start: float
+    end: float
+    server_metrics: ServerMetrics | None
+
+
+@dataclass(frozen=True, slots=True)
 class Negotiated:
     """What the probe settled: the prompt format used, and whether the server returns token ids."""
 
@@ -162,7 +174,8 @@ class OpenAIHttpEngine:
     its own event loop, so call it from synchronous code (as the harness does).
     ``detokenize`` turns a prompt's ids into text (for text prompts and chat);
     ``probe_prompt_ids`` is the prompt of the 1-token probe request (default:
-    ``PROBE_TEXT`` tokenized, else token 0).
+    ``PROBE_TEXT`` tokenized, else token 0). ``scrape_interval_s``: how often the server's ``/metrics`` is read
+    while a run is in flight (``perfsuite.adapters.server_scrape``); None: never read.
     """
 
     name = OPENAI_HTTP
@@ -180,6 +193,7 @@ class OpenAIHttpEngine:
         probe_prompt_ids: Sequence[int] | None = None,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
+        scrape_interval_s: float | None = DEFAULT_INTERVAL_S,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -199,6 +213,8 @@ class OpenAIHttpEngine:
         self._server_info: ServerInfo | None = None
         self._negotiated: Negotiated | None = None
         self._saw_text_only_output = False
+        self._scrape_interval_s = scrape_interval_s  # None: never read the server's /metrics
+        self._metrics_exposed: bool | None = None  # None: not asked yet
 
     # ------------------------------------------------------------------ what the server is
 
@@ -269,12 +285,27 @@ class OpenAIHttpEngine:
         refuse_follow_ups(ordered, self.name)
         served = self.served_model
         check_prompts_fit(ordered, served.max_model_len, served.model_id, self.base_url)
-        received, start, end = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency, start_at))
-        if any(not r.has_exact_ids for r in received):
+        run = asyncio.run(self._run_within_timeout(ordered, on_step, max_concurrency, start_at))
+        if any(not r.has_exact_ids for r in run.received):
             self._saw_text_only_output = True
-        records = tuple(to_record(r, self._tokenize_text) for r in received)
-        self._check_output_lengths(received, records)
-        return RunResult(self.name, records, start, end, EngineCounters())
+        records = tuple(to_record(r, self._tokenize_text) for r in run.received)
+        self._check_output_lengths(run.received, records)
+        return RunResult(self.name, records, run.start, run.end, EngineCounters(), server_metrics=run.server_metrics)
+
+    @property
+    def metrics_exposed(self) -> bool | None:
+        """Whether the server's ``/metrics`` has vLLM's metrics (``perfsuite.adapters.server_scrape``); None until a
+        run has asked."""
+        return self._metrics_exposed
+
+    def _start_scraper(self) -> RunScraper | None:
+        """The server's metrics read before the run, and a thread reading them during it; None: not exposed."""
+        if self._metrics_exposed is False or self._scrape_interval_s is None:
+            return None
+        page = MetricsPage(self.base_url, auth_headers(self._options.api_key))
+        scraper = RunScraper(page, self.served_model.model_id, self._scrape_interval_s)
+        self._metrics_exposed = scraper.start()
+        return scraper if self._metrics_exposed else None
 
     def _check_output_lengths(self, received: Sequence[Received], records: Sequence[RequestRecord]) -> None:
         mismatches = [
@@ -306,21 +337,28 @@ class OpenAIHttpEngine:
         on_step: Callable[[list[StepOutput]], None] | None,
         max_concurrency: int | None,
         start_at: float | None = None,
-    ) -> tuple[list[Received], float, float]:
+    ) -> _Run:
         num_clients = min(self._batch_size, max_concurrency or self._batch_size)
         async with self._session(num_clients) as session:
             if self._negotiated is None:
                 self._negotiated = await self._negotiate(session)
-            client = self._client(session, self._payload_builder(), on_step)
-            payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
-            start = time.perf_counter() if start_at is None else start_at
-            if start > time.perf_counter():
-                await asyncio.sleep(start - time.perf_counter())
-            received = await _send_all(
-                client, requests, payloads, start, num_clients, closed_loop=max_concurrency is not None
-            )
-            end = time.perf_counter()
-        return received, start, end
+            scraper = await asyncio.to_thread(self._start_scraper)  # after the probe, so it does not count
+            try:
+                client = self._client(session, self._payload_builder(), on_step, scraper)
+                payloads = {r.request_id: client.builder.payload(r) for r in requests}  # detokenized before timing
+                start = time.perf_counter() if start_at is None else start_at
+                if start > time.perf_counter():
+                    await asyncio.sleep(start - time.perf_counter())
+                received = await _send_all(
+                    client, requests, payloads, start, num_clients, closed_loop=max_concurrency is not None
+                )
+                end = time.perf_counter()
+            except BaseException:
+                if scraper is not None:
+                    scraper.stop()
+                raise
+        server_metrics = await asyncio.to_thread(scraper.finish, len(requests)) if scraper is not None else None
+        return _Run(received, start, end, server_metrics)
 
     def _session(self, num_clients: int) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
@@ -335,10 +373,13 @@ class OpenAIHttpEngine:
         session: aiohttp.ClientSession,
         builder: PayloadBuilder,
         on_step: Callable[[list[StepOutput]], None] | None,
+        scraper: RunScraper | None = None,
     ) -> _Client:
-        return _Client(
+        client = _Client(
             session, self.base_url + builder.path, builder, self._options.send_request_ids, on_step, self._tokenize_text
         )
+        client.on_first_output = scraper.nudge if scraper is not None else None
+        return client
 
     def _payload_builder(self, prompt_format: str | None = None) -> PayloadBuilder:
         if prompt_format is None and self._options.sends_text:
@@ -490,6 +531,7 @@ class _Client:
         self._send_request_ids = send_request_ids
         self._on_step = on_step
         self._tokenize_text = tokenize_text
+        self.on_first_output: Callable[[], None] | None = None  # called once, at the first chunk with output
 
     async def complete(self, request: Request, payload: dict, arrival: float) -> Received:
         where = f"request {request.request_id!r} to {self._url}"
@@ -516,6 +558,7 @@ class _Client:
             finish_reason=state.finish_reason,
             num_usage_tokens=state.num_usage_tokens,
             num_cached_tokens=state.num_cached_tokens,
+            num_usage_prompt_tokens=state.num_usage_prompt_tokens,
         )
 
     async def _stream(self, request: Request, payload: dict) -> StreamState:
@@ -531,11 +574,19 @@ class _Client:
                 if not data.startswith("data:"):
                     continue
                 pieces = state.take(data[len("data:") :].strip(), arrival)
+                if pieces and self.on_first_output is not None:
+                    self._first_output_came()
                 if state.is_done:
                     break
                 if self._on_step is not None and pieces:
                     self._report_progress(request.request_id, pieces, state.finish_reason)
         return state
+
+    def _first_output_came(self) -> None:
+        """The run's first output: the server holds its requests now, so its load is worth a reading."""
+        first_output, self.on_first_output = self.on_first_output, None
+        assert first_output is not None
+        first_output()
 
     def _rejection(self, request: Request, status: int, body: str) -> str:
         message = f"request {request.request_id!r}: HTTP {status} from {self._url}: {error_message(body)}"

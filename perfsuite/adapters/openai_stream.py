@@ -16,11 +16,14 @@ How tokens are counted and timed, per request:
 
 Tokens are never invented: no id or time is repeated to make up a count.
 
+**Prompt tokens**: the server's ``usage.prompt_tokens``, when it sends one, is the record's ``num_prompt_tokens``
+(a chat template's tokens are part of what the server computed); where it differs from the prompt perfsuite
+built, that count is kept too, as ``num_client_prompt_tokens``. Completion tokens follow the counting rule above.
+
 **Prefix cache**: a server that says how many of the prompt's tokens it found in its prefix cache
 (``usage.prompt_tokens_details.cached_tokens``: vLLM with ``--enable-prompt-tokens-details``, in the final
 usage chunk that ``stream_options.include_usage`` asks for; SGLang) has it read into
-``RequestRecord.num_cached_tokens``, at most the prompt's tokens as perfsuite counts them (a chat template's
-tokens are the server's, not the prompt's); a server that does not say (no ``prompt_tokens_details``, or a
+``RequestRecord.num_cached_tokens``, at most the record's prompt tokens; a server that does not say (no ``prompt_tokens_details``, or a
 null one) leaves it None. Anything but a non-negative integer is an error naming the request.
 """
 
@@ -69,6 +72,7 @@ class StreamState:
     pieces: list[Piece] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_usage_tokens: int | None = None
+    num_usage_prompt_tokens: int | None = None  # usage.prompt_tokens; None: not said
     num_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: not said
     is_done: bool = False
 
@@ -95,20 +99,27 @@ class StreamState:
         if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
             self.num_usage_tokens = int(usage["completion_tokens"])
         if isinstance(usage, dict):
+            prompt_tokens = self._count(usage.get("prompt_tokens"), "prompt_tokens")
+            if prompt_tokens is not None:
+                self.num_usage_prompt_tokens = prompt_tokens
             self._take_cached_tokens(usage.get("prompt_tokens_details"))
         return new_pieces
 
+    def _count(self, value: object, name: str) -> int | None:
+        """A usage count: None where not said, else an integer >= 0 or an error naming the request."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OpenAIHttpError(
+                f"request {self.request_id!r}: the server's usage.{name} is {value!r}, not a count of tokens (an "
+                "integer >= 0); the server's usage is malformed (report it to the server's maintainers)"
+            )
+        return value
+
     def _take_cached_tokens(self, details: object) -> None:
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if cached is None:
-            return
-        if isinstance(cached, bool) or not isinstance(cached, int) or cached < 0:
-            raise OpenAIHttpError(
-                f"request {self.request_id!r}: the server's usage.prompt_tokens_details.cached_tokens is "
-                f"{cached!r}, not a count of tokens (an integer >= 0); the server's usage is malformed "
-                "(report it to the server's maintainers)"
-            )
-        self.num_cached_tokens = cached
+        if cached is not None:
+            self.num_cached_tokens = self._count(cached, "prompt_tokens_details.cached_tokens")
 
     def _take_finish_reason(self, reason: object) -> None:
         if reason is None:
@@ -151,6 +162,7 @@ class Received:
     num_usage_tokens: int | None
     send_times: SendTimes | None = None  # open loop only
     num_cached_tokens: int | None = None  # the server's prefix cache hit, in prompt tokens; None: not said
+    num_usage_prompt_tokens: int | None = None  # the server's usage.prompt_tokens; None: not said
 
     @property
     def has_exact_ids(self) -> bool:
@@ -194,9 +206,13 @@ def _record(
     received: Received, token_ids: tuple[int, ...], token_times: tuple[float, ...], num_reported: int | None
 ) -> RequestRecord:
     request = received.request
+    num_prompt_tokens = received.num_usage_prompt_tokens
+    if num_prompt_tokens is None:
+        num_prompt_tokens = request.num_prompt_tokens
     return RequestRecord(
         request_id=request.request_id,
-        num_prompt_tokens=request.num_prompt_tokens,
+        num_prompt_tokens=num_prompt_tokens,
+        num_client_prompt_tokens=None if num_prompt_tokens == request.num_prompt_tokens else request.num_prompt_tokens,
         output_token_ids=token_ids,
         arrival_time=received.arrival,
         first_scheduled_time=None,  # the client cannot see when the server schedules
@@ -209,5 +225,5 @@ def _record(
         sent_time=received.send_times.sent if received.send_times else None,
         num_cached_tokens=None
         if received.num_cached_tokens is None
-        else min(received.num_cached_tokens, request.num_prompt_tokens),
+        else min(received.num_cached_tokens, num_prompt_tokens),
     )

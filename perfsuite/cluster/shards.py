@@ -125,6 +125,8 @@ def merge_runs(shard_runs: Sequence[RunResult], start_time: float) -> RunResult:
         start_time=start_time,
         end_time=max(run.end_time for run in shard_runs),
         counters=_one_count([run.counters for run in shard_runs]),
+        # Every shard read the one server's /metrics over the same window: its figures count every shard's requests.
+        server_metrics=next((run.server_metrics for run in shard_runs if run.server_metrics is not None), None),
     )
 
 

@@ -11,6 +11,7 @@ import operator
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, fields
 
+from perfsuite.engine.server_metrics import ServerMetrics
 from perfsuite.engine.work import StepWork
 
 
@@ -313,6 +314,9 @@ class RequestRecord:
     # One log-probability per output token, where the engine was asked for them (perfsuite's engines over
     # ModelRunner(logprobs=True)); None: not asked, or an engine that does not give them.
     output_logprobs: tuple[float, ...] | None = None
+    # A server's client: the prompt as perfsuite built it, where the server's usage counted another number of
+    # prompt tokens (num_prompt_tokens: a chat template's tokens); None: they agree, or nobody else counted.
+    num_client_prompt_tokens: int | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -468,6 +472,7 @@ class RunResult:
     steps: tuple[StepTrace, ...] = ()
     num_kv_blocks: int | None = None  # the KV pool (a slot cache's slots); None: not perfsuite's engine
     kv_block_size: int | None = None  # tokens per block (a slot's max_seq_len)
+    server_metrics: ServerMetrics | None = None  # a server's /metrics around the run; None: not exposed, in-process
 
     @property
     def duration(self) -> float:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.codec import decode, encode
+from perfsuite.engine.server_metrics import ServerMetrics, pooled
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.baselines import counters_from_json, write_json_atomic
 from perfsuite.judge.catalogue import BUSY_SHARE, NORMALISED, RAW_SERVER_FIGURES
@@ -143,6 +144,12 @@ class Measurement:
     unrecorded_counters: tuple[str, ...] = ()  # its file predates these counters: defaults, never compared
     send_lag: SendLag | None = None  # open loop: the load generator's worst repeat; None: closed loop, not recorded
     cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing, older
+    server_metrics: tuple[ServerMetrics, ...] = ()  # a server's /metrics around each repeat; none: not exposed
+
+    @property
+    def pooled_server_metrics(self) -> ServerMetrics | None:
+        """Every repeat's server-side figures together; None where the server exposed none."""
+        return pooled(self.server_metrics)
 
     @property
     def busy_shares(self) -> tuple[float, ...]:
@@ -172,6 +179,7 @@ class Measurement:
             environment=environment,
             send_lag=measured.send_lag,
             cached_prompts=measured.cached_prompts,
+            server_metrics=measured.server_metrics,
         )
 
 
@@ -301,6 +309,7 @@ READER_KEYS = frozenset(
         "output_throughput",
         "completed",
         "total_output_tokens",
+        "total_input_tokens",
         GOODPUT,
         *(f"{statistic}_{name}_ms" for name in LATENCIES for statistic in ("mean", "median", "std", "p90", "p99")),
         *(

@@ -145,6 +145,12 @@ class RequestMetrics:
     e2e: float | None
     itls: tuple[float, ...]
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache; None: not known
+    num_client_prompt_tokens: int | None = None  # the prompt as built, where the server counted it otherwise
+
+    @property
+    def num_built_prompt_tokens(self) -> int:
+        """The prompt as perfsuite built it (``num_prompt_tokens`` is the server's count where it said one)."""
+        return self.num_prompt_tokens if self.num_client_prompt_tokens is None else self.num_client_prompt_tokens
 
 
 def request_metrics(record: RequestRecord) -> RequestMetrics:
@@ -170,6 +176,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
         e2e=e2e,
         itls=tuple(later - earlier for earlier, later in itertools.pairwise(times)),
         num_cached_tokens=record.num_cached_tokens,
+        num_client_prompt_tokens=record.num_client_prompt_tokens,
     )
 
 

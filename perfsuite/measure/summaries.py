@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perfsuite.engine.server_metrics import ServerMetrics
 from perfsuite.engine.types import EngineCounters, Request, RequestRecord, RunResult
-from perfsuite.measure.metrics import SLO, Distribution, RunMetrics, goodput, run_metrics
+from perfsuite.measure.metrics import SLO, Distribution, RequestMetrics, RunMetrics, goodput, run_metrics
 from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.prefix_cache import CachedPrompts, cached_prompts, ttft_by_cache_hit
 from perfsuite.measure.quantiles import DEFAULT_CONFIDENCE, PercentileInterval, percentile_interval
@@ -126,6 +127,9 @@ class RunSummary:
     itl: LatencySummary
     e2el: LatencySummary
     request_goodput: float | None = None  # with an SLO (--perf-slo) only
+    total_input_tokens: int | None = None  # prompt tokens, the server's count where it said one; None: older file
+    # The prompts as perfsuite built them, where a server counted otherwise (a chat template's tokens); None: same
+    total_client_input_tokens: int | None = None
 
     def vllm_keys(self) -> dict[str, float]:
         """The figures under the flat keys vLLM's benchmark JSON uses (``median_ttft_ms``...)."""
@@ -135,6 +139,8 @@ class RunSummary:
             "completed": self.completed,
             "total_output_tokens": self.total_output_tokens,
         }
+        if self.total_input_tokens is not None:
+            keys["total_input_tokens"] = self.total_input_tokens
         if self.request_goodput is not None:
             keys[GOODPUT] = self.request_goodput
         for name in LATENCIES:
@@ -170,14 +176,17 @@ class RunSummary:
         A figure the run did not define (NaN: no TPOT when every output is one
         token) is null in results.json, which is standard JSON; it reads as NaN.
         """
-        latencies = {name: _latency_from_keys(keys, name) for name in LATENCIES}
         return cls(
             request_throughput=_defined_or_nan(keys["request_throughput"]),
             output_throughput=_defined_or_nan(keys["output_throughput"]),
             completed=int(keys["completed"]),
             total_output_tokens=int(keys["total_output_tokens"]),
             request_goodput=keys.get(GOODPUT),
-            **latencies,
+            total_input_tokens=keys.get("total_input_tokens"),
+            ttft=_latency_from_keys(keys, "ttft"),
+            tpot=_latency_from_keys(keys, "tpot"),
+            itl=_latency_from_keys(keys, "itl"),
+            e2el=_latency_from_keys(keys, "e2el"),
         )
 
 
@@ -309,6 +318,7 @@ class Measured:
     noisy: str | None
     send_lag: SendLag | None = None  # open loop: the repeat whose sends kept the schedule worst
     cached_prompts: CachedPrompts | None = None  # what the requests said of the prefix cache; None: nothing
+    server_metrics: tuple[ServerMetrics, ...] = ()  # a server's /metrics around each repeat; none: not exposed
 
 
 def summarise(
@@ -346,7 +356,14 @@ def summarise(
         noisy=_with_client_bound(repeats.noisy, repeats.runs),
         send_lag=worst_send_lag(repeats.runs),
         cached_prompts=cached_prompts(m for r in per_run for m in r.requests),
+        server_metrics=_all_server_metrics(repeats.runs),
     )
+
+
+def _all_server_metrics(runs: Sequence[RunResult]) -> tuple[ServerMetrics, ...]:
+    """One per repeat, or none: a test whose server stopped exposing its metrics midway pools none of them."""
+    readings = [run.server_metrics for run in runs]
+    return tuple(r for r in readings if r is not None) if all(r is not None for r in readings) else ()
 
 
 def repeat_samples(metrics: RunMetrics, slo: SLO | None = None) -> dict[str, float]:
@@ -375,7 +392,16 @@ def vllm_summary(runs: Sequence[RunMetrics], slo: SLO | None = None) -> RunSumma
         itl=LatencySummary.of([gap for m in requests for gap in m.itls]),
         e2el=LatencySummary.of([m.e2e for m in requests if m.e2e is not None]),
         request_goodput=statistics.fmean(goodput(r, slo) for r in runs) if slo is not None else None,
+        total_input_tokens=sum(m.num_prompt_tokens for m in requests),
+        total_client_input_tokens=_client_input_tokens(requests),
     )
+
+
+def _client_input_tokens(requests: Sequence[RequestMetrics]) -> int | None:
+    """The prompts' tokens as perfsuite built them; None where that is what the server counted too."""
+    if all(m.num_client_prompt_tokens is None for m in requests):
+        return None
+    return sum(m.num_built_prompt_tokens for m in requests)
 
 
 def per_request_samples(runs: Sequence[RunMetrics]) -> dict[str, tuple[float, ...]]:

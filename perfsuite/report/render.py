@@ -39,6 +39,7 @@ from perfsuite.report import capacity as capacity_view
 from perfsuite.report import determinism as determinism_view
 from perfsuite.report import plots
 from perfsuite.report import send_lag as send_lag_view
+from perfsuite.report import server_metrics as server_metrics_view
 from perfsuite.report.trend import history_section
 from perfsuite.report.verdict_table import (
     PAIRED_HEADERS,
@@ -510,6 +511,7 @@ def _test_facts(test: TestResult) -> list[tuple[str, str]]:
         + _machine_facts(test)
         + _node_facts(test)
         + send_lag_view.send_lag_facts(test)
+        + server_metrics_view.server_metrics_facts(test)
         + capacity_view.capacity_facts(test)
     )
 
