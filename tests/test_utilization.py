@@ -140,6 +140,13 @@ def test_peaks_from_timings_count_a_square_matmul_and_a_copys_read_and_write():
     assert peaks.datasheet_flops_per_second is None
 
 
+def test_the_bandwidth_roof_is_the_faster_of_a_copy_and_a_read_only_sum():
+    """A CPU copy's stores read each target line first (write-allocate): a decode step mostly reads."""
+    timings = {"matmul_seconds": 0.5, "matmul_size": 1000, "copy_seconds": 0.25, "copy_bytes": 10**9}
+    assert peaks_from_timings("cpu", "float32", **timings, read_seconds=0.05).bytes_per_second == pytest.approx(2e10)
+    assert peaks_from_timings("cpu", "float32", **timings, read_seconds=0.5).bytes_per_second == pytest.approx(8e9)
+
+
 @pytest.mark.parametrize(("name", "dtype", "flops", "bandwidth"), [
     ("NVIDIA H200", "bfloat16", 989e12, 4.8e12),
     ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12, 3.35e12),

@@ -3,7 +3,10 @@
 MFU and MBU (``perfsuite.measure.utilization``) divide a run's achieved rates
 by these. They are measured, not looked up, because a CPU's or a shared VM's
 peak is in no datasheet: the best of several timings of one large matmul at
-the model's dtype (compute-bound) and of one large copy (memory-bound). For
+the model's dtype (compute-bound), and of one large copy and one large sum
+(memory-bound), the faster of the two giving the bandwidth roof. A decode
+step mostly reads; on a CPU a copy's stores also read each target line before
+writing it (write-allocate), so a copy alone can under-read the roof. For
 known GPUs the datasheet's dense peaks are kept beside them, labelled as such,
 never used in their place.
 """
@@ -63,14 +66,16 @@ def peaks_from_timings(
     copy_seconds: float,
     copy_bytes: int,
     device_name: str = "",
+    read_seconds: float | None = None,
 ) -> MachinePeaks:
-    """Peaks from the best timings: a square matmul does 2 n^3 FLOPs, a copy reads and writes its bytes."""
+    """Peaks from the best timings: a square matmul does 2 n^3 FLOPs, a copy reads and writes its bytes, a
+    sum over the copy's source reads them once; the bandwidth is the faster of the copy and the sum."""
     datasheet_flops, datasheet_bytes = datasheet_peaks(device_name, dtype)
     return MachinePeaks(
         device=device_name or device,
         dtype=dtype,
         flops_per_second=2 * matmul_size**3 / matmul_seconds,
-        bytes_per_second=2 * copy_bytes / copy_seconds,
+        bytes_per_second=max(2 * copy_bytes / copy_seconds, copy_bytes / read_seconds if read_seconds else 0.0),
         datasheet_flops_per_second=datasheet_flops,
         datasheet_bytes_per_second=datasheet_bytes,
     )
@@ -100,5 +105,6 @@ def measure_peaks(device: str, dtype: str, trials: int = 5) -> MachinePeaks:
     target = torch.empty_like(source)
     matmul = best_seconds(lambda: torch.mm(left, right), trials, 3, timer)
     copy = best_seconds(lambda: target.copy_(source), trials, 3, timer)
+    read = best_seconds(lambda: source.sum(), trials, 3, timer)
     name = torch.cuda.get_device_name(device) if is_cuda else "cpu"
-    return peaks_from_timings(device, dtype, matmul, size, copy, copy_bytes, device_name=name)
+    return peaks_from_timings(device, dtype, matmul, size, copy, copy_bytes, device_name=name, read_seconds=read)
