@@ -23,6 +23,7 @@ over vLLM's step time, the same yardstick as perfsuite's engines'.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -105,7 +106,7 @@ def main() -> None:
     middle = args.prompt + args.output // 2
     for kind in args.engines:
         for batch_size in args.batch_sizes:
-            backend = Backend(runner, list, None, max_seq_len, str(runner.device))
+            backend = dataclasses.replace(Backend.from_loaded(bench.loaded), runner=runner)  # vllm reads .model
             engine = build_engine(kind, backend, EngineConfig(batch_size, max_seq_len))
             try:
                 engine.run(requests(1, 8, 4, vocab))  # warm-up
