@@ -16,8 +16,10 @@ test-cluster``) runs the tests marked ``cluster``, which start a real
 multi-node Ray cluster on this machine, minutes of a 2-core runner; and
 ``browser`` (``make test-browser``, which installs Chromium first) runs the
 tests marked ``browser``, which render the report in headless Chromium, a
-dependency the suite does not install. Unset (a plain ``pytest``), every test
-runs.
+dependency the suite does not install; and ``instructions`` (``make
+test-instructions``) runs the tests marked ``instructions``, which count
+instructions under Valgrind many times (minutes). Unset (a plain
+``pytest``), every test runs.
 
 In the parallel phase each worker runs on a CPU of its own: torch sizes its
 thread pool by the CPUs a process may use, so two workers with two threads
@@ -50,8 +52,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 PHASE_VARIABLE = "PERFSUITE_TEST_PHASE"
-PHASES = ("parallel", "timing", "cluster", "browser")
-TIERS = ("cluster", "browser")  # markers whose tests run only in their own phase (a make target of their own)
+PHASES = ("parallel", "timing", "cluster", "browser", "instructions")
+TIERS = ("cluster", "browser", "instructions")  # markers whose tests run only in their own phase (a make target of their own)
 ROOT = Path(__file__).resolve().parent
 
 

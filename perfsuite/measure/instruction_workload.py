@@ -103,11 +103,13 @@ def engine_of(workload: InstructionWorkload, runner: FakeRunner) -> Any:
 
 
 def _own_engine(workload: InstructionWorkload, runner: FakeRunner) -> Any:
-    sizes = {"max_seq_len": workload.max_seq_len, "eos_token_id": None}
+    batch, length = workload.batch_size, workload.max_seq_len
     if workload.engine == STATIC:
-        return static_engine(runner, batch_size=workload.batch_size, **sizes)
+        return static_engine(runner, batch_size=batch, max_seq_len=length, eos_token_id=None)
     if workload.engine == INFLIGHT:
-        return inflight_engine(runner, decode_batch_size=workload.batch_size, **sizes)
+        return inflight_engine(runner, decode_batch_size=batch, max_seq_len=length, eos_token_id=None)
     assert workload.engine in (PAGED, PAGED_PREFIX), workload.engine
     prefix = workload.engine == PAGED_PREFIX
-    return paged_engine(runner, decode_batch_size=workload.batch_size, enable_prefix_caching=prefix, **sizes)
+    return paged_engine(
+        runner, decode_batch_size=batch, max_seq_len=length, eos_token_id=None, enable_prefix_caching=prefix
+    )

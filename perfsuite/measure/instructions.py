@@ -102,8 +102,8 @@ def count_instructions(
         raise InstructionCountError(missing)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="perfsuite-cachegrind-") as scratch:
-        setup, _ = _run_counted(workload, 0, cache_sim, Path(scratch) / "setup.out", cwd)
-        measured, steps = _run_counted(workload, runs, cache_sim, Path(scratch) / "measured.out", cwd)
+        setup, _ = count_process(workload, 0, cache_sim, Path(scratch) / "setup.out", cwd)
+        measured, steps = count_process(workload, runs, cache_sim, Path(scratch) / "measured.out", cwd)
     return per_step(workload, setup, measured, steps, time.perf_counter() - started, valgrind_version())
 
 
@@ -144,9 +144,10 @@ def _missing_or_per_step(setup: int | None, measured: int | None, steps: int) ->
     return None if setup is None or measured is None else (measured - setup) / steps
 
 
-def _run_counted(
+def count_process(
     workload: InstructionWorkload, runs: int, cache_sim: bool, out_file: Path, cwd: Path | None
 ) -> tuple[EventCounts, list[int]]:
+    """One process under cachegrind: its totals (written to ``out_file``) and the steps of its ``runs`` runs."""
     command = [
         "valgrind",
         "--tool=cachegrind",

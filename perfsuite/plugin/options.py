@@ -7,6 +7,7 @@ parses its arguments; bad combinations raise ``pytest.UsageError``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at
 from perfsuite.engine.names import DEFAULT_ENGINES, OWN_ENGINES, SERVER_ENGINES
 from perfsuite.engine.types import DECODE_MODES
 from perfsuite.history import DEFAULT_LOCATION
+from perfsuite.judge.instructions import DEFAULT_THRESHOLD_PERCENT
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
 from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
@@ -133,6 +135,17 @@ def history_location(text: str) -> str:
     return text.strip()
 
 
+def instructions_threshold(text: str) -> float:
+    """A percent, above 0 and at most 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a percent such as 0.5") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a percent above 0 and at most 100, such as 0.5")
+    return value
+
+
 def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
@@ -171,6 +184,12 @@ _SWITCHES = (
         "run perfsuite's engines (static, inflight, paged, paged-prefix) batch invariant: a request's tokens are the "
         "same bits whatever else is in its batch (float32 on a CPU; docs/correctness.md). Slower; recorded among the "
         "engine knobs, so its runs are compared only with each other",
+    ),
+    (
+        "perf_instructions",
+        "run the instruction lane: perf.measure_instructions counts host instructions per engine step under Valgrind's "
+        "cachegrind (engines over the fake runner, no torch) and judges them by --perf-instructions-threshold alone; "
+        "off, a test that counts instructions is skipped (docs/writing-perf-tests.md)",
     ),
 )
 # Switches an ini file may turn on too (true/false): a CI's configuration can make every perf session strict.
@@ -319,6 +338,13 @@ _OPTIONS = (
         "rootdir) or a database URL such as postgresql+psycopg://user@host/db (docs/history.md); none: keep none",
     ),
     (
+        "perf_instructions_threshold",
+        instructions_threshold,
+        str(DEFAULT_THRESHOLD_PERCENT),
+        "percent by which a test's instructions per engine step may rise over its stored figure before it is a "
+        "regression (--perf-instructions; a count repeats to the instruction, so no significance test)",
+    ),
+    (
         "perf_busy_threshold",
         probability,
         str(DEFAULT_THRESHOLD),
@@ -422,6 +448,8 @@ class PerfOptions:
     history_store: Path | str | None = None
     fail_on_change_point: bool = False  # a new regression at the head of a test's run history fails the session
     batch_invariant: bool = False  # --perf-batch-invariant: perfsuite's engines over a batch-invariant runner
+    instructions: bool = False  # --perf-instructions: perf.measure_instructions counts under Valgrind
+    instructions_threshold: float = option_default("perf_instructions_threshold")  # percent per step
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -431,6 +459,9 @@ def read_options(config: pytest.Config) -> PerfOptions:
     save_baseline = config.getoption("perf_save_baseline")
     if save_baseline and not enabled:
         raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
+    instructions = config.getoption("perf_instructions")
+    if instructions and not enabled:
+        raise pytest.UsageError("--perf-instructions counts in perf tests, so it needs --perf as well")
     _check_modes(config, values, save_baseline)
     batch_invariant = config.getoption("perf_batch_invariant")
     if batch_invariant:
@@ -438,7 +469,8 @@ def read_options(config: pytest.Config) -> PerfOptions:
     sweep = _load_sweep(values["perf_config"]) if values["perf_config"] else None
     if enabled:
         _check_what_the_tests_need(values, sweep)
-    return _perf_options(config, values, enabled, save_baseline, batch_invariant, sweep)
+    options = _perf_options(config, values, enabled, save_baseline, batch_invariant, sweep)
+    return dataclasses.replace(options, instructions=instructions)
 
 
 def _option_values(config: pytest.Config) -> dict[str, Any]:
@@ -523,6 +555,7 @@ def _perf_options(
         history_store=_history_store(values["perf_history"], rootdir),
         fail_on_change_point=_ini_switch(config, "perf_fail_on_change_point"),
         batch_invariant=batch_invariant,
+        instructions_threshold=values["perf_instructions_threshold"],
     )
 
 
