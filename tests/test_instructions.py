@@ -25,6 +25,7 @@ from perfsuite.measure.instructions import (
     count_instructions,
     count_process,
     per_step,
+    prime,
     read_cachegrind_totals,
     steps_from_output,
     valgrind_unavailable,
@@ -195,3 +196,9 @@ def test_smoke_the_workloads_process_runs_under_cachegrind_and_its_totals_and_st
     assert len(steps) == 1 and steps[0] > 0
     assert totals.instructions > 10_000_000  # the interpreter's start alone is hundreds of millions
     assert totals.l1_misses is None  # no cache simulation asked for
+
+
+def test_a_workload_whose_engine_cannot_be_built_fails_in_its_native_run_with_the_error(tmp_path):
+    broken = InstructionWorkload(engine="no_such_module_here:build")
+    with pytest.raises(InstructionCountError, match="No module named 'no_such_module_here'"):
+        prime(broken, tmp_path)
