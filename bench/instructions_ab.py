@@ -13,6 +13,12 @@ first A count with the lane's threshold (``perfsuite.judge.instructions``):
    then the iterations that cost ``--slowdown`` of a step are chosen.
 3. B: that slowdown, ``--trials`` times (every one should be flagged).
 
+Each count pads the counted process's environment with 0 to 511 characters
+(``PERFSUITE_LAYOUT_PAD``, seeded by ``--seed``): the environment's size moves
+where objects lie in memory and so how dicts and sets keyed by objects
+collide, as another session, checkout or runner would. The A/A spread is
+then the spread between sessions, not within one.
+
 The injection is a pure-Python loop run at the start of every
 ``schedule()`` call (one per engine step), in a subclass of the engine's
 scheduler: host work the engine really does, in the scheduler, as a slower
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -40,6 +47,7 @@ from perfsuite.measure.instruction_workload import InstructionWorkload, engine_o
 ITERATIONS_VARIABLE = "PERFSUITE_INJECTED_ITERATIONS"
 BASE_ENGINE_VARIABLE = "PERFSUITE_INJECTED_BASE_ENGINE"
 FACTORY = "instructions_ab:engine_with_injection"
+PAD_VARIABLE = "PERFSUITE_LAYOUT_PAD"
 
 
 def extra_host_work(iterations: int) -> int:
@@ -71,10 +79,12 @@ def engine_with_injection(runner: FakeRunner, workload: InstructionWorkload) -> 
     return engine
 
 
-def count(workload: InstructionWorkload, iterations: int):
+def count(workload: InstructionWorkload, iterations: int, rng: random.Random):
+    """One count; ``rng`` pads the counted process's environment to a new length each time (below)."""
     from perfsuite.measure.instructions import count_instructions
 
     os.environ[ITERATIONS_VARIABLE] = str(iterations)
+    os.environ[PAD_VARIABLE] = "x" * rng.randrange(0, 512)
     return count_instructions(workload, cwd=BENCH)
 
 
@@ -104,18 +114,20 @@ def main() -> int:
     parser.add_argument("--slowdown", type=float, default=0.01, help="fraction of a step's instructions to add")
     parser.add_argument("--calibration-iterations", type=int, default=200)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PERCENT, help="percent")
+    parser.add_argument("--seed", type=int, default=0, help="of the environment's padding")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     os.environ[BASE_ENGINE_VARIABLE] = args.engine
     workload = InstructionWorkload(engine=FACTORY)
     load_before = os.getloadavg()
-    stored = count(workload, 0)
+    rng = random.Random(args.seed)
+    stored = count(workload, 0, rng)
     baseline = InstructionBaseline("ab", workload, stored.instructions_per_step, stored.steps_per_run, "", "")
-    a_counts = [count(workload, 0) for _ in range(args.trials)]
-    probe = count(workload, args.calibration_iterations)
+    a_counts = [count(workload, 0, rng) for _ in range(args.trials)]
+    probe = count(workload, args.calibration_iterations, rng)
     per_iteration = (probe.instructions_per_step - stored.instructions_per_step) / args.calibration_iterations
     iterations = round(args.slowdown * stored.instructions_per_step / per_iteration)
-    b_counts = [count(workload, iterations) for _ in range(args.trials)]
+    b_counts = [count(workload, iterations, rng) for _ in range(args.trials)]
     injected = statistics.mean(c.instructions_per_step for c in b_counts) / stored.instructions_per_step - 1
     summary = {
         "engine": args.engine,

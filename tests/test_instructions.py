@@ -7,6 +7,7 @@ The slow checks (repeats agree to the instruction; a session saves then flags a 
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 
@@ -31,7 +32,10 @@ from perfsuite.measure.instructions import (
     valgrind_unavailable,
 )
 from perfsuite.measure.instructions_child import serve
+from perfsuite.plugin.options import instructions_threshold
 from results_builders import make_result, make_results
+
+pytest_plugins = ["pytester"]
 
 WORKLOAD = InstructionWorkload()
 FIGURES = InstructionBaselineStore("unused", interpreter="cpython-3.11.7-x86_64")
@@ -202,3 +206,17 @@ def test_a_workload_whose_engine_cannot_be_built_fails_in_its_native_run_with_th
     broken = InstructionWorkload(engine="no_such_module_here:build")
     with pytest.raises(InstructionCountError, match="No module named 'no_such_module_here'"):
         prime(broken, tmp_path)
+
+
+def test_the_threshold_option_takes_a_percent_above_0_and_at_most_100():
+    assert instructions_threshold("0.5") == 0.5
+    for bad in ("0", "-1", "101", "half", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="percent"):
+            instructions_threshold(bad)
+
+
+def test_perf_instructions_without_perf_is_a_usage_error_naming_both(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("--perf-instructions", "-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perf-instructions counts in perf tests, so it needs --perf as well*"])
