@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 
 import pytest
@@ -23,6 +24,7 @@ from perfsuite.measure.instructions import (
     EventCounts,
     InstructionCount,
     InstructionCountError,
+    child_environment,
     count_instructions,
     count_process,
     per_step,
@@ -220,3 +222,14 @@ def test_perf_instructions_without_perf_is_a_usage_error_naming_both(pytester):
     result = pytester.runpytest_subprocess("--perf-instructions", "-p", "no:randomly")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--perf-instructions counts in perf tests, so it needs --perf as well*"])
+
+
+def test_the_counted_process_gets_a_fixed_environment_whatever_the_callers(monkeypatch, tmp_path):
+    """The environment's size moves the heap, and with it a count (0.3% between two pytest sessions)."""
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "x" * 40)
+    monkeypatch.setenv("PERFSUITE_KNOB", "1")
+    environment = child_environment(tmp_path)
+    fixed = {"PATH", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUTF8"}
+    assert {name for name in environment if not name.startswith("PERFSUITE_")} == fixed
+    assert environment["PERFSUITE_KNOB"] == "1" and environment["PYTHONHASHSEED"] == "0"
+    assert environment["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)

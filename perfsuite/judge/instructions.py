@@ -1,9 +1,11 @@
 """The instruction lane's verdict: instructions per engine step against the stored figure, by a threshold alone.
 
-A count under Valgrind repeats to the instruction on any machine (measured:
-docs/benchmarks.md), so there is no noise for a significance test to model:
-a rise above ``threshold_percent`` is a regression, and the threshold only
-has to sit above the count's spread and below the smallest change worth
+A count under Valgrind does not depend on the machine's load: it repeats to
+the instruction in one environment and moves by up to about 0.3% between
+sessions, where the objects lie elsewhere in memory (measured:
+docs/benchmarks.md). There is no sampling noise for a significance test to
+model: a rise above ``threshold_percent`` is a regression, and the threshold
+only has to sit above that spread and below the smallest change worth
 flagging. These figures sit beside the exact engine counters
 (``catalogue.exact_counter_changes``), which are compared without
 statistics too.

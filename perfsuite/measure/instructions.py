@@ -3,8 +3,9 @@
 Wall time on a shared machine moves by several percent between sessions, so
 a 1% host-side regression (the scheduler, the block manager, the loop) is
 lost in it. Valgrind's cachegrind runs the code on a simulated CPU and
-counts the instructions it executes, which repeat almost exactly on any
-machine, however busy.
+counts the instructions it executes, a figure the machine's load does not
+enter (it moves only with where the objects lie in memory: up to about 0.3%
+between sessions, docs/benchmarks.md).
 
 Python cannot issue Valgrind's client requests (they are inline machine
 code), and cachegrind 3.19 has no start/stop requests at all, so the region
@@ -203,10 +204,10 @@ def child_environment(cwd: Path | None) -> dict[str, str]:
     """A fixed environment: PATH, this perfsuite (and the rootdir) first on the path, hash randomisation off,
     UTF-8, and the caller's ``PERFSUITE_*`` variables (a user's engine may read its settings from them).
 
-    Nothing else of the caller's: the environment is copied into the process's memory at its start, so its
-    size moves where later objects lie, and the dicts and sets keyed by objects (hashed by address) then
-    collide differently: a variable 40 characters longer moved a step's count by 0.03%, and pytest's own
-    variables by more.
+    Nothing else of the caller's: the environment is copied into the process's memory at its start, so what
+    it holds moves where later objects lie, and a step's count with them (alignment, and dicts and sets keyed
+    by objects, hashed by address): a variable 40 characters longer moved it by up to 0.3%, and pytest's own
+    variables moved it between two sessions by as much. Fixed, the count repeats to the instruction.
     """
     here = str(Path(__file__).resolve().parents[2])  # the directory this perfsuite package lies in
     paths = [str(cwd)] if cwd is not None else []
