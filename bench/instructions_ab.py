@@ -79,13 +79,13 @@ def engine_with_injection(runner: FakeRunner, workload: InstructionWorkload) -> 
     return engine
 
 
-def count(workload: InstructionWorkload, iterations: int, rng: random.Random, layouts: int = 1):
+def count(workload: InstructionWorkload, iterations: int, rng: random.Random):
     """One count; ``rng`` pads the counted process's environment to a new length each time (below)."""
     from perfsuite.measure.instructions import count_instructions
 
     os.environ[ITERATIONS_VARIABLE] = str(iterations)
     os.environ[PAD_VARIABLE] = "x" * rng.randrange(0, 512)
-    return count_instructions(workload, cwd=BENCH, layouts=layouts)
+    return count_instructions(workload, cwd=BENCH)
 
 
 def flagged(label: str, counts: list, baseline, threshold: float) -> dict[str, Any]:
@@ -114,7 +114,6 @@ def main() -> int:
     parser.add_argument("--slowdown", type=float, default=0.01, help="fraction of a step's instructions to add")
     parser.add_argument("--calibration-iterations", type=int, default=200)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PERCENT, help="percent")
-    parser.add_argument("--layouts", type=int, default=1, help="memory layouts per count, their median kept")
     parser.add_argument("--seed", type=int, default=0, help="of the environment's padding")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -122,13 +121,13 @@ def main() -> int:
     workload = InstructionWorkload(engine=FACTORY)
     load_before = os.getloadavg()
     rng = random.Random(args.seed)
-    stored = count(workload, 0, rng, args.layouts)
+    stored = count(workload, 0, rng)
     baseline = InstructionBaseline("ab", workload, stored.instructions_per_step, stored.steps_per_run, "", "")
-    a_counts = [count(workload, 0, rng, args.layouts) for _ in range(args.trials)]
+    a_counts = [count(workload, 0, rng) for _ in range(args.trials)]
     probe = count(workload, args.calibration_iterations, rng)
     per_iteration = (probe.instructions_per_step - stored.instructions_per_step) / args.calibration_iterations
     iterations = round(args.slowdown * stored.instructions_per_step / per_iteration)
-    b_counts = [count(workload, iterations, rng, args.layouts) for _ in range(args.trials)]
+    b_counts = [count(workload, iterations, rng) for _ in range(args.trials)]
     injected = statistics.mean(c.instructions_per_step for c in b_counts) / stored.instructions_per_step - 1
     summary = {
         "engine": args.engine,
@@ -139,7 +138,6 @@ def main() -> int:
         "injected_iterations_per_step": iterations,
         "injected_fraction_percent": 100 * injected,
         "threshold_percent": args.threshold,
-        "layouts": args.layouts,
         "load_average_before_after": [load_before[0], os.getloadavg()[0]],
         "valgrind": stored.valgrind,
         "rows": [

@@ -27,7 +27,6 @@ from perfsuite.measure.instructions import (
     child_environment,
     count_instructions,
     count_process,
-    median_count,
     per_step,
     prime,
     read_cachegrind_totals,
@@ -234,15 +233,3 @@ def test_the_counted_process_gets_a_fixed_environment_whatever_the_callers(monke
     assert {name for name in environment if not name.startswith("PERFSUITE_")} == fixed
     assert environment["PERFSUITE_KNOB"] == "1" and environment["PYTHONHASHSEED"] == "0"
     assert environment["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
-
-
-def test_of_several_layouts_the_median_count_is_kept_with_the_whole_cost():
-    counts = [count_of(figure) for figure in (100_270.0, 100_000.0, 100_001.0)]
-    kept = median_count(counts, 30.0)
-    assert (kept.instructions_per_step, kept.layouts, kept.seconds) == (100_001.0, 3, 30.0)
-    assert median_count(counts[:2], 1.0).instructions_per_step == 100_000.0  # the lower middle of an even number
-
-
-def test_each_layout_pads_the_counted_processs_environment_to_another_length(tmp_path):
-    sizes = {sum(map(len, child_environment(tmp_path, layout).values())) for layout in range(3)}
-    assert len(sizes) == 3

@@ -25,7 +25,6 @@ that neither counted one compiles bytecode the other loads (``prime``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -42,8 +41,6 @@ from perfsuite.measure.instruction_workload import InstructionWorkload
 CHILD_MODULE = "perfsuite.measure.instructions_child"
 DEFAULT_RUNS = 2
 CHILD_TIMEOUT_SECONDS = 900.0
-LAYOUT_VARIABLE = "PERFSUITE_INSTRUCTIONS_LAYOUT"  # its length moves the objects: another layout (count_instructions)
-LAYOUT_STEP = 97
 PASSED_PREFIX = "PERFSUITE_"  # the caller's variables the counted process sees (child_environment)
 NO_VALGRIND = (
     "valgrind is not installed (no 'valgrind' on PATH): the instruction lane counts instructions under it; "
@@ -74,9 +71,8 @@ class InstructionCount:
     measured_runs: int
     l1_misses_per_step: float | None
     last_level_misses_per_step: float | None
-    seconds: float  # wall time of every process under Valgrind
+    seconds: float  # wall time of both processes under Valgrind
     valgrind: str  # its version line
-    layouts: int = 1  # memory layouts counted; the figure is their median
 
 
 def valgrind_unavailable() -> str | None:
@@ -95,40 +91,25 @@ def count_instructions(
     runs: int = DEFAULT_RUNS,
     cache_sim: bool = False,
     cwd: Path | None = None,
-    layouts: int = 1,
 ) -> InstructionCount:
     """The workload's instructions per engine step: its ``runs`` measured runs' count over their steps.
 
     ``cache_sim`` also simulates the caches (about twice as slow) and
     reports the misses per step. ``cwd`` is where a user's engine module is
-    imported from (the test's rootdir). ``layouts`` > 1 counts the pair of
-    processes that many times, each with the environment padded to another
-    length (so its objects lie elsewhere in memory), and keeps the median
-    count: a layout that moves the count (up to 0.3%) is outvoted, at the
-    cost of a pair of processes per layout. Raises
-    ``InstructionCountError`` when Valgrind is missing or a process fails.
+    imported from (the test's rootdir). Raises ``InstructionCountError``
+    when Valgrind is missing or the process fails.
     """
-    if runs < 1 or layouts < 1:
-        raise ValueError(f"runs and layouts must be at least 1, got {runs} and {layouts}")
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
     missing = valgrind_unavailable()
     if missing is not None:
         raise InstructionCountError(missing)
     started = time.perf_counter()
     prime(workload, cwd)
-    version = valgrind_version()
-    counts = []
     with tempfile.TemporaryDirectory(prefix="perfsuite-cachegrind-") as scratch:
-        for layout in range(layouts):
-            setup, _ = count_process(workload, 0, cache_sim, Path(scratch) / "setup.out", cwd, layout)
-            measured, steps = count_process(workload, runs, cache_sim, Path(scratch) / "measured.out", cwd, layout)
-            counts.append(per_step(workload, setup, measured, steps, 0.0, version))
-    return median_count(counts, time.perf_counter() - started)
-
-
-def median_count(counts: list[InstructionCount], seconds: float) -> InstructionCount:
-    """The count of the median figure per step (the lower middle one of an even number), with the total cost."""
-    middle = sorted(counts, key=lambda count: count.instructions_per_step)[(len(counts) - 1) // 2]
-    return dataclasses.replace(middle, seconds=seconds, layouts=len(counts))
+        setup, _ = count_process(workload, 0, cache_sim, Path(scratch) / "setup.out", cwd)
+        measured, steps = count_process(workload, runs, cache_sim, Path(scratch) / "measured.out", cwd)
+    return per_step(workload, setup, measured, steps, time.perf_counter() - started, valgrind_version())
 
 
 def per_step(
@@ -189,7 +170,7 @@ def prime(workload: InstructionWorkload, cwd: Path | None) -> None:
 
 
 def count_process(
-    workload: InstructionWorkload, runs: int, cache_sim: bool, out_file: Path, cwd: Path | None, layout: int = 0
+    workload: InstructionWorkload, runs: int, cache_sim: bool, out_file: Path, cwd: Path | None
 ) -> tuple[EventCounts, list[int]]:
     """One process under cachegrind: its totals (written to ``out_file``) and the steps of its ``runs`` runs."""
     command = [
@@ -206,12 +187,7 @@ def count_process(
     ]
     try:
         completed = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            env=child_environment(cwd, layout),
-            cwd=cwd,
-            timeout=CHILD_TIMEOUT_SECONDS,
+            command, capture_output=True, text=True, env=child_environment(cwd), cwd=cwd, timeout=CHILD_TIMEOUT_SECONDS
         )
     except subprocess.TimeoutExpired as error:
         raise InstructionCountError(
@@ -224,7 +200,7 @@ def count_process(
     return read_cachegrind_totals(out_file.read_text()), steps_from_output(completed.stdout)
 
 
-def child_environment(cwd: Path | None, layout: int = 0) -> dict[str, str]:
+def child_environment(cwd: Path | None) -> dict[str, str]:
     """A fixed environment: PATH, this perfsuite (and the rootdir) first on the path, hash randomisation off,
     UTF-8, and the caller's ``PERFSUITE_*`` variables (a user's engine may read its settings from them).
 
@@ -237,8 +213,6 @@ def child_environment(cwd: Path | None, layout: int = 0) -> dict[str, str]:
     paths = [str(cwd)] if cwd is not None else []
     paths += [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     passed = {name: value for name, value in os.environ.items() if name.startswith(PASSED_PREFIX)}
-    if layout:
-        passed[LAYOUT_VARIABLE] = "x" * (layout * LAYOUT_STEP)
     return {
         **passed,
         "PATH": os.environ.get("PATH", os.defpath),

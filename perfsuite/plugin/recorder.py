@@ -213,14 +213,11 @@ class PerfRecorder:
         self.session.record(DeterminismEntry(self.test_id, engine.name, completions))
         return completions
 
-    def measure_instructions(
-        self, workload: InstructionWorkload, *, runs: int = DEFAULT_RUNS, layouts: int = 1
-    ) -> InstructionResult:
+    def measure_instructions(self, workload: InstructionWorkload, *, runs: int = DEFAULT_RUNS) -> InstructionResult:
         """Host instructions per engine step of ``workload`` under Valgrind (``perfsuite.measure.instructions``),
         judged against the stored figure by ``--perf-instructions-threshold``; saved under ``--perf-save-baseline``.
 
-        ``layouts`` > 1 keeps the median of that many memory layouts (a pair of
-        processes each; see ``count_instructions``). Skipped, with the reason, unless ``--perf-instructions`` is given and
+        Skipped, with the reason, unless ``--perf-instructions`` is given and
         ``valgrind`` is installed. The engine runs in two processes of its own
         here, whatever the session's mode: a count does not depend on the machine.
         """
@@ -230,7 +227,7 @@ class PerfRecorder:
         if missing is not None:
             pytest.skip(missing)
         try:
-            count = count_instructions(workload, runs=runs, cwd=self.session.rootdir, layouts=layouts)
+            count = count_instructions(workload, runs=runs, cwd=self.session.rootdir)
         except InstructionCountError as error:
             pytest.fail(f"{self.test_id}: {error}", pytrace=False)
         try:
