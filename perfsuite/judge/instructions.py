@@ -1,7 +1,7 @@
 """The instruction lane's verdict: instructions per engine step against the stored figure, by a threshold alone.
 
 A count under Valgrind does not depend on the machine's load: it repeats to
-the instruction in one environment and moves by up to about 0.3% between
+the instruction in one environment and moves by up to about 0.36% between
 sessions, where the objects lie elsewhere in memory (measured:
 docs/benchmarks.md). There is no sampling noise for a significance test to
 model: a rise above ``threshold_percent`` is a regression, and the threshold

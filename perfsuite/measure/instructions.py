@@ -4,7 +4,7 @@ Wall time on a shared machine moves by several percent between sessions, so
 a 1% host-side regression (the scheduler, the block manager, the loop) is
 lost in it. Valgrind's cachegrind runs the code on a simulated CPU and
 counts the instructions it executes, a figure the machine's load does not
-enter (it moves only with where the objects lie in memory: up to about 0.3%
+enter (it moves only with where the objects lie in memory: up to about 0.36%
 between sessions, docs/benchmarks.md).
 
 Python cannot issue Valgrind's client requests (they are inline machine
