@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # Left out of constraints.txt: torch and what only torch pulls in (keep its header's list in step).
 LOCK_EXCLUDE := perfsuite|torch|triton|pytorch-triton|nvidia[-_].*|cuda[-_].*|sympy|mpmath|networkx|setuptools
 
-.PHONY: perf test test-cluster test-browser test-transformers4 lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
+.PHONY: perf test test-cluster test-browser test-transformers4 test-instructions lint docs run bench calibrate baselines install lock clean peers peers-install clean-peers
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -133,6 +133,13 @@ test-transformers4: $(STAMP)
 	PERFSUITE_TEST_PHASE=transformers4 PERFSUITE_TRANSFORMERS4_PYTHON=$(abspath $(TRANSFORMERS4_VENV))/bin/python \
 		$(BIN)/python -m pytest --durations=5 $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the transformers4 phase"; rc=0; fi; exit $$rc
+
+# The tests marked `instructions` (tests/test_instructions_lane.py): the instruction lane under Valgrind, counted
+# again and again (its spread, a session that saves then flags a 1% slowdown), minutes of a 2-core runner, so a tier
+# of its own beside `make test` (whose smoke test counts one process). Without valgrind they skip, with the reason.
+test-instructions: $(STAMP)
+	PERFSUITE_TEST_PHASE=instructions $(BIN)/python -m pytest -rs --durations=5 $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected in the instructions phase"; rc=0; fi; exit $$rc
 
 # The docs site (mkdocs.yml): --strict fails on a broken link, a page left out of the nav or a stale API
 # reference. Seconds. Not --quiet: it hides the warnings that --strict counts, and then nothing fails.

@@ -16,11 +16,13 @@ test-cluster``) runs the tests marked ``cluster``, which start a real
 multi-node Ray cluster on this machine, minutes of a 2-core runner; and
 ``browser`` (``make test-browser``, which installs Chromium first) runs the
 tests marked ``browser``, which render the report in headless Chromium, a
-dependency the suite does not install; and ``transformers4`` (``make
+dependency the suite does not install; ``transformers4`` (``make
 test-transformers4``, which makes a venv with transformers 4.57 first) runs
 the tests marked ``transformers4``, which load files that ``perfsuite serve``
-hands its clients with the transformers 4.x that many of them pin. Unset (a plain ``pytest``), every test
-runs.
+hands its clients with the transformers 4.x that many of them pin; and
+``instructions`` (``make test-instructions``) runs the tests marked
+``instructions``, which count instructions under Valgrind many times
+(minutes). Unset (a plain ``pytest``), every test runs.
 
 In the parallel phase each worker runs on a CPU of its own: torch sizes its
 thread pool by the CPUs a process may use, so two workers with two threads
@@ -55,8 +57,8 @@ os.environ.pop("GITHUB_STEP_SUMMARY", None)
 
 
 PHASE_VARIABLE = "PERFSUITE_TEST_PHASE"
-PHASES = ("parallel", "timing", "cluster", "browser", "transformers4")
-TIERS = ("cluster", "browser", "transformers4")  # markers whose tests run only in their own phase (a make target of their own)
+PHASES = ("parallel", "timing", "cluster", "browser", "transformers4", "instructions")
+TIERS = ("cluster", "browser", "transformers4", "instructions")  # markers whose tests run only in their own phase (a make target of their own)
 ROOT = Path(__file__).resolve().parent
 
 

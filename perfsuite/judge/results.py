@@ -53,6 +53,7 @@ from perfsuite.engine.server_metrics import ServerMetrics, pooled
 from perfsuite.engine.types import EngineCounters
 from perfsuite.judge.baselines import counters_from_json, write_json_atomic
 from perfsuite.judge.catalogue import BUSY_SHARE, NORMALISED, RAW_SERVER_FIGURES
+from perfsuite.judge.instructions import InstructionResult
 from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.samples import measurement_problem
 from perfsuite.judge.stats import Comparison, CounterChange, Direction, Verdict
@@ -399,6 +400,7 @@ class Results:
     against: AgainstDescription | None = None  # an A/B session; None: judged against stored baselines
     determinism: tuple[DeterminismResult, ...] | None = None  # None: no test measured it (no key written)
     peaks: MachinePeaks | None = None  # this machine's roofs, measured (and datasheet's); None: not measured (no key)
+    instructions: tuple[InstructionResult, ...] | None = None  # --perf-instructions' counts; None: none (no key)
 
     @property
     def fingerprint(self) -> str | None:
@@ -413,10 +415,13 @@ class Results:
             "schema_version": RESULTS_SCHEMA_VERSION,
             **{
                 k: v
-                for k, v in encode(dataclasses.replace(self, tests=(), determinism=None), nan_as_null=True).items()
-                if k != "peaks" or v is not None
+                for k, v in encode(
+                    dataclasses.replace(self, tests=(), determinism=None, instructions=None), nan_as_null=True
+                ).items()
+                if k not in ("peaks", "instructions") or v is not None
             },
             **({"determinism": [d.to_json() for d in self.determinism]} if self.determinism is not None else {}),
+            **({"instructions": [i.to_json() for i in self.instructions]} if self.instructions is not None else {}),
             "fingerprint": self.fingerprint,
             "servers": [{**encode(s, nan_as_null=True), "fingerprint": s.fingerprint()} for s in self.servers],
             "tests": [t.to_json() for t in self.tests],
@@ -425,15 +430,16 @@ class Results:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Results:
         """A version 5 document (``results_from_json`` converts older ones); what is written for readers is dropped."""
-        written_only = ("schema_version", "fingerprint", "tests", "servers", "determinism")
+        written_only = ("schema_version", "fingerprint", "tests", "servers", "determinism", "instructions")
         fields = {k: v for k, v in data.items() if k not in written_only}
         servers = [{k: v for k, v in s.items() if k != "fingerprint"} for s in data["servers"]]
         session = decode(cls, {**fields, "servers": servers, "tests": []}, nan_as_null=True)
-        determinism = data.get("determinism")
+        determinism, instructions = data.get("determinism"), data.get("instructions")
         return dataclasses.replace(
             session,
             tests=tuple(TestResult.from_json(t) for t in data["tests"]),
             determinism=None if determinism is None else tuple(DeterminismResult.from_json(d) for d in determinism),
+            instructions=None if instructions is None else tuple(InstructionResult.from_json(i) for i in instructions),
         )
 
 

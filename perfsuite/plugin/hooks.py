@@ -280,7 +280,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if perf_session is None or not perf_session.options.enabled or _is_xdist_worker(config):
         return
     ran = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
-    if perf_session.results or perf_session.determinism or (ran and perf_session.tally().num_planned):
+    if (
+        perf_session.results
+        or perf_session.determinism
+        or perf_session.instructions
+        or (ran and perf_session.tally().num_planned)
+    ):
         terminalreporter.section("perfsuite")
     written = WrittenFiles(
         config.stash.get(RESULTS_KEY, None),

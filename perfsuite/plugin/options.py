@@ -29,6 +29,7 @@ from perfsuite.argtypes import argument_type, engine_names, fraction, integer_at
 from perfsuite.engine.names import DEFAULT_ENGINES, OWN_ENGINES, SERVER_ENGINES
 from perfsuite.engine.types import DECODE_MODES
 from perfsuite.history import DEFAULT_LOCATION
+from perfsuite.judge.instructions import DEFAULT_THRESHOLD_PERCENT
 from perfsuite.judge.stats import PAIRED_MIN_EFFECT, STORED_MIN_EFFECT, Policy
 from perfsuite.measure.capacity import BY_RATE, SEARCH_KINDS
 from perfsuite.measure.contention import DEFAULT_THRESHOLD
@@ -134,6 +135,17 @@ def history_location(text: str) -> str:
     return text.strip()
 
 
+def instructions_threshold(text: str) -> float:
+    """A percent, above 0 and at most 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a percent such as 0.5") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a percent above 0 and at most 100, such as 0.5")
+    return value
+
+
 def device_name(text: str) -> str:
     if text not in ("auto", "cpu") and not text.startswith("cuda"):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
@@ -172,6 +184,12 @@ _SWITCHES = (
         "run perfsuite's engines (static, inflight, paged, paged-prefix) batch invariant: a request's tokens are the "
         "same bits whatever else is in its batch (float32 on a CPU; docs/correctness.md). Slower; recorded among the "
         "engine knobs, so its runs are compared only with each other",
+    ),
+    (
+        "perf_instructions",
+        "run the instruction lane: perf.measure_instructions counts host instructions per engine step under Valgrind's "
+        "cachegrind (engines over the fake runner, no torch) and judges them by --perf-instructions-threshold alone; "
+        "off, a test that counts instructions is skipped (docs/writing-perf-tests.md)",
     ),
 )
 # Switches an ini file may turn on too (true/false): a CI's configuration can make every perf session strict.
@@ -328,6 +346,13 @@ _OPTIONS = (
         "rootdir) or a database URL such as postgresql+psycopg://user@host/db (docs/history.md); none: keep none",
     ),
     (
+        "perf_instructions_threshold",
+        instructions_threshold,
+        str(DEFAULT_THRESHOLD_PERCENT),
+        "percent by which a test's instructions per engine step may rise over its stored figure before it is a "
+        "regression (--perf-instructions; a count repeats to the instruction, so no significance test)",
+    ),
+    (
         "perf_busy_threshold",
         probability,
         str(DEFAULT_THRESHOLD),
@@ -433,6 +458,8 @@ class PerfOptions:
     history_store: Path | str | None = None
     fail_on_change_point: bool = False  # a new regression at the head of a test's run history fails the session
     batch_invariant: bool = False  # --perf-batch-invariant: perfsuite's engines over a batch-invariant runner
+    instructions: bool = False  # --perf-instructions: perf.measure_instructions counts under Valgrind
+    instructions_threshold: float = option_default("perf_instructions_threshold")  # percent per step
 
 
 def read_options(config: pytest.Config) -> PerfOptions:
@@ -443,6 +470,9 @@ def read_options(config: pytest.Config) -> PerfOptions:
     if save_baseline and not enabled:
         raise pytest.UsageError("--perf-save-baseline measures perf tests, so it needs --perf as well")
     note = _against_if_no_baseline(config, values, save_baseline) if enabled else None
+    instructions = config.getoption("perf_instructions")
+    if instructions and not enabled:
+        raise pytest.UsageError("--perf-instructions counts in perf tests, so it needs --perf as well")
     _check_modes(config, values, save_baseline)
     batch_invariant = config.getoption("perf_batch_invariant")
     if batch_invariant:
@@ -451,7 +481,7 @@ def read_options(config: pytest.Config) -> PerfOptions:
     if enabled:
         _check_what_the_tests_need(values, sweep)
     options = _perf_options(config, values, enabled, save_baseline, batch_invariant, sweep)
-    return dataclasses.replace(options, comparison_note=note)
+    return dataclasses.replace(options, comparison_note=note, instructions=instructions)
 
 
 def _against_if_no_baseline(config: pytest.Config, values: dict[str, Any], save_baseline: bool) -> str | None:
@@ -567,6 +597,7 @@ def _perf_options(
         history_store=_history_store(values["perf_history"], rootdir),
         fail_on_change_point=_ini_switch(config, "perf_fail_on_change_point"),
         batch_invariant=batch_invariant,
+        instructions_threshold=values["perf_instructions_threshold"],
     )
 
 

@@ -27,6 +27,7 @@ import pytest
 from perfsuite.adapters.protocol import Backend, BatchingEngine, EngineConfig, check_serves_follow_ups
 from perfsuite.engine import Request
 from perfsuite.judge.baselines import BaselineError, OutputError
+from perfsuite.judge.instructions import InstructionResult
 from perfsuite.judge.results import TestResult
 from perfsuite.judge.run_config import RunConfiguration, knobs, workload_digest
 from perfsuite.measure.capacity import SteadyState
@@ -38,6 +39,13 @@ from perfsuite.measure.determinism import (
     unique_completions,
 )
 from perfsuite.measure.environment import ServerEnvironment
+from perfsuite.measure.instruction_workload import InstructionWorkload
+from perfsuite.measure.instructions import (
+    DEFAULT_RUNS,
+    InstructionCountError,
+    count_instructions,
+    valgrind_unavailable,
+)
 from perfsuite.measure.repeats import Rounds, noisy_save_failure, plain_rounds, runs_in_process
 from perfsuite.measure.summaries import SizingParameters, sizing_parameters, summarise
 from perfsuite.plugin.capacity import NO_SLO, capacity_configuration, capacity_entry, capacity_extra_info
@@ -103,6 +111,7 @@ class PerfRecorder:
         self.backend = backend
         self.built_engines = built_engines
         self.result: TestResult | None = None
+        self.instruction_result: InstructionResult | None = None
 
     def measure(
         self,
@@ -204,6 +213,29 @@ class PerfRecorder:
         self.session.record(DeterminismEntry(self.test_id, engine.name, completions))
         return completions
 
+    def measure_instructions(self, workload: InstructionWorkload, *, runs: int = DEFAULT_RUNS) -> InstructionResult:
+        """Host instructions per engine step of ``workload`` under Valgrind (``perfsuite.measure.instructions``),
+        judged against the stored figure by ``--perf-instructions-threshold``; saved under ``--perf-save-baseline``.
+
+        Skipped, with the reason, unless ``--perf-instructions`` is given and
+        ``valgrind`` is installed. The engine runs in two processes of its own
+        here, whatever the session's mode: a count does not depend on the machine.
+        """
+        if not self.session.options.instructions:
+            pytest.skip("the instruction lane is off: pass --perf-instructions to count instructions under Valgrind")
+        missing = valgrind_unavailable()
+        if missing is not None:
+            pytest.skip(missing)
+        try:
+            count = count_instructions(workload, runs=runs, cwd=self.session.rootdir)
+        except InstructionCountError as error:
+            pytest.fail(f"{self.test_id}: {error}", pytrace=False)
+        try:
+            self.instruction_result = self.session.record_instructions(self.test_id, count)
+        except (OutputError, BaselineError) as error:
+            self.fail_unrecorded(error)
+        return self.instruction_result
+
     def fail_unrecorded(self, error: Exception) -> NoReturn:
         """Fail the test, its result not judged or stored (a corrupt baseline), and have results.json say so.
 
@@ -215,9 +247,15 @@ class PerfRecorder:
         raise pytest.fail.Exception(str(error), pytrace=False) from None
 
     def assert_no_regression(self) -> None:
-        if self.result is None:
-            raise RuntimeError("call perf.measure(engine, requests) before perf.assert_no_regression()")
-        if self.result.regressions and not self.session.options.save_baseline:
+        if self.result is None and self.instruction_result is None:
+            raise RuntimeError(
+                "call perf.measure(engine, requests) or perf.measure_instructions(workload) before "
+                "perf.assert_no_regression()"
+            )
+        counted = self.instruction_result
+        if counted is not None and counted.regressed and not self.session.options.save_baseline:
+            pytest.fail(f"instruction count regression in {counted.describe()}", pytrace=False)
+        if self.result is not None and self.result.regressions and not self.session.options.save_baseline:
             against = self.session.against
             sides = ("REF (A)", "current (B)") if against is not None else ("baseline", "current")
             lines = "\n".join(f"  {c.describe(sides)}" for c in self.result.regressions)

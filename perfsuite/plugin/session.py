@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, overload
 from perfsuite.codec import decode, encode
 from perfsuite.judge.baselines import Baseline, BaselineError, BaselineStore
 from perfsuite.judge.catalogue import ALL_METRICS, CAPACITY_METRICS, METRICS, UTILIZATION_METRICS
+from perfsuite.judge.instructions import InstructionBaselineStore, InstructionResult, judge_instructions
 from perfsuite.judge.judge import (
     FamilyPlan,
     Reference,
@@ -56,6 +57,7 @@ from perfsuite.judge.run_config import RunConfiguration
 from perfsuite.judge.stats import Direction, adjust_interim
 from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally, skip_reason, tally
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
+from perfsuite.measure.instructions import InstructionCount
 from perfsuite.measure.peaks import MachinePeaks
 from perfsuite.measure.summaries import Measured, Repeats, SizingParameters, summarise
 from perfsuite.plugin.measurers import LocalMeasurer, Measurer
@@ -160,6 +162,7 @@ class PerfSession:
     late_regressions: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # tests that failed before their result was recorded, and why
     determinism: list[DeterminismResult] = field(default_factory=list)  # unique completions, recorded, never judged
+    instructions: list[InstructionResult] = field(default_factory=list)  # --perf-instructions: judged by a threshold
     against: Against | None = None  # --perf-against: the reference tree and the two workers
     cluster: RayPool | None = None  # --perf-ray: the actors that measure on the cluster's nodes
     client_shards: ClientShards | None = None  # --perf-client-shards N: openai-http's load generator on the cluster
@@ -238,9 +241,23 @@ class PerfSession:
         return result
 
     @property
-    def num_determinism_only_tests(self) -> int:
-        """Tests that measured unique completions and timed nothing: they plan no comparison."""
-        return len({d.test_id for d in self.determinism} - {r.test_id for r in self.results})
+    def num_untimed_tests(self) -> int:
+        """Tests that measured unique completions or counted instructions and timed nothing: no timed comparison."""
+        untimed = {d.test_id for d in self.determinism} | {i.test_id for i in self.instructions}
+        return len(untimed - {r.test_id for r in self.results})
+
+    def record_instructions(self, test_id: str, count: InstructionCount) -> InstructionResult:
+        """A count of the instruction lane: judged against the stored figure by the threshold, saved if asked.
+
+        Raises ``BaselineError`` for an unreadable stored figure and ``OutputError`` when it cannot be saved.
+        """
+        store = InstructionBaselineStore(self.options.baseline_dir)
+        result = judge_instructions(test_id, count, store.load(test_id), self.options.instructions_threshold)
+        if self.options.save_baseline:
+            path = store.save(test_id, count)
+            result = dataclasses.replace(result, note=f"saved to {_shown_path(path, self.rootdir)}")
+        self.instructions.append(result)
+        return result
 
     def _timed_result(self, entry: TimedEntry) -> TestResult:
         """``environment``: the fingerprint the test's baseline lives under; this machine's (the session's) unless
@@ -421,7 +438,7 @@ class PerfSession:
 
     def tally(self) -> Tally:
         """The session's planned comparisons, less those of tests that skipped themselves, and how many were judged."""
-        num_tests = max(0, self.num_planned_tests - self.num_self_skipped_tests - self.num_determinism_only_tests)
+        num_tests = max(0, self.num_planned_tests - self.num_self_skipped_tests - self.num_untimed_tests)
         return tally(self.results, len(self.compared_metrics), num_tests)
 
     @property
@@ -444,7 +461,7 @@ class PerfSession:
         from an earlier session would pass for this one's.
         """
         self.results = self.adjusted_results()
-        if not self.results and not self.unrecorded and not self.determinism:
+        if not self.results and not self.unrecorded and not self.determinism and not self.instructions:
             return None
         from perfsuite.plugin.change_points import check_session, history_sessions  # only a --perf session's end pays
 
@@ -502,6 +519,7 @@ class PerfSession:
                 "warnings": self.warnings,
                 "unrecorded": self.unrecorded,
                 "determinism": [encode(d) for d in self.determinism],
+                "instructions": [encode(i) for i in self.instructions],
             }
         )
 
@@ -522,6 +540,8 @@ class PerfSession:
         self.unrecorded.extend(data["unrecorded"])
         self.determinism.extend(decode(DeterminismResult, d) for d in data.get("determinism", ()))
         self.determinism.sort(key=lambda d: d.test_id)
+        self.instructions.extend(decode(InstructionResult, i) for i in data.get("instructions", ()))
+        self.instructions.sort(key=lambda i: i.test_id)
 
     @property
     def shown_environment(self) -> Environment | ServerEnvironment | None:
@@ -559,6 +579,7 @@ class PerfSession:
             warnings=(*self.warnings, *self.unrecorded),
             against=self.against.describe() if self.against is not None else None,
             determinism=tuple(self.determinism) or None,
+            instructions=tuple(self.instructions) or None,
             peaks=self.peaks,
         )
 

@@ -132,6 +132,8 @@ def _write_notes(write: Callable[..., None], perf_session: PerfSession) -> None:
     """What the session recorded besides the verdicts: completions, warnings, late regressions, change points."""
     for recorded in perf_session.determinism:  # recorded, never judged: shown, failing nothing
         write(f"unique completions: {recorded.test_id} ({recorded.engine_name}): {recorded.completions.describe()}")
+    for counted in perf_session.instructions:  # --perf-instructions: judged by a threshold alone
+        write(f"instructions: {counted.describe()}", red=counted.regressed, bold=counted.regressed)
     for warning in perf_session.warnings:
         write(f"warning: {warning}", yellow=True)
     for late in perf_session.late_regressions:
