@@ -36,8 +36,11 @@ def test_the_report_reads_perfsuite_only_through_the_judges_results_and_the_hist
     outside = {name for name in imported if name != "perfsuite.report" and not name.startswith("perfsuite.report.")}
     outside = {name for name in outside if not name.startswith("perfsuite.history.")}  # series of those results
     # besides: the engines' names (constants) and how bytes read (host.py), both standard library only;
-    # judge.stats only under TYPE_CHECKING, for the comparison type the results hold
-    names = {"perfsuite.engine.names", "perfsuite.host", "perfsuite.judge.stats"}
+    # judge.stats only under TYPE_CHECKING, for the comparison type the results hold; judge.tally, the one wording
+    # of why a comparison was not judged (terminal, report and summary alike); engine.server_metrics, the typed
+    # server figures a result holds (standard library only)
+    names = {"perfsuite.engine.names", "perfsuite.host", "perfsuite.judge.stats", "perfsuite.judge.tally"}
+    names |= {"perfsuite.engine.server_metrics"}
     assert outside <= {"perfsuite.judge.results", "perfsuite.judge.baselines", *names}, outside
 
 

@@ -12,8 +12,6 @@ import itertools
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +25,7 @@ from perfsuite.serve import CompletionServer, ServerThread
 from perfsuite.serve.app import ROUTES
 from perfsuite.serve.histograms import E2E_BUCKETS, INTER_TOKEN_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
 from perfsuite.serve.request_log import REQUEST_LOGGER
+from test_serve import call  # one HTTP helper for the server's tests
 
 VOCAB = 320
 MAX_SEQ_LEN = 128
@@ -54,17 +53,6 @@ HISTOGRAM_BUCKETS = {
     "vllm:request_generation_tokens": build_1_2_5_buckets(MAX_SEQ_LEN),
 }
 
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def call(url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with _no_proxy.open(request, timeout=HTTP_TIMEOUT_S) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
 
 
 def wait_until(condition, what: str, timeout_s: float = 5.0):

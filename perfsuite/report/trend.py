@@ -16,12 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from perfsuite.history.changes import ChangePoint, ChangePointPolicy, ChangePointsUnavailable, detect
 from perfsuite.history.series import SERIES_METRICS, Series, build_series, headline_metric
-from perfsuite.history.trend import Trend, find_trend
 from perfsuite.judge.results import Results, TestResult
 from perfsuite.report import plots
+
+if TYPE_CHECKING:
+    from perfsuite.history.trend import Trend
 
 UNITS = {"output_throughput": "tok/s", "capacity_under_slo": "req/s"}  # what headline_metric picks
 
@@ -65,7 +68,7 @@ def history_section(
         change_points, head_is_a_step = _change_points(series, policy, note is None)
         if isinstance(change_points, str):
             note, change_points = change_points, ()
-        slope = None if head_is_a_step else find_trend(series).trend
+        slope = None if head_is_a_step else _trend_at_the_head(series)
         shown.append(series)
         trends.append(_trend(test, series, change_points, results, slope))
         rows.extend(_row(test, series, change) for change in change_points)
@@ -135,6 +138,12 @@ def _trend(
     last_is_this_run = series.points[-1].created_at == (results.created_at or "")
     line = plots.Series(f"{name} ({UNITS[series.key.metric]})", x, series.values)
     return plots.Trend(line, steps, last_is_this_run, None if slope is None else _band(series, slope))
+
+
+def _trend_at_the_head(series: Series) -> Trend | None:
+    from perfsuite.history.trend import find_trend  # numpy and scipy, only where a series is long enough to draw
+
+    return find_trend(series).trend
 
 
 def _band(series: Series, slope: Trend) -> plots.SlopeBand:

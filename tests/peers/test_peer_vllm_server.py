@@ -68,6 +68,25 @@ def test_vllm_decodes_greedily(vllm_server):
     assert check.num_requests == len(requests)
 
 
+def test_the_client_reads_vllms_own_metrics_beside_its_timings(vllm_server):
+    """openai-http scrapes vLLM's /metrics around a run: its TTFT histogram counts every request, and its KV usage
+    and queue were read while the run was in flight (issue 41)."""
+    from perfsuite.engine import Request, SamplingParams
+
+    loaded = load_model("smollm2-135m", device="cpu", dtype="float32")
+    backend = Backend.from_loaded(loaded, endpoint=vllm_server, http_options=HttpClientOptions(prompt_format="token_ids"))
+    prompt = tuple(backend.tokenize("The server's own view of a run"))
+    requests = [Request(f"scrape-{i}", prompt, SamplingParams(24, ignore_eos=True), arrival_time=0.4 * i) for i in range(5)]
+    run = build_engine("openai-http", backend, EngineConfig(2, 256)).run(requests)
+    server = run.server_metrics
+    assert server is not None, "vLLM exposes /metrics"
+    print(server)
+    assert server.ttft is not None and server.ttft.count == len(requests)
+    assert server.e2e is not None and server.e2e.count == len(requests)
+    assert server.num_scrapes_during >= 1 and server.kv_cache_usage is not None and server.num_waiting is not None
+    assert server.generation_tokens is not None and server.generation_tokens.sum == 24 * len(requests)
+
+
 @pytest.fixture(autouse=True)
 def _run_from_the_root(monkeypatch):
     monkeypatch.chdir(ROOT)
