@@ -84,7 +84,7 @@ def test_the_client_reads_vllms_own_metrics_beside_its_timings(vllm_server):
     assert server.ttft is not None and server.ttft.count == len(requests)
     assert server.e2e is not None and server.e2e.count == len(requests)
     assert server.num_scrapes_during >= 1 and server.kv_cache_usage is not None and server.num_waiting is not None
-    assert server.generation_tokens is not None and server.generation_tokens.sum == 24 * len(requests)
+    assert server.generation_tokens is not None and server.generation_tokens.total == 24 * len(requests)
 
 
 @pytest.fixture(autouse=True)
