@@ -210,3 +210,18 @@ def test_the_bench_yardstick_for_a_full_decode_step_is_the_engines_own_count_and
     ends = [(0.0, 1), (0.5, 3), (0.7, 3), (1.0, 2), (1.4, 3)]
     assert roofline.full_step_seconds(ends, 3) == pytest.approx(0.4)  # gaps 0.5, 0.2, 0.4 before full steps
     assert roofline.full_step_seconds(ends[:1], 3) is None
+
+
+def test_while_the_session_runs_each_family_counts_only_its_own_planned_comparisons():
+    from perfsuite.judge.judge import FamilyPlan, Reference, adjust_interim_by_family, judge
+    from perfsuite.judge.stats import Policy, Verdict
+
+    baseline = Reference(utilization_result(STEADY).measurement.samples, EngineCounters(), {}, None)
+    plan = FamilyPlan(headline=31, utilization=2)
+    flat = judge(utilization_result(STEADY), baseline, status="compared", slo=None, policy=Policy(), plan=plan)
+    earlier = [c for c in flat.result.judgement.comparisons if c.metric == "output_throughput"] * 30
+    slower = judge(utilization_result(tuple(0.8 * x for x in STEADY)), baseline, status="compared", slo=None,
+                   policy=Policy(), plan=plan).result.judgement.comparisons  # fmt: skip
+    bounded = {c.metric: c.verdict for c in adjust_interim_by_family(slower, earlier, plan, Policy())}
+    assert bounded["decode_gbps"] is Verdict.REGRESSED  # 2 planned in its family, not 33
+    assert bounded["output_throughput"] is Verdict.UNCHANGED

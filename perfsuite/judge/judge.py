@@ -19,7 +19,7 @@ the headline verdicts keep their power where MFU and MBU are judged too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfsuite.engine.types import EngineCounters
@@ -37,7 +37,7 @@ from perfsuite.judge.catalogue import (
 from perfsuite.judge.paired import compare_paired
 from perfsuite.judge.power import PowerPlan, minimum_detectable_effect
 from perfsuite.judge.results import KV_COUNTERS, Judgement, PolicyDescription, ProbeDescription, TestResult
-from perfsuite.judge.stats import Comparison, Direction, Policy, Verdict, adjust, compare, mark_noisy
+from perfsuite.judge.stats import Comparison, Direction, Policy, Verdict, adjust, adjust_interim, compare, mark_noisy
 from perfsuite.measure.summaries import Measured
 
 
@@ -78,6 +78,13 @@ class Reference:
 JUDGED_METRICS = {**ALL_METRICS, **UTILIZATION_METRICS}
 
 
+HEADLINE, UTILIZATION = "headline", "utilization"  # the two families (module docstring)
+
+
+def family_of(metric: str) -> str:
+    return UTILIZATION if metric in UTILIZATION_METRICS else HEADLINE
+
+
 @dataclass(frozen=True, slots=True)
 class FamilyPlan:
     """How many comparisons each family plans: an upper bound on how many it will make (module docstring)."""
@@ -91,14 +98,32 @@ class FamilyPlan:
 
     def size_of(self, metric: str) -> int:
         """The planned size of ``metric``'s family."""
-        return max(1, self.utilization if metric in UTILIZATION_METRICS else self.headline)
+        return max(1, self.utilization if family_of(metric) == UTILIZATION else self.headline)
 
 
-def by_family(comparisons: Sequence[Comparison]) -> tuple[list[int], list[int]]:
-    """The positions of ``comparisons``' headline ones and of their MFU and MBU ones."""
-    utilization = [i for i, c in enumerate(comparisons) if c.metric in UTILIZATION_METRICS]
-    chosen = set(utilization)
-    return [i for i in range(len(comparisons)) if i not in chosen], utilization
+def _per_family(
+    comparisons: Sequence[Comparison], settle: Callable[[str, list[Comparison]], list[Comparison]]
+) -> list[Comparison]:
+    """``comparisons`` in their order, each family's settled by ``settle(family, its comparisons)``."""
+    settled = list(comparisons)
+    for family in (HEADLINE, UTILIZATION):
+        where = [i for i, c in enumerate(comparisons) if family_of(c.metric) == family]
+        if where:
+            for i, comparison in zip(where, settle(family, [comparisons[i] for i in where])):
+                settled[i] = comparison
+    return settled
+
+
+def adjust_interim_by_family(
+    current: Sequence[Comparison], earlier: Sequence[Comparison], plan: FamilyPlan, policy: Policy
+) -> list[Comparison]:
+    """``stats.adjust_interim`` within each family, its not-yet-made comparisons counted up to its planned size."""
+
+    def settle(family: str, made: list[Comparison]) -> list[Comparison]:
+        before = [c for c in earlier if family_of(c.metric) == family]
+        return adjust_interim(made, before, plan.size_of(made[0].metric), policy)
+
+    return _per_family(current, settle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +220,7 @@ def not_compared(result: TestResult, status: str) -> TestResult:
 def adjust_family(results: Sequence[TestResult], policy: Policy) -> tuple[list[TestResult], list[str]]:
     """Every comparison of ``results`` adjusted within its family; and what the adjustment newly flags as regressed."""
     everything = [c for r in results for c in r.judgement.comparisons]
-    settled = list(everything)
-    for family in by_family(everything):
-        for i, comparison in zip(family, adjust([everything[i] for i in family], policy)):
-            settled[i] = comparison
-    adjusted = iter(settled)
+    adjusted = iter(_per_family(everything, lambda _, family: adjust(family, policy)))
     final, newly_regressed = [], []
     for result in results:
         comparisons = tuple(next(adjusted) for _ in result.judgement.comparisons)

@@ -34,7 +34,7 @@ from perfsuite.judge.judge import (
     FamilyPlan,
     Reference,
     adjust_family,
-    by_family,
+    adjust_interim_by_family,
     describe_policy,
     describe_probe,
     judge,
@@ -54,7 +54,7 @@ from perfsuite.judge.results import (
     write_results,
 )
 from perfsuite.judge.run_config import RunConfiguration
-from perfsuite.judge.stats import Direction, adjust_interim
+from perfsuite.judge.stats import Direction
 from perfsuite.judge.tally import OTHER_CONFIGURATION, OTHER_ENVIRONMENT, Tally, skip_reason, tally
 from perfsuite.measure.environment import Environment, ServerEnvironment, environment_from_json
 from perfsuite.measure.instructions import InstructionCount
@@ -334,16 +334,7 @@ class PerfSession:
         """With the session's not-yet-made comparisons counted as p = 1 (module docstring)."""
         earlier = [c for r in self.results for c in r.judgement.comparisons]
         current = result.judgement.comparisons
-        bounded = list(current)
-        plan = self.family_plan
-        for earlier_family, current_family in zip(by_family(earlier), by_family(current)):
-            if not current_family:
-                continue
-            size = plan.size_of(current[current_family[0]].metric)
-            made = [current[i] for i in current_family]
-            adjusted = adjust_interim(made, [earlier[i] for i in earlier_family], size, self.options.policy)
-            for i, comparison in zip(current_family, adjusted):
-                bounded[i] = comparison
+        bounded = adjust_interim_by_family(current, earlier, self.family_plan, self.options.policy)
         return result.with_judgement(comparisons=tuple(bounded))
 
     def _warn_once(self, warning: str) -> None:
