@@ -187,7 +187,7 @@ class PerfSession:
     @property
     def num_planned_comparisons(self) -> int:
         """The headline family's planned comparisons (``judge.judge`` says why MFU and MBU are a family apart)."""
-        return max(1, self.num_planned_tests * len(self.compared_metrics))
+        return self.family_plan.headline
 
     @property
     def family_plan(self) -> FamilyPlan:
