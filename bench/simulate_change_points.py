@@ -2,7 +2,7 @@
 
     python bench/simulate_change_points.py [--noise 0.03] [--shape normal|t3|outliers] [--sequences 20]
                                            [--runs 100] [--step -0.10] [--creep-noise 0.03 0.05]
-                                           [--trend-max-p 0.02]
+                                           [--trend-max-p 0.02] [--trend-step-margin 0.1] [--series 50]
 
 Seeded, no machine measured: each run's value is 100 times (1 + noise x a
 draw of ``--shape``): ``normal``, a standard normal; ``t3``, Student's t
@@ -58,7 +58,6 @@ OLD_HEAD = replace(NEW_RULES, head_runs=5)
 OUTLIER_SHARE = 0.05
 CREEP_EVERY, CREEP_RUNS = 3, 40  # as bench/calibrate_history.py runs it: +2% every 3 sessions, 40 sessions
 TRENDS = TrendPolicy()
-SERIES_PER_CASE = 50
 MAX_WITHIN = 5  # the creep target: found within this many runs after it passes 10%
 
 
@@ -165,11 +164,11 @@ def runs_to_find_a_creep_or_trend(draw, noise: float, trends: TrendPolicy) -> in
     return None
 
 
-def steps_read_as_trends(draw, noise: float, step: float, trends: TrendPolicy, before: int = 30) -> int:
-    """Of 50 series with a ``step`` after ``before`` flat runs: in how many a new trend was flagged within the
+def steps_read_as_trends(draw, noise: float, step: float, trends: TrendPolicy, num_series: int, before: int = 30) -> int:
+    """Of ``num_series`` series with a ``step`` after ``before`` flat runs: in how many a new trend was flagged within the
     ``head_runs`` runs after it (the step is the step search's; a trend there names it wrongly)."""
     read = 0
-    for _ in range(SERIES_PER_CASE):
+    for _ in range(num_series):
         values = [100 * draw(noise) for _ in range(before)]
         values += [100 * (1 + step) * draw(noise) for _ in range(NEW_RULES.head_runs)]
         read += any(verdicts(values[:end], trends)[1] for end in range(before + 1, len(values) + 1))
@@ -186,14 +185,14 @@ def trend_section(draw, args, trends: TrendPolicy) -> str:
         num_steps, num_trends, checked = false_changes(draw, noise, args.sequences, args.runs, trends)
         per_100 = 100 * (num_steps + num_trends) / checked
         worst_false = max(worst_false, per_100)
-        creeps = [runs_to_find_a_creep_or_trend(draw, noise, trends) for _ in range(SERIES_PER_CASE)]
+        creeps = [runs_to_find_a_creep_or_trend(draw, noise, trends) for _ in range(args.series)]
         within = sum(run is not None and run <= MAX_WITHIN for run in creeps)
         found.append(within)
         print(f"noise {noise:.0%}: A/A {checked} runs searched: {num_steps} new steps + {num_trends} new trends = "
               f"{per_100:.2f} false changes per 100 runs; a creep: {_shown(Counter(creeps))}; within 5: {within} "
-              f"of {SERIES_PER_CASE}; a {args.step:+.0%} step read as a trend: "
-              f"{steps_read_as_trends(draw, noise, args.step, trends)} of {SERIES_PER_CASE}")  # fmt: skip
-    counts = " ".join(f"creep{round(100 * n)}={k}/{SERIES_PER_CASE}" for n, k in zip(args.creep_noise, found))
+              f"of {args.series}; a {args.step:+.0%} step read as a trend: "
+              f"{steps_read_as_trends(draw, noise, args.step, trends, args.series)} of {args.series}")  # fmt: skip
+    counts = " ".join(f"creep{round(100 * n)}={k}/{args.series}" for n, k in zip(args.creep_noise, found))
     return f"{counts} false_per_100={worst_false:.2f}"
 
 
@@ -213,6 +212,11 @@ def main() -> None:
                         help="noises of the steps-and-trends section (0.03 0.05)")
     parser.add_argument("--trend-max-p", type=float, default=TRENDS.max_p_value,
                         help=f"the trend test's max_p_value, to see the trade ({TRENDS.max_p_value})")
+    parser.add_argument("--trend-step-margin", type=float, default=TRENDS.step_margin,
+                        help=f"the trend test's step_margin ({TRENDS.step_margin})")
+    parser.add_argument("--series", type=int, default=50,
+                        help="creeps (and steps) per noise in the steps-and-trends section; more, for a closer estimate "
+                        "of the rate than 50 give (50)")
     args = parser.parse_args()
     draw = noise_draw(args.shape, random.Random(args.seed))
     old, new, checked = false_head_alarms(draw, args.noise, args.sequences, args.runs)
@@ -230,7 +234,7 @@ def main() -> None:
         print(f"a creep of +2% every {CREEP_EVERY} runs, {args.shape} noise {args.noise:.0%}, 50 series, "
               f"head_runs={policy.head_runs}: runs to find after it passes {CREEP_TARGET:.0%}: "
               f"{_shown(Counter(finds_of))}; within 5: {within} of 50")  # fmt: skip
-    print(trend_section(draw, args, replace(TRENDS, max_p_value=args.trend_max_p)))
+    print(trend_section(draw, args, replace(TRENDS, max_p_value=args.trend_max_p, step_margin=args.trend_step_margin)))
 
 
 if __name__ == "__main__":

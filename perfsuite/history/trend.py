@@ -8,10 +8,13 @@ each run more often above or below the runs before it than chance allows?)
 and Sen's slope (the median of the slopes between every two runs), both
 rank-based, so one slow session among them moves neither much.
 
-A step is no slope: a window that one step (two levels) fits at least as
-well as a flat level followed by a line (as many parameters: a level, a
-slope, where it starts) is left to the step search, so a machine that became
+A step is no slope: a window that one step (two levels) fits clearly better
+than a flat level followed by a line (as many parameters: a level, a slope,
+where it starts) is left to the step search, so a machine that became
 faster, or a merge that cost 10% at once, is reported as the step it is.
+"Clearly": the step's squared error is at least ``step_margin`` (10%) under
+the slope's. A staircase creep in noise is often fitted as well by one step
+as by a line, by chance; a true step wins by far more.
 
 A trend is flagged only when it is significant (``max_p_value``, two-sided)
 *and* large: its fitted change over the window is at least
@@ -46,6 +49,8 @@ class TrendPolicy:
     Mann-Kendall test. ``min_total_change``: the least fitted change over
     the window, relative to its median. ``confidence``: of the slope's
     interval. ``repeat_runs``: how far back a trend the same way is the same.
+    ``step_margin``: how much better (a share of the slope fit's squared
+    error) one step must fit the window to take it from the trend test.
     """
 
     window_runs: int = 20
@@ -54,6 +59,7 @@ class TrendPolicy:
     min_total_change: float = 0.05
     confidence: float = 0.95
     repeat_runs: int = 8
+    step_margin: float = 0.1
 
     def __post_init__(self) -> None:
         if not 4 <= self.min_runs <= self.window_runs:
@@ -61,6 +67,8 @@ class TrendPolicy:
                 f"min_runs={self.min_runs} with window_runs={self.window_runs}: a trend needs at least 4 runs "
                 "and no more than the window holds; give 4 <= min_runs <= window_runs"
             )
+        if not 0 <= self.step_margin < 1:
+            raise ValueError(f"step_margin={self.step_margin}: a share of the slope fit's squared error, 0 <= it < 1")
         if not (0 < self.max_p_value < 1 and 0 < self.confidence < 1):
             raise ValueError(
                 f"max_p_value={self.max_p_value}, confidence={self.confidence}: both must lie between 0 and 1"
@@ -159,7 +167,7 @@ def find_trend(series: Series, policy: TrendPolicy = TrendPolicy()) -> TrendSear
     if p_value > policy.max_p_value or not large or low <= 0 <= high:
         return TrendSearch(series, policy)
     onset, slope_error = _onset(values)
-    if _step_error(values) <= slope_error:  # one step explains the window as well: the step search's to report
+    if _step_error(values) <= slope_error * (1 - policy.step_margin):  # one step explains it clearly better: a step's
         return TrendSearch(series, policy)
     start_index, start = window[onset]
     intercept = float(np.median(values - slope * np.arange(len(values))))
