@@ -234,7 +234,8 @@ def main() -> None:
         sys.exit("this torch has no oneDNN (or the weights are not float32 on the CPU): nothing to compare")
     print(f"{time.strftime('%Y-%m-%d')} {cpu_model()}, {threads} threads, torch {torch.__version__}, "
           f"model {args.model} float32; packed rows {PACKED_MIN_ROWS}..{PACKED_MAX_ROWS}", flush=True)  # fmt: skip
-    print(f"kernels chosen at load: {runners['packed'].decoder.projection_kernels}", flush=True)
+    print(f"kernels chosen at load: {runners['packed'].decoder.projection_kernels}, rows "
+          f"{runners['packed'].decoder.projection_rows}", flush=True)
     if "gemm" in args.parts:
         print("\nGEMM: F.linear against each kernel's copy of the weight (median us a call; plain/kernel > 1: it pays)")
         gemm = gemm_ratios(weights, list(args.rows), args.rounds)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from perfsuite.engine.projection import (
     PACKED_MAX_ROWS,
     PACKED_MIN_ROWS,
+    Choice,
     Kernel,
     KernelChoiceFile,
     KernelChooser,
@@ -98,14 +99,22 @@ def test_the_chooser_keeps_the_faster_kernel_once_per_shape(slower: Kernel, monk
     chooser = KernelChooser(rounds=3)
     timed: list[Kernel] = []
     fastest = chooser._fastest
-    monkeypatch.setattr(chooser, "_fastest", lambda *args: timed.append(fastest(*args)) or timed[-1])
+
+    def spy(candidates, *args):
+        winner = fastest(candidates, *args)
+        if None not in candidates:  # between the kernels, not the kernel against the plain call
+            timed.append(winner)
+        return winner
+
+    monkeypatch.setattr(chooser, "_fastest", spy)
     generator = torch.Generator().manual_seed(1)
     weights = [(torch.randn(24, 16, generator=generator), None) for _ in range(5)]
     projections = chooser.projections(weights[:3]) + chooser.projections(weights[3:])  # two groups, one shape
     (other,) = set(Kernel) - {slower}
     assert timed == [other], "each shape timed once"
     assert all(p.kernel is other and p.fast_weight is not None for p in projections)
-    assert chooser.chosen == {((24, 16), False, torch.get_num_threads()): other}
+    assert list(chooser.chosen) == [((24, 16), False, torch.get_num_threads())]
+    assert next(iter(chooser.chosen.values())).kernel is other
     monkeypatch.undo()
     x = torch.randn(PACKED_MIN_ROWS + 2, 16, generator=generator)
     for (weight, _), projection in zip(weights, projections, strict=True):
@@ -129,6 +138,10 @@ def test_the_runner_packs_its_float32_projections_unless_told_not_to() -> None:
     assert set(packed.decoder.projection_kernels) == {"qkv", "out", "gate_up", "down", "lm_head"}
     assert set(packed.decoder.projection_kernels.values()) <= {str(kernel) for kernel in Kernel}
     assert set(plain.decoder.projection_kernels.values()) == {"plain"}
+    assert set(plain.decoder.projection_rows.values()) == {""}
+    for rows in packed.decoder.projection_rows.values():
+        low, high = rows.split("..")
+        assert low in {"1", str(PACKED_MIN_ROWS)} and high in {"", str(PACKED_MAX_ROWS)}
     for layer in packed.decoder.layers:  # one shape, one choice
         assert [p.kernel for p in (layer.qkv, layer.out, layer.gate_up, layer.down)] == [
             Kernel(packed.decoder.projection_kernels[name]) for name in ("qkv", "out", "gate_up", "down")
@@ -138,8 +151,13 @@ def test_the_runner_packs_its_float32_projections_unless_told_not_to() -> None:
 @needs_onednn
 def test_choosers_sharing_a_dict_time_each_shape_once_per_thread_count(monkeypatch) -> None:
     timed: list[int] = []
-    monkeypatch.setattr(KernelChooser, "_fastest", lambda self, candidates, in_features: timed.append(in_features)
-                        or Kernel.MKL_TRANSPOSED)  # fmt: skip
+
+    def fastest(self, candidates, in_features, rows):
+        if None not in candidates:  # between the kernels, not against the plain call
+            timed.append(in_features)
+        return Kernel.MKL_TRANSPOSED
+
+    monkeypatch.setattr(KernelChooser, "_fastest", fastest)
     shared: dict = {}
     weights = [(torch.randn(12, 8), None) for _ in range(2)]
     KernelChooser(chosen=shared).projections(weights)
@@ -164,7 +182,13 @@ def test_a_machine_times_a_models_shapes_once_and_keeps_the_choice_on_disk(monke
     monkeypatch.setenv("PERFSUITE_CACHE_DIR", str(tmp_path))  # SHARED_CHOICES reads its path from it
     timed: list[int] = []
     real = KernelChooser._fastest
-    monkeypatch.setattr(KernelChooser, "_fastest", lambda self, *args: timed.append(1) or real(self, *args))
+
+    def fastest(self, candidates, *args):
+        if None not in candidates:  # between the kernels, not against the plain call
+            timed.append(1)
+        return real(self, candidates, *args)
+
+    monkeypatch.setattr(KernelChooser, "_fastest", fastest)
     model = load_model("tiny-random", dtype="float32").model
     first = Decoder.from_hf(model, torch.device("cpu"), torch.float32)
     projections = [getattr(first.layers[0], name) for name in PROJECTIONS] + [first.lm_head]
@@ -185,12 +209,12 @@ def test_a_choice_file_that_is_corrupt_or_unwritable_costs_a_timing_not_an_error
     corrupt.write_text("{ not json")
     store = KernelChoiceFile(corrupt)
     assert store.get(key) is None
-    store[key] = Kernel.ONEDNN
-    assert KernelChoiceFile(corrupt).get(key) is Kernel.ONEDNN, "rewritten whole, readable by the next process"
+    store[key] = Choice(Kernel.ONEDNN, 1, None)
+    assert KernelChoiceFile(corrupt).get(key) == Choice(Kernel.ONEDNN, 1, None), "rewritten whole, readable next"
     blocked = tmp_path / "a-file-not-a-directory"
     blocked.write_text("")
     unwritable = KernelChoiceFile(blocked / "kernel-choices.json")
-    unwritable[key] = Kernel.MKL_TRANSPOSED  # cannot be kept: no error
+    unwritable[key] = Choice(Kernel.MKL_TRANSPOSED)  # cannot be kept: no error
     assert unwritable.get(key) is None
     (tmp_path / "unknown.json").write_text(json.dumps({KernelChoiceFile(tmp_path / "x")._name(key): "no-such-kernel"}))
     assert KernelChoiceFile(tmp_path / "unknown.json").get(key) is None, "a kernel this version lacks is re-timed"
@@ -203,8 +227,8 @@ def test_a_choice_file_nested_past_the_json_parsers_depth_counts_as_empty(tmp_pa
     (tmp_path / KernelChoiceFile.FILE_NAME).write_text("[" * 100_000 + "]" * 100_000)
     store, key = KernelChoiceFile(), ((12, 8), False, 2)
     assert store.get(key) is None
-    store[key] = Kernel.MKL_TRANSPOSED
-    assert KernelChoiceFile().get(key) is Kernel.MKL_TRANSPOSED, "replaced by a readable file"
+    store[key] = Choice(Kernel.MKL_TRANSPOSED)
+    assert KernelChoiceFile().get(key) == Choice(Kernel.MKL_TRANSPOSED), "replaced by a readable file"
 
 
 @needs_onednn
@@ -222,10 +246,57 @@ def test_processes_that_choose_at_once_keep_every_choice(tmp_path) -> None:
         worker.join(timeout=60)
         assert worker.exitcode == 0
     store = KernelChoiceFile(path)
-    assert [store.get(key) for key in keys] == [Kernel.ONEDNN] * len(keys), "no choice lost"
+    assert [store.get(key) for key in keys] == [Choice(Kernel.ONEDNN)] * len(keys), "no choice lost"
 
 
 def _store_choices(path, keys) -> None:
     store = KernelChoiceFile(path)
     for key in keys:
-        store[key] = Kernel.ONEDNN
+        store[key] = Choice(Kernel.ONEDNN)
+
+
+@needs_onednn
+@pytest.mark.parametrize("plain_is_slow", [True, False], ids=["plain-slow", "plain-fast"])
+def test_the_rows_that_take_the_kernel_are_where_it_beat_the_plain_call(plain_is_slow, monkeypatch) -> None:
+    """On an AMD EPYC VM MKL's plain call lost at 1-3 rows and at hundreds; on the Intel one it won there. The
+    chooser times both and gives the kernel those rows only where it won: a slept plain call loses them."""
+    import time
+
+    linear, product = F.linear, torch.ops.mkldnn._linear_pointwise
+    if plain_is_slow:
+        monkeypatch.setattr(F, "linear", lambda *args: time.sleep(0.002) or linear(*args))
+    else:  # the kernels slow at every row count: between them, either wins; against plain, plain does
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: time.sleep(0.002) or product(*a))
+        monkeypatch.setattr(torch, "mm", lambda *a, _mm=torch.mm: time.sleep(0.002) or _mm(*a))
+    chooser = KernelChooser(rounds=3, small_rows=(1, 3), large_rows=(200,))
+    generator = torch.Generator().manual_seed(2)
+    weights = [(torch.randn(24, 16, generator=generator), None) for _ in range(2)]
+    projections = chooser.projections(weights)
+    (choice,) = chooser.chosen.values()
+    expected = (1, None) if plain_is_slow else (PACKED_MIN_ROWS, PACKED_MAX_ROWS)
+    assert (choice.min_rows, choice.max_rows) == expected
+    assert all((p.min_rows, p.max_rows) == expected for p in projections)
+    monkeypatch.undo()
+    for rows in (1, 3, PACKED_MIN_ROWS, 200):
+        assert projections[0].takes_kernel(rows) is (plain_is_slow or PACKED_MIN_ROWS <= rows <= PACKED_MAX_ROWS)
+        x = torch.randn(rows, 16, generator=generator)
+        torch.testing.assert_close(projections[0](x), F.linear(x, weights[0][0]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("choice", "text"),
+    [(Choice(Kernel.ONEDNN, 1, None), "onednn rows 1.."), (Choice(Kernel.MKL_TRANSPOSED), "mkl-transposed rows 4..128"),
+     (Choice(Kernel.ONEDNN, 4, None), "onednn rows 4..")],
+)  # fmt: skip
+def test_a_choice_is_written_and_read_back_as_the_same_choice(choice, text) -> None:
+    assert str(choice) == text and Choice.parse(text) == choice
+
+
+def test_a_choice_written_before_rows_were_chosen_is_timed_again_and_nonsense_is_refused(tmp_path) -> None:
+    key = ((12, 8), False, 2)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({KernelChoiceFile(old)._name(key): "onednn"}))
+    assert KernelChoiceFile(old).get(key) is None, "a bare kernel: its rows were never timed on this machine"
+    for text in ("onednn", "onednn rows", "onednn rows 1", "onednn rows x..4", "onednn rows 1..y", "cublas rows 1.."):
+        with pytest.raises(ValueError):
+            Choice.parse(text)

@@ -331,6 +331,15 @@ class Decoder:
         projections = {name: getattr(self.layers[0], name) for name in PROJECTIONS} | {"lm_head": self.lm_head}
         return {name: str(p.kernel or "plain") for name, p in projections.items()}
 
+    @property
+    def projection_rows(self) -> dict[str, str]:
+        """The rows each projection's kernel takes, as chosen at load ("1..": every product; "": plain only)."""
+        projections = {name: getattr(self.layers[0], name) for name in PROJECTIONS} | {"lm_head": self.lm_head}
+        return {
+            name: f"{p.min_rows}..{'' if p.max_rows is None else p.max_rows}" if p.kernel else ""
+            for name, p in projections.items()
+        }
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The next token's logits [N, vocab] after each of hidden [N, hidden]."""
         return self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))

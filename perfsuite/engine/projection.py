@@ -23,11 +23,19 @@ Which is faster depends on the weight's shape and the machine, so
 weights of a shape (as cold as a step finds them) at decode-sized row counts
 (``TUNING_ROWS``), and keeps only the winner's copies: the cost is one copy
 of the projections' weights in memory, as before (two of one shape's while
-it is timed), and about a second of timing for SmolLM2. Below 4 rows MKL's plain matrix-vector call is
-the faster one, and from a few hundred rows on they tie or the plain call wins
-by a few percent; so a product takes the chosen kernel only for rows in
-``PACKED_MIN_ROWS..PACKED_MAX_ROWS``: decode steps and the lm head over a
-step's sampled rows, while a long prefill keeps the plain call.
+it is timed), and a few seconds of timing for SmolLM2, once per machine.
+
+Which rows take the kernel depends on the machine too. On the Intel
+development VM, below 4 rows MKL's plain matrix-vector call was the faster
+one, and from a few hundred rows on the two tied. On an AMD EPYC VM, MKL's
+plain call was 1.5-10x slower than oneDNN at 1-3 rows (the lm head: 11-36
+ms against 4-5) and 1.1-1.3x slower at 256-1024 rows (bench/packed_linear.py).
+So the chooser also times the chosen kernel against the plain call at a few
+rows (``SMALL_ROWS``) and at a prefill's many (``LARGE_ROWS``), and a
+shape's ``Choice`` takes the kernel from 1 row where it wins at few, and
+with no upper bound where it wins at many; else only for
+``PACKED_MIN_ROWS..PACKED_MAX_ROWS`` rows, decode steps and the lm head over
+a step's sampled rows.
 
 The fast kernels need float32 on a CPU (oneDNN also a torch built with it);
 elsewhere (CUDA, bfloat16) every product is ``F.linear``. Every kernel
@@ -38,6 +46,7 @@ properties hold to unbatched greedy decoding like any other path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -48,6 +57,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +78,10 @@ PACKED_MAX_ROWS = 128
 LAYOUT_HINT_ROWS = 8
 # The row counts a weight's kernels are timed at when one is chosen: a small and a large decode batch.
 TUNING_ROWS = (8, 32)
+# Where the chosen kernel is timed against the plain call, to set the rows it takes: a step with a few rows
+# (the tail of a batch draining, the lm head over them), and a prefill's many.
+SMALL_ROWS = (1, 3)
+LARGE_ROWS = (256,)
 TUNING_ROUNDS = 5
 # A batch-invariant product runs oneDNN at every row count, but never on fewer rows than this: oneDNN gave a lone row
 # other bits than the same row among others for SmolLM2's down projection (1536 inputs; bench/row_invariance.py),
@@ -107,23 +121,38 @@ class Projection:
     kernel: Kernel | None = None
     fast_weight: torch.Tensor | None = None
     batch_invariant: bool = False
+    min_rows: int = PACKED_MIN_ROWS  # the rows that take the kernel; the others, F.linear
+    max_rows: int | None = PACKED_MAX_ROWS  # None: no bound
 
     @classmethod
     def of(
-        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel: Kernel | None = Kernel.ONEDNN
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        kernel: Kernel | None = Kernel.ONEDNN,
+        min_rows: int = PACKED_MIN_ROWS,
+        max_rows: int | None = PACKED_MAX_ROWS,
     ) -> Projection:
-        """A projection over ``weight`` with ``kernel``'s copy of it where ``can_pack`` allows; None: plain only."""
+        """A projection over ``weight`` with ``kernel``'s copy of it where ``can_pack`` allows, for products of
+        ``min_rows..max_rows`` rows; None: plain only."""
         weight = weight.contiguous()
         if kernel is None or not can_pack(weight):
             return cls(weight, bias)
         if kernel is Kernel.MKL_TRANSPOSED:
-            return cls(weight, bias, kernel, weight.t().contiguous())
-        return cls(weight, bias, kernel, torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS))
+            fast_weight = weight.t().contiguous()
+        else:
+            fast_weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS)
+        return cls(weight, bias, kernel, fast_weight, min_rows=min_rows, max_rows=max_rows)
+
+    def takes_kernel(self, rows: int) -> bool:
+        """Whether a product of ``rows`` rows runs the kernel."""
+        return self.kernel is not None and self.min_rows <= rows and (self.max_rows is None or rows <= self.max_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.batch_invariant:
             return self._every_row_alike(x)
-        if self.kernel is not None and x.dim() == 2 and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
+        if x.dim() == 2 and self.takes_kernel(x.shape[0]):
             fast_weight = self.fast_weight
             assert fast_weight is not None, "a kernel comes with its copy of the weight (Projection.of)"
             if self.kernel is Kernel.ONEDNN:
@@ -158,6 +187,31 @@ def batch_invariant_projection(weight: torch.Tensor, bias: torch.Tensor | None =
 
 
 ChoiceKey = tuple[tuple[int, ...], bool, int]  # (weight shape, has a bias, torch's thread count)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A shape's kernel and the rows that take it: ``min_rows`` to ``max_rows`` (None: no bound)."""
+
+    kernel: Kernel
+    min_rows: int = PACKED_MIN_ROWS
+    max_rows: int | None = PACKED_MAX_ROWS
+
+    def __str__(self) -> str:
+        return f"{self.kernel} rows {self.min_rows}..{'' if self.max_rows is None else self.max_rows}"
+
+    @classmethod
+    def parse(cls, text: str) -> Choice:
+        """What ``str`` wrote; ``ValueError`` for anything else, a bare kernel name included (a file written
+        before the rows were chosen: that shape is timed again, once)."""
+        kernel, _, rows = text.partition(" rows ")
+        low, separator, high = rows.partition("..")
+        if not separator or not low.isdigit() or not (high.isdigit() or high == ""):
+            raise ValueError(f"not a kernel choice: {text!r}")
+        return cls(Kernel(kernel), int(low), int(high) if high else None)
+
+    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Projection:
+        return Projection.of(weight, bias, kernel=self.kernel, min_rows=self.min_rows, max_rows=self.max_rows)
 
 
 class KernelChoiceFile:
@@ -197,13 +251,13 @@ class KernelChoiceFile:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def get(self, key: ChoiceKey) -> Kernel | None:
+    def get(self, key: ChoiceKey) -> Choice | None:
         try:
-            return Kernel(self._read()[self._name(key)])
+            return Choice.parse(str(self._read()[self._name(key)]))
         except (KeyError, ValueError):  # not chosen yet, or a kernel this version does not know
             return None
 
-    def __setitem__(self, key: ChoiceKey, kernel: Kernel) -> None:
+    def __setitem__(self, key: ChoiceKey, choice: Choice) -> None:
         path = self.path
         temporary = None
         try:
@@ -213,7 +267,7 @@ class KernelChoiceFile:
             with open(path.parent / f".{path.name}.lock", "w") as lock:
                 if fcntl is not None:
                     fcntl.flock(lock, fcntl.LOCK_EX)
-                choices = {**self._read(), self._name(key): str(kernel)}
+                choices = {**self._read(), self._name(key): str(choice)}
                 descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kernel-choices-")
                 with os.fdopen(descriptor, "w") as f:
                     json.dump(choices, f, indent=1, sort_keys=True)
@@ -237,7 +291,9 @@ class KernelChooser:
     rows, not over one weight called again and again (which stays in cache and
     favoured MKL: bench/vllm_gemm.py). The kernels take turns, each first in
     alternate rounds; the smaller sum over the row counts of the median pass
-    times wins. Groups of a shape already chosen take that choice untimed;
+    times wins. The winner is then timed against the plain call the same way
+    at ``SMALL_ROWS`` and at ``LARGE_ROWS``, which sets the rows it takes
+    (``Choice``, module docstring). Groups of a shape already chosen take that choice untimed;
     ``chosen`` keeps what was picked, by (weight shape, has a bias, torch's
     thread count): a dict of the chooser's own, or a store shared with other
     choosers: ``Decoder.from_hf`` passes ``SHARED_CHOICES``, so a machine times
@@ -248,10 +304,14 @@ class KernelChooser:
         self,
         rows: tuple[int, ...] = TUNING_ROWS,
         rounds: int = TUNING_ROUNDS,
-        chosen: dict[ChoiceKey, Kernel] | KernelChoiceFile | None = None,
+        chosen: dict[ChoiceKey, Choice] | KernelChoiceFile | None = None,
+        small_rows: tuple[int, ...] = SMALL_ROWS,
+        large_rows: tuple[int, ...] = LARGE_ROWS,
     ) -> None:
         self.rows = rows
         self.rounds = rounds
+        self.small_rows = small_rows
+        self.large_rows = large_rows
         self.chosen = {} if chosen is None else chosen
 
     def projections(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> list[Projection]:
@@ -265,19 +325,30 @@ class KernelChooser:
         key = (*shape, torch.get_num_threads())
         known = self.chosen.get(key)
         if known is not None:
-            return [Projection.of(weight, bias, kernel=known) for weight, bias in weights]
-        candidates = {kernel: [Projection.of(w, b, kernel=kernel) for w, b in weights] for kernel in Kernel}
-        fastest = self._fastest(candidates, first.shape[1])
-        self.chosen[key] = fastest
-        return candidates[fastest]  # the other kernel's copies go
+            return [known.projection(weight, bias) for weight, bias in weights]
+        candidates = {  # while timed, each kernel takes every product
+            kernel: [Projection.of(w, b, kernel=kernel, min_rows=1, max_rows=None) for w, b in weights]
+            for kernel in Kernel
+        }
+        fastest = self._fastest(candidates, first.shape[1], self.rows)
+        kept = {fastest: candidates.pop(fastest), None: [Projection.of(w, b, kernel=None) for w, b in weights]}
+        candidates.clear()  # the other kernel's copies go
+        choice = Choice(
+            fastest,
+            min_rows=1 if self._fastest(kept, first.shape[1], self.small_rows) is fastest else PACKED_MIN_ROWS,
+            max_rows=None if self._fastest(kept, first.shape[1], self.large_rows) is fastest else PACKED_MAX_ROWS,
+        )
+        self.chosen[key] = choice
+        return [dataclasses.replace(p, min_rows=choice.min_rows, max_rows=choice.max_rows) for p in kept[fastest]]
 
-    def _fastest(self, candidates: dict[Kernel, list[Projection]], in_features: int) -> Kernel:
+    def _fastest(self, candidates: dict[Any, list[Projection]], in_features: int, row_counts: tuple[int, ...]) -> Any:
+        """The key of ``candidates`` whose pass over its projections took least, summed over ``row_counts``."""
         generator = torch.Generator().manual_seed(0)
-        inputs = [torch.randn(rows, in_features, generator=generator) for rows in self.rows]
-        seconds: dict[tuple[Kernel, int], list[float]] = {(k, rows): [] for k in candidates for rows in self.rows}
+        inputs = [torch.randn(rows, in_features, generator=generator) for rows in row_counts]
+        seconds: dict[tuple[Any, int], list[float]] = {(k, rows): [] for k in candidates for rows in row_counts}
         order = list(candidates)
 
-        def one_pass(kernel: Kernel, x: torch.Tensor) -> None:
+        def one_pass(kernel: Any, x: torch.Tensor) -> None:
             for projection in candidates[kernel]:
                 projection(x)
 
@@ -291,4 +362,4 @@ class KernelChooser:
                         started = time.perf_counter()
                         one_pass(kernel, x)
                         seconds[kernel, x.shape[0]].append(time.perf_counter() - started)
-        return min(order, key=lambda kernel: sum(statistics.median(seconds[kernel, rows]) for rows in self.rows))
+        return min(order, key=lambda kernel: sum(statistics.median(seconds[kernel, rows]) for rows in row_counts))
