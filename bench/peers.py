@@ -40,6 +40,7 @@ wall time spent outside the model's forward compute (as in bench/batching.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -54,10 +55,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batching import ProfiledRunner  # noqa: E402
 from bench_common import add_model_arguments, comma_list, load_bench_model  # noqa: E402
+from time_split import SPLIT_HEADER, ForwardHooks, StepKind, StepRecorder, StepTime, split_rows, vllm_modules  # noqa: E402
+
 from perfsuite.adapters import Backend, EngineConfig, available_engines, build_engine, check_engine_names  # noqa: E402
 from perfsuite.argtypes import positive_int  # noqa: E402
-from perfsuite.measure.timing import max_seq_len_for, timed_run, warm_up  # noqa: E402
 from perfsuite.measure.metrics import run_metrics  # noqa: E402
+from perfsuite.measure.timing import max_seq_len_for, timed_run, warm_up  # noqa: E402
 from perfsuite.report.table import format_table  # noqa: E402
 from perfsuite.workload import OutputLengths, Workload, mixed_workload  # noqa: E402
 
@@ -87,6 +90,8 @@ class CellResult:
     # Per engine and repeat, the median ms between a step and the one before it, over steps that gave batch_size
     # outputs: a full decode batch's step time, free of how the engines schedule (None: no such step).
     full_step_ms: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    # Per engine and repeat: the run's seconds and its steps by kind (bench/time_split.py).
+    splits: dict[str, list[tuple[float, list[StepTime]]]] = dataclasses.field(default_factory=dict)
 
     def step_ms(self, engine: str) -> float | None:
         """The median over repeats of ``engine``'s full-batch step time, None where no repeat had one."""
@@ -118,40 +123,54 @@ def measure_cell(
             getattr(engine, "close", lambda: None)()  # vllm: its engine-core process goes with it
 
 
+PERFSUITE_ENGINES = ("static", "inflight", "paged")  # their forward pass is the shared ProfiledRunner's
+
+
 def _measure_engines(engines, requests, runner, workload: str, batch_size: int, args, device: str) -> CellResult:
     for engine in engines.values():
         warm_up(engine, requests)
     throughput: dict[str, list[float]] = {name: [] for name in engines}
     step_ms: dict[str, list[float | None]] = {name: [] for name in engines}
+    splits: dict[str, list[tuple[float, list[StepTime]]]] = {name: [] for name in engines}
     overheads: list[float] = []
     for repeat in range(args.repeats):
         order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
         for name in order:
             runner.reset()
-            steps: list[tuple[float, int]] = []
-            result = timed_run(
-                engines[name], requests, device, on_step=lambda out: steps.append((time.perf_counter(), len(out)))
-            )
+            hooks = ForwardHooks()
+            timed = hooks.installed(vllm_modules(engines[name].llm_engine)) if name == "vllm" else None
+            with timed or contextlib.nullcontext():
+                recorder = StepRecorder(batch_size, forward_clock(name, hooks, runner))
+                result = timed_run(engines[name], requests, device, on_step=recorder)
             throughput[name].append(run_metrics(result).output_throughput)
-            step_ms[name].append(full_step_ms(steps, batch_size))
+            step_ms[name].append(full_step_ms(recorder.steps, batch_size))
+            splits[name].append((result.duration, recorder.steps))
             if name == BASELINE:
                 overheads.append(1 - runner.compute_seconds / result.duration)
             tokens_per_second = throughput[name][-1]
             full_step = _format(step_ms[name][-1], " ms", digits=1)
             print(f"  {workload} B={batch_size} repeat {repeat}: {name:9s} {tokens_per_second:8.1f} tok/s, "
-                  f"{len(steps)} steps, {full_step} a full step", flush=True)  # fmt: skip
-    return CellResult(workload, batch_size, throughput, overheads, step_ms)
+                  f"{len(recorder.steps)} steps, {full_step} a full step", flush=True)  # fmt: skip
+    return CellResult(workload, batch_size, throughput, overheads, step_ms, splits)
 
 
-def full_step_ms(steps: list[tuple[float, int]], batch_size: int) -> float | None:
-    """The median ms from one step to the next over the next steps that gave ``batch_size`` outputs.
+def forward_clock(name: str, hooks: ForwardHooks, runner) -> Callable[[], float] | None:
+    """What reads ``name``'s cumulative forward seconds: vLLM's hooks, perfsuite's runner, or nothing (hf-*)."""
+    if name == "vllm":
+        return lambda: hooks.seconds
+    if name in PERFSUITE_ENGINES:
+        return lambda: runner.compute_seconds
+    return None
 
-    ``steps`` are (time, outputs) as each step ended. A step of a full batch
-    is a decode of every running request (a prefill chunk mixed in, if any,
-    is in it for every engine alike), so this compares the engines' forward
-    passes where the workload gives them the same work.
+
+def full_step_ms(steps: list[StepTime], batch_size: int) -> float | None:
+    """The median ms of the full decode steps: from the step before each to it, over the steps that decoded every
+    one of the ``batch_size`` slots and prefilled nothing (bench/time_split.py).
+
+    This compares the engines' forward passes where the workload gives them
+    the same work: ``batch_size`` rows, one token each.
     """
-    gaps = [later - earlier for (earlier, _), (later, outputs) in zip(steps, steps[1:]) if outputs == batch_size]
+    gaps = [step.wall_s for step in steps if step.kind is StepKind.FULL_DECODE]
     return 1e3 * statistics.median(gaps) if gaps else None
 
 
@@ -188,6 +207,11 @@ def report(cell: CellResult) -> None:
     print(f"{cell.workload} B={cell.batch_size}:")
     print(format_table(["engine", "tok/s median", "min", "max", f"{BASELINE}/engine", "ms a full step"], rows))
     print(ratio_line(cell), flush=True)
+    split = [row for name, runs in cell.splits.items() for repeat, (seconds, steps) in enumerate(runs)
+             for row in split_rows(f"{name} #{repeat}", seconds, steps)]  # fmt: skip
+    if split:
+        print(f"where the time goes, {cell.workload} B={cell.batch_size} (bench/time_split.py):")
+        print(format_table(SPLIT_HEADER, split), flush=True)
 
 
 def workload_name(text: str) -> str:
@@ -234,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(f"machine: {machine_line()}; command: {' '.join(sys.argv)}", flush=True)
     runner = backend.runner
-    print(f"projections: {runner.decoder.projection_kernels}; paged decode attention: {runner.paged_attention}",
+    print(f"projections: {runner.decoder.projection_kernels}, rows {runner.decoder.projection_rows}; paged decode attention: {runner.paged_attention}",
           flush=True)  # fmt: skip
     cells = []
     for workload in args.workloads:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,8 @@ from bench_modules import load_bench
 
 peers = load_bench("peers")
 step_profile = load_bench("step_profile")
+time_split = sys.modules[peers.StepKind.__module__]  # the module peers.py imported, so its kinds are the same
+Kind = time_split.StepKind
 
 
 def cell(**throughput) -> object:
@@ -24,12 +27,68 @@ def test_the_vllm_line_gives_paged_and_inflight_over_vllm_as_medians_of_per_repe
     assert peers.vllm_line(cell(inflight=[50.0], vllm=[100.0])) == "mixed B=8: inflight/vllm=0.50"
 
 
-def test_a_full_step_is_timed_from_the_step_before_it_and_only_when_it_gave_the_whole_batch():
-    # (time, outputs): gaps into full steps of 4 are 0.5 s, 2 s and 1 s -> median 1 s; the 3-output steps do not count.
-    steps = [(0.0, 4), (0.5, 4), (10.0, 3), (12.0, 4), (13.0, 4), (20.0, 2)]
+def test_a_full_step_is_timed_from_the_step_before_it_and_only_when_it_decoded_the_whole_batch():
+    # full decode steps of 0.5 s, 2 s and 1 s -> median 1 s; the partial and mixed steps do not count
+    steps = [time_split.StepTime(kind, wall, None) for kind, wall in [
+        (Kind.PREFILL, 3.0), (Kind.FULL_DECODE, 0.5), (Kind.PARTIAL_DECODE, 9.5), (Kind.FULL_DECODE, 2.0),
+        (Kind.MIXED, 7.0), (Kind.FULL_DECODE, 1.0),
+    ]]  # fmt: skip
     assert peers.full_step_ms(steps, batch_size=4) == pytest.approx(1000.0)
-    assert peers.full_step_ms(steps, batch_size=8) is None, "no full step, no figure"
-    assert peers.full_step_ms([(0.0, 4)], batch_size=4) is None, "one step has nothing before it"
+    assert peers.full_step_ms(steps[:1], batch_size=4) is None, "no full step, no figure"
+
+
+@pytest.mark.parametrize(
+    ("first", "outputs", "kind"),
+    [(4, 4, Kind.PREFILL), (1, 4, Kind.MIXED), (0, 4, Kind.FULL_DECODE), (0, 3, Kind.PARTIAL_DECODE),
+     (3, 3, Kind.PREFILL), (0, 5, Kind.FULL_DECODE)],
+)  # fmt: skip
+def test_a_step_is_of_the_kind_its_first_tokens_and_outputs_say(first, outputs, kind):
+    assert time_split.classify(first, outputs, batch_size=4) is kind
+
+
+@pytest.mark.parametrize(("first", "outputs"), [(0, 0), (5, 4), (-1, 2)])
+def test_a_step_that_cannot_be_is_refused(first, outputs):
+    with pytest.raises(ValueError, match="cannot hold"):
+        time_split.classify(first, outputs, batch_size=4)
+
+
+def test_the_recorder_tells_first_tokens_from_decodes_and_takes_the_forward_time_step_by_step(monkeypatch):
+    clock = iter([10.0, 11.0, 13.0, 13.5, 14.0])  # construction, then each step's end
+    monkeypatch.setattr(time_split.time, "perf_counter", lambda: next(clock))
+    forward = iter([0.0, 0.6, 1.6, 2.0, 2.25])
+    recorder = time_split.StepRecorder(2, forward_seconds=lambda: next(forward))
+    out = [SimpleNamespace(request_id=i) for i in "abc"]
+    recorder([out[0], out[1]])  # both first: a prefill
+    recorder([out[0], out[1]])  # a full decode of B=2
+    recorder([])  # no output: not a step seen from outside
+    recorder([out[0], out[2]])  # a decode and c's first token
+    recorder([out[2]])  # a partial decode
+    kinds = [step.kind for step in recorder.steps]
+    assert kinds == [Kind.PREFILL, Kind.FULL_DECODE, Kind.MIXED, Kind.PARTIAL_DECODE]
+    assert [step.wall_s for step in recorder.steps] == pytest.approx([1.0, 2.0, 0.5, 0.5])
+    assert [step.forward_s for step in recorder.steps] == pytest.approx([0.6, 1.0, 0.4, 0.25])
+    totals = time_split.totals(recorder.steps)
+    assert totals[Kind.FULL_DECODE].host_s == pytest.approx(1.0) and totals[Kind.FULL_DECODE].ms_per_step == 2000
+
+
+def test_the_split_adds_up_to_the_run_and_says_what_came_after_the_last_step():
+    steps = [time_split.StepTime(Kind.PREFILL, 1.0, 0.5), time_split.StepTime(Kind.FULL_DECODE, 2.0, 1.5)]
+    rows = time_split.split_rows("paged #0", 3.25, steps)
+    assert [row[1] for row in rows] == ["prefill", "full decode", "whole run"]
+    whole = rows[-1]
+    assert whole[2:7] == [2, 3.25, "100%", 2.0, 1.25] and whole[7] == "after the last step: 250 ms"
+    assert rows[0][4] == "31%", "1 s of 3.25"
+    unmeasured = time_split.split_rows("hf-cb #0", 3.0, [time_split.StepTime(Kind.PREFILL, 3.0, None)])
+    assert unmeasured[0][5:7] == ["n/a", "n/a"] and unmeasured[-1][5:7] == ["n/a", "n/a"]
+
+
+def test_vllms_compute_is_timed_on_vllms_model_and_sampler_only():
+    vllm_model = type("LlamaForCausalLM", (), {"__module__": "vllm.model_executor.models.llama"})()
+    vllm_sampler = type("Sampler", (), {"__module__": "vllm.v1.sample.sampler"})()
+    hf_model = type("LlamaForCausalLM", (), {"__module__": "transformers.models.llama"})()
+    ours = type("Decoder", (), {"__module__": "perfsuite.engine.layers"})()
+    assert time_split.ForwardHooks.is_timed(vllm_model) and time_split.ForwardHooks.is_timed(vllm_sampler)
+    assert not time_split.ForwardHooks.is_timed(hf_model) and not time_split.ForwardHooks.is_timed(ours)
 
 
 def test_the_vllm_line_adds_the_full_step_speed_where_every_engine_has_one():
