@@ -154,11 +154,17 @@ class _MaskBug(ModelRunner):
 
 
 class _SlotBug(ModelRunner):
+    """Reads each row's keys from another row's slot: through the slot index (SDPA) and, where the decode group
+    reads in place, through its one-head blocks (``_slot_decode_tables``)."""
+
     def _attention_group(self, *args, **kwargs):
         group = super()._attention_group(*args, **kwargs)
         if isinstance(group.slots, slice) or group.num_rows < 2:
             return group
-        return dataclasses.replace(group, slots=group.slots.flip(0))
+        tables = group.block_tables
+        if tables is not None:  # [rows * kv_heads, 1]: the rows' order reversed, each keeping its heads in order
+            tables = tables.view(group.num_rows, -1).flip(0).reshape(-1, 1)
+        return dataclasses.replace(group, slots=group.slots.flip(0), block_tables=tables)
 
 
 class _BlockTableBug(ModelRunner):

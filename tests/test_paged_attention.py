@@ -154,7 +154,7 @@ def test_a_compiler_that_fails_is_reported_not_raised(tmp_path):
 def test_a_cc_with_an_unclosed_quote_is_reported_not_raised():
     result = build("gcc -DFOO'")
     assert isinstance(result, Unavailable)
-    assert result.reason.startswith("CC=\"gcc -DFOO'\" is not a command line: No closing quotation")
+    assert result.reason.startswith('CC="gcc -DFOO\'" is not a command line: No closing quotation')
     assert result.fix == BUILD_FIX
 
 
@@ -173,7 +173,9 @@ def test_a_runner_whose_compiler_fails_gathers_and_says_why_and_the_fix(tiny, mo
         load_paged_attention.cache_clear()  # the next test builds with the real compiler again
     chose_to_gather = ModelRunner(loaded.model, paged_attention=False)
     assert chose_to_gather.paged_attention_fallback is None, "nothing to fix"
-    assert own_engine("inflight", runner, batch_size=2, max_seq_len=64, eos_token_id=None).attention_fallback is None
+    inflight = own_engine("inflight", runner, batch_size=2, max_seq_len=64, eos_token_id=None)
+    assert inflight.attention == "gather", "a slot engine's decode reads its slots in place too, where it can"
+    assert inflight.attention_fallback == runner.paged_attention_fallback
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
@@ -225,9 +227,37 @@ def test_a_runner_told_not_to_gathers_and_says_so(tiny):
     assert float16.paged_attention.startswith("gather: the kernel is for float32 and float64 on the CPU")
 
 
-def test_a_paged_engine_says_which_attention_it_measured_and_a_slot_engine_none(tiny):
+def test_a_paged_engine_says_which_attention_it_measured_and_a_slot_engine_only_a_gather(tiny):
     loaded, _ = tiny
     in_place, gathering = ModelRunner(loaded.model), ModelRunner(loaded.model, paged_attention=False)
     assert own_engine("paged", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "in place"
     assert own_engine("paged", gathering, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "gather"
     assert own_engine("inflight", in_place, batch_size=2, max_seq_len=64, eos_token_id=None).attention is None
+    assert own_engine("inflight", gathering, batch_size=2, max_seq_len=64, eos_token_id=None).attention == "gather"
+
+
+@pytest.mark.parametrize("kind", ["inflight", "static"])
+def test_a_slot_engine_decodes_through_the_kernel_and_equals_unbatched_greedy(tiny, kind, monkeypatch):
+    """Its decode group reads each slot's KV head as a block of its own (``_slot_decode_tables``)."""
+    loaded, runner = tiny
+    _kernel_or_skip()
+    calls = []
+    real_call = PagedAttention.__call__
+
+    def counting_call(self, q, keys, values, tables, lengths):
+        calls.append((q.shape[0], keys.shape[1], tables.shape[1]))
+        return real_call(self, q, keys, values, tables, lengths)
+
+    monkeypatch.setattr(PagedAttention, "__call__", counting_call)
+    requests = [Request(f"r{i}", tuple(range(3 + i, 9 + 2 * i)), SamplingParams(5 + 2 * i, ignore_eos=True))
+                for i in range(4)]  # fmt: skip
+    scenario = Scenario(tuple(requests), arrival_steps=(0, 0, 1, 4), batch_size=3, prefill_batch_size=2,
+                        max_num_batched_tokens=16)  # fmt: skip
+    static, inflight, *_ = scenario.engines(runner, None, 40)
+    outputs = drive(inflight if kind == "inflight" else static, scenario)
+    reference = ReferenceDecoder(loaded.model, eos_token_id=None)
+    for request in requests:
+        assert outputs[request.request_id] == reference.generate(request).token_ids, request.request_id
+    num_kv_heads = runner.decoder.heads.num_kv_heads
+    assert calls and all(width == 1 and block == 40 for _, block, width in calls), "a slot's head: one block"
+    assert max(rows for rows, _, _ in calls) >= 2 * num_kv_heads, "decode rows batched into one call"

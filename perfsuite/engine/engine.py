@@ -107,22 +107,26 @@ class Engine:
 
     @property
     def attention(self) -> str | None:
-        """How a paged engine's decode attends: "in place" or "gather", as its runner says; None otherwise.
+        """How the engine's decode attends: "in place" or "gather", as its runner says; None where that is not
+        recorded.
 
         The two paths are the same outputs at different speeds, so a stored run
         records which one it measured (``PerfRecorder``): a runner that cannot
         build the kernel (no C compiler) is never judged against one that could.
+        A paged engine records both. A slot engine (static, in-flight) records
+        only "gather": its runs from before its decode read the slots in place
+        recorded nothing, and stay comparable with the in-place ones (the
+        change is a speed-up a baseline should see).
         """
-        if not isinstance(self.scheduler.kv_cache, BlockManager):
-            return None
         path = getattr(self.runner, "paged_attention", None)
-        return None if path is None else path.partition(":")[0]
+        if path is None:
+            return None
+        kind = path.partition(":")[0]
+        return kind if isinstance(self.scheduler.kv_cache, BlockManager) or kind == "gather" else None
 
     @property
     def attention_fallback(self) -> str | None:
-        """Why a paged engine gathers though its runner wanted the kernel, and the fix (``ModelRunner``); else None."""
-        if not isinstance(self.scheduler.kv_cache, BlockManager):
-            return None
+        """Why the engine's decode gathers though its runner wanted the kernel, and the fix (``ModelRunner``)."""
         return getattr(self.runner, "paged_attention_fallback", None)
 
     @property

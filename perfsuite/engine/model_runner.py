@@ -11,7 +11,11 @@ reaches through its block table.
 Tokens are packed: the projections and the MLP, which are almost all the
 work, see ``[num_tokens, hidden]`` with no padding whatever the mix of prompt
 and decode lengths. Only attention groups the tokens per request, because
-each query must see its own request's keys up to its own position.
+each query must see its own request's keys up to its own position. A decode
+group reads its keys in place with perfsuite's kernel where it is built
+(``perfsuite.engine.paged_attention``), from a paged pool through block
+tables or from slots, each slot's KV head a block of its own; a prefill
+group, and a decode group without the kernel, runs SDPA over its rows' keys.
 
 Every index tensor of a step (token ids, positions, where each token's K/V
 is written, block tables, ...) is written into one host buffer, pinned on
@@ -121,8 +125,8 @@ class _GroupPlan:
     query_positions: int  # [rows * max_query_len]
     query_rows: int
     query_cols: int
-    block_tables: int | None  # [rows * max_blocks], paged only
-    key_lengths: int | None  # [rows], paged decode groups only
+    block_tables: int | None  # [rows * max_blocks] paged; a slot decode group: [rows * kv_heads], its one-head blocks
+    key_lengths: int | None  # [rows] paged decode groups, [rows * kv_heads] slot ones; None for prefill
     num_table_columns: int
     tokens_in_order: bool  # the group's tokens are 0, 1, ... of the step: with no other group, no index is needed
 
@@ -196,7 +200,7 @@ class ModelRunner:
 
     @functools.cached_property
     def _paged_attention(self) -> PagedAttention | Unavailable:
-        """Built on the first paged decode step, not at load: slot engines never need it."""
+        """Built on the first decode step, not at load (a static engine's prefill never needs it)."""
         if not self._wants_paged_attention:
             return Unavailable("turned off (paged_attention=False)")
         if not PagedAttention.supports(self.decoder.embed):
@@ -207,7 +211,7 @@ class ModelRunner:
 
     @property
     def paged_attention(self) -> str:
-        """How a paged decode step attends: "in place" (perfsuite's kernel), or "gather: <why not in place>"."""
+        """How a decode step attends (paged or slot cache): "in place" (perfsuite's kernel), or "gather: <why not in place>"."""
         kernel = self._paged_attention
         return "in place" if isinstance(kernel, PagedAttention) else f"gather: {kernel.reason}"
 
@@ -338,10 +342,9 @@ class ModelRunner:
 
     def _attend_grouped(self, batch: _Batch, kv_cache: KVCache | PagedKVCache) -> Attend:
         """Each attention group's queries at once over its rows' keys, padded to the group's longest."""
-        is_paged = isinstance(kv_cache, PagedKVCache)
         heads = self.decoder.heads
         masks = [tile_mask(group.mask, heads.num_heads // heads.num_kv_heads) for group in batch.groups]  # all layers
-        kernel = self._paged_attention if is_paged else None
+        kernel = self._paged_attention
         in_place = kernel if isinstance(kernel, PagedAttention) else None  # for the decode group, if any
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -371,10 +374,17 @@ class ModelRunner:
         """``group``'s queries over its rows' keys and values: a slot cache's views; a paged pool's blocks, read
         in place by ``in_place`` for a decode group where it is given, else gathered (``keys_of_rows``)."""
         group_q = q if group.token_index is None else q[group.token_index]  # [group_tokens, heads, head_dim]
-        if in_place is not None and group.key_lengths is not None:  # only a paged pool's decode group has lengths
-            assert isinstance(kv_cache, PagedKVCache) and group.block_tables is not None
-            keys, values = kv_cache.layer_pools(layer_index)
-            return in_place(group_q, keys, values, group.block_tables, group.key_lengths)
+        if in_place is not None and group.key_lengths is not None:  # a decode group planned for the kernel
+            assert group.block_tables is not None
+            if isinstance(kv_cache, PagedKVCache):
+                keys, values = kv_cache.layer_pools(layer_index)
+                return in_place(group_q, keys, values, group.block_tables, group.key_lengths)
+            heads = self.decoder.heads
+            one_head_blocks = (-1, kv_cache.max_seq_len, 1, heads.head_dim)
+            rows = group_q.contiguous().view(-1, heads.num_heads // heads.num_kv_heads, heads.head_dim)
+            out = in_place(rows, k_cache.view(one_head_blocks), v_cache.view(one_head_blocks), group.block_tables,
+                           group.key_lengths)  # fmt: skip
+            return out.view(group_q.shape)
         keys, values = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
@@ -415,8 +425,9 @@ class ModelRunner:
         handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
         if self.batch_invariant:  # every token attends alone: no groups, no masks
             return self._per_token_batch(chunks, positions, indices, handles, block_size)
+        num_kv_heads = self.decoder.heads.num_kv_heads if isinstance(self._paged_attention, PagedAttention) else None
         plans = [
-            self._plan_group(group_chunks, indices, block_size)
+            self._plan_group(group_chunks, indices, block_size, num_kv_heads)
             for group_chunks in (decode_chunks, prefill_chunks)
             if group_chunks
         ]
@@ -461,8 +472,13 @@ class ModelRunner:
 
     @staticmethod
     def _plan_group(
-        offset_chunks: list[tuple[int, ScheduledChunk]], indices: _HostIndices, block_size: int | None
+        offset_chunks: list[tuple[int, ScheduledChunk]],
+        indices: _HostIndices,
+        block_size: int | None,
+        num_kv_heads: int | None = None,
     ) -> _GroupPlan:
+        """``num_kv_heads``: where the in-place kernel is built, a slot cache's decode group is planned for it too
+        (``_slot_decode_tables``)."""
         offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
         chunks = [chunk for _, chunk in offset_chunks]
         max_query_len = max(chunk.num_tokens for chunk in chunks)
@@ -482,6 +498,8 @@ class ModelRunner:
         block_tables, key_lengths, num_table_columns = None, None, 0
         if block_size is not None:
             block_tables, key_lengths, num_table_columns = _plan_block_tables(chunks, max_query_len, indices)
+        elif max_query_len == 1 and num_kv_heads is not None:
+            block_tables, key_lengths, num_table_columns = _slot_decode_tables(chunks, num_kv_heads, indices)
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
@@ -509,6 +527,9 @@ class ModelRunner:
         block_tables = key_lengths = None
         if block_size is None:
             slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
+            if plan.block_tables is not None and plan.key_lengths is not None:  # read in place (_slot_decode_tables)
+                block_tables = tensors[plan.block_tables].view(-1, plan.num_table_columns)
+                key_lengths = tensors[plan.key_lengths]
         else:
             assert plan.block_tables is not None, "a paged group's plan has its block tables"
             block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
@@ -550,6 +571,19 @@ def _plan_block_tables(
     if max_query_len == 1:  # a decode group: the in-place kernel reads each row's length
         key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
     return block_tables, key_lengths, num_table_columns
+
+
+def _slot_decode_tables(chunks: list[ScheduledChunk], num_kv_heads: int, indices: _HostIndices) -> tuple[int, int, int]:
+    """A slot cache's decode group, for the in-place kernel: (tables' handle, lengths' handle, table width 1).
+
+    The cache [slots, kv_heads, max_seq_len, head_dim] is read as a pool of
+    ``slots * kv_heads`` blocks of ``max_seq_len`` cells of one KV head each,
+    as ``_attend_alone`` reads it: a row per (request, KV head), its one block
+    ``slot * kv_heads + kv_head``, its keys 0..its position.
+    """
+    tables = [chunk.slot * num_kv_heads + kv_head for chunk in chunks for kv_head in range(num_kv_heads)]
+    lengths = [chunk.start_position + 1 for chunk in chunks for _ in range(num_kv_heads)]
+    return indices.add(tables), indices.add(lengths), 1
 
 
 def _group_keys(

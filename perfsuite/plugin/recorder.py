@@ -345,13 +345,13 @@ class PerfRecorder:
             name, identity = engine.name, {"batch_size": engine.batch_size}
         max_seq_len = identity.pop("max_seq_len", None)
         engine_knobs: dict[str, int | str | None] = dict(identity)
-        attention = getattr(engine, "attention", None)  # a paged engine's: in place or gathered, not the same speed
+        attention = getattr(engine, "attention", None)  # in place or gathered: not the same speed
         if attention is not None:
             engine_knobs["attention"] = attention
         fallback = getattr(engine, "attention_fallback", None)
         if fallback is not None:
             warning = (
-                f"paged decode gathered the KV blocks instead of attending in place (slower; recorded as "
+                f"decode attention gathered the keys instead of reading them in place (slower; recorded as "
                 f"attention=gather, compared only with runs that gathered too): {fallback}"
             )
             if warning not in self.session.warnings:  # one line a session, not one a test
