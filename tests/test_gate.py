@@ -156,9 +156,9 @@ def test_a_paged_run_whose_kernel_could_not_be_built_says_why_and_the_fix_on_the
     monkeypatch.setenv("FAKE_ATTENTION_FALLBACK", reason)
     result = project.runpytest_subprocess(*ARGS, "-k", "speed and (2 or 3)")
     result.assert_outcomes(skipped=2, deselected=2)  # no baselines
-    line = f"warning: paged decode gathered the KV blocks instead of attending in place (slower; * {reason}"
+    line = f"warning: decode attention gathered the keys instead of reading them in place (slower; * {reason}"
     result.stdout.fnmatch_lines([f"*{line}*"])
-    assert sum("gathered the KV blocks" in text for text in result.outlines) == 1, "one line, not one a test"
+    assert sum("gathered the keys" in text for text in result.outlines) == 1, "one line, not one a test"
 
 
 # -- power is planned ----------------------------------------------------------
@@ -169,7 +169,9 @@ def test_a_session_too_large_to_flag_a_lone_regression_is_warned_before_running(
     args = ["--perf", "--perf-profile", "smoke", "--perf-repeats", "5", "-p", "no:randomly"]
     result = project.runpytest_subprocess(*args)
     result.assert_outcomes(skipped=4)  # no baselines: each test judged nothing
-    result.stdout.fnmatch_lines(["*perfsuite warning: *16 comparisons*--perf-repeats 6*--perf-engines*-k*", "*test_speed*"])
+    result.stdout.fnmatch_lines(
+        ["*perfsuite warning: *16 comparisons*--perf-repeats 6*--perf-engines*-k*", "*test_speed*"]
+    )
     assert any("16 comparisons" in w for w in results_json(project)["warnings"])
 
     strict = project.runpytest_subprocess(*args, "--perf-strict")
@@ -323,7 +325,10 @@ def test_written_files_follow_the_umask(project):
         project.runpytest_subprocess(*ARGS, *ONE_TEST, "--perf-save-baseline").assert_outcomes(passed=1, deselected=3)
     finally:
         os.umask(old)
-    for path in [*baseline_files(project), *(project.path / "reports" / name for name in ("results.json", "report.html", "summary.md"))]:
+    for path in [
+        *baseline_files(project),
+        *(project.path / "reports" / name for name in ("results.json", "report.html", "summary.md")),
+    ]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
 
 

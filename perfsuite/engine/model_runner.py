@@ -477,8 +477,7 @@ class ModelRunner:
         block_size: int | None,
         num_kv_heads: int | None = None,
     ) -> _GroupPlan:
-        """``num_kv_heads``: where the in-place kernel is built, a slot cache's decode group is planned for it too
-        (``_slot_decode_tables``)."""
+        """``num_kv_heads``: where the in-place kernel is built, a slot decode group is planned for it (``_plan_tables``)."""
         offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
         chunks = [chunk for _, chunk in offset_chunks]
         max_query_len = max(chunk.num_tokens for chunk in chunks)
@@ -495,11 +494,7 @@ class ModelRunner:
             query_cols.extend(range(chunk.num_tokens))
             last = chunk.start_position + chunk.num_tokens - 1
             query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
-        block_tables, key_lengths, num_table_columns = None, None, 0
-        if block_size is not None:
-            block_tables, key_lengths, num_table_columns = _plan_block_tables(chunks, max_query_len, indices)
-        elif max_query_len == 1 and num_kv_heads is not None:
-            block_tables, key_lengths, num_table_columns = _slot_decode_tables(chunks, num_kv_heads, indices)
+        tables, lengths, width = _plan_tables(chunks, max_query_len, indices, block_size, num_kv_heads)
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
@@ -510,9 +505,9 @@ class ModelRunner:
             query_positions=indices.add(query_positions),
             query_rows=indices.add(query_rows),
             query_cols=indices.add(query_cols),
-            block_tables=block_tables,
-            key_lengths=key_lengths,
-            num_table_columns=num_table_columns,
+            block_tables=tables,
+            key_lengths=lengths,
+            num_table_columns=width,
             tokens_in_order=token_index == list(range(len(token_index))),
         )
 
@@ -571,6 +566,22 @@ def _plan_block_tables(
     if max_query_len == 1:  # a decode group: the in-place kernel reads each row's length
         key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
     return block_tables, key_lengths, num_table_columns
+
+
+def _plan_tables(
+    chunks: list[ScheduledChunk],
+    max_query_len: int,
+    indices: _HostIndices,
+    block_size: int | None,
+    num_kv_heads: int | None,
+) -> tuple[int | None, int | None, int]:
+    """A group's tables for reading keys through them: (tables' handle, lengths' handle, table width); a slot
+    cache's prefill group, or its decode group without the kernel (``num_kv_heads`` None), has none."""
+    if block_size is not None:
+        return _plan_block_tables(chunks, max_query_len, indices)
+    if max_query_len == 1 and num_kv_heads is not None:
+        return _slot_decode_tables(chunks, num_kv_heads, indices)
+    return None, None, 0
 
 
 def _slot_decode_tables(chunks: list[ScheduledChunk], num_kv_heads: int, indices: _HostIndices) -> tuple[int, int, int]:
