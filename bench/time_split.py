@@ -19,8 +19,9 @@ The forward pass is timed inside the engine: for perfsuite's engines, the
 runner's execute minus its preparation of the batch (``ProfiledRunner``:
 the decoder, the logits and the greedy pick); for vLLM (in this process),
 its model's ``forward`` (``*ForCausalLM``), ``compute_logits`` and its
-``Sampler``, by PyTorch's global module hooks (``ForwardHooks``). What is
-left of a step is host time: everything that is not that compute.
+``Sampler``, by forward hooks on the modules its engine hands back
+(``ForwardHooks``, ``vllm_modules``). What is left of a step is host time:
+everything that is not that compute.
 """
 
 from __future__ import annotations
@@ -130,7 +131,6 @@ class ForwardHooks:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.num_modules = 0
         self._started: dict[int, float] = {}
 
     @staticmethod
@@ -161,7 +161,6 @@ class ForwardHooks:
         modules = [module for module in modules if self.is_timed(module)]
         if not modules:
             raise RuntimeError("no vLLM model or sampler to time: pass vllm_modules(engine.llm_engine)")
-        self.num_modules = len(modules)
         handles = []
         patched = []
         for module in modules:

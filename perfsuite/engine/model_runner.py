@@ -33,7 +33,15 @@ from dataclasses import dataclass
 import torch
 
 from perfsuite.engine.kv_memory import KVLayout
-from perfsuite.engine.layers import Attend, Decoder, KVCache, PagedKVCache, grouped_query_attention, tile_mask
+from perfsuite.engine.layers import (
+    Attend,
+    Decoder,
+    HeadLayout,
+    KVCache,
+    PagedKVCache,
+    grouped_query_attention,
+    tile_mask,
+)
 from perfsuite.engine.paged_attention import PagedAttention, Unavailable, load_paged_attention
 from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.engine.static_decode import StaticDecodeStep
@@ -329,14 +337,10 @@ class ModelRunner:
 
             return attend_paged
         heads = self.decoder.heads
-        one_head_blocks = (-1, kv_cache.max_seq_len, 1, heads.head_dim)
-        rows_per_kv_head = (-1, heads.num_heads // heads.num_kv_heads, heads.head_dim)  # [T * kv_heads, group, d]
 
         def attend_slots(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = self._store(layer_index, k, v, batch, kv_cache)
-            keys, values = k_cache.view(one_head_blocks), v_cache.view(one_head_blocks)
-            rows = q.contiguous().view(rows_per_kv_head)  # HF's head order: KV head j serves query heads j*group..
-            return kernel(rows, keys, values, per_token.tables, per_token.lengths).view(q.shape)
+            return _attend_slots_in_place(kernel, heads, q, k_cache, v_cache, per_token.tables, per_token.lengths)
 
         return attend_slots
 
@@ -380,11 +384,8 @@ class ModelRunner:
                 keys, values = kv_cache.layer_pools(layer_index)
                 return in_place(group_q, keys, values, group.block_tables, group.key_lengths)
             heads = self.decoder.heads
-            one_head_blocks = (-1, kv_cache.max_seq_len, 1, heads.head_dim)
-            rows = group_q.contiguous().view(-1, heads.num_heads // heads.num_kv_heads, heads.head_dim)
-            out = in_place(rows, k_cache.view(one_head_blocks), v_cache.view(one_head_blocks), group.block_tables,
-                           group.key_lengths)  # fmt: skip
-            return out.view(group_q.shape)
+            return _attend_slots_in_place(in_place, heads, group_q, k_cache, v_cache, group.block_tables,
+                                          group.key_lengths)  # fmt: skip
         keys, values = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
@@ -595,6 +596,23 @@ def _slot_decode_tables(chunks: list[ScheduledChunk], num_kv_heads: int, indices
     tables = [chunk.slot * num_kv_heads + kv_head for chunk in chunks for kv_head in range(num_kv_heads)]
     lengths = [chunk.start_position + 1 for chunk in chunks for _ in range(num_kv_heads)]
     return indices.add(tables), indices.add(lengths), 1
+
+
+def _attend_slots_in_place(
+    kernel: PagedAttention,
+    heads: HeadLayout,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """q [T, heads, head_dim] over a layer's slot cache [slots, kv_heads, max_seq_len, head_dim], read in place as
+    ``slots * kv_heads`` blocks of one KV head each: a row per (token, KV head), holding the ``group`` query heads
+    that share it (HF's order: KV head j serves query heads j * group ...), its block in ``tables``."""
+    one_head_blocks = (-1, k_cache.shape[-2], 1, heads.head_dim)
+    rows = q.contiguous().view(-1, heads.num_heads // heads.num_kv_heads, heads.head_dim)  # [T * kv_heads, group, d]
+    return kernel(rows, k_cache.view(one_head_blocks), v_cache.view(one_head_blocks), tables, lengths).view(q.shape)
 
 
 def _group_keys(
