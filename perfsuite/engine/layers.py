@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from perfsuite.engine.projection import SHARED_CHOICES, KernelChooser, Projection, batch_invariant_projection
 
 if TYPE_CHECKING:
+    from perfsuite.engine.layer_ops import LayerOps
     from perfsuite.engine.types import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama",)
@@ -240,6 +241,9 @@ class Decoder:
     signed_sin_table: torch.Tensor  # [max_context, head_dim], its first half negated (apply_rotary)
     heads: HeadLayout
     rms_norm_eps: float
+    # The norms, residual adds, rotary embedding and activation fused in C (perfsuite.engine.layer_ops), where
+    # ModelRunner could build them for a float32 CPU decoder; None: torch's operators (decoder_layer).
+    layer_ops: LayerOps | None = None
 
     @property
     def device(self) -> torch.device:
@@ -318,12 +322,35 @@ class Decoder:
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """The last layer's hidden states [T, hidden] of token_ids [T] at positions [T]."""
-        hidden = self.embed[token_ids]  # [T, hidden]
+        hidden = self.embed[token_ids]  # [T, hidden], a copy: the fused layers add into it in place
+        if self.layer_ops is not None:
+            return self._fused_forward(hidden, positions, attend, self.layer_ops)
         cos = self.cos_table[positions].unsqueeze(1)  # [T, 1, head_dim]
         sin = self.signed_sin_table[positions].unsqueeze(1)
         for layer_index, layer in enumerate(self.layers):
             hidden = decoder_layer(layer, layer_index, hidden, cos, sin, self.heads, self.rms_norm_eps, attend)
         return hidden
+
+    def _fused_forward(
+        self, hidden: torch.Tensor, positions: torch.Tensor, attend: Attend, ops: LayerOps
+    ) -> torch.Tensor:
+        """``decoder_layer`` over every layer with its elementwise work in ``ops``: each residual add is fused with
+        the norm after it (the MLP's with the next layer's input norm), the rotary embedding done in place."""
+        heads, eps, num_tokens = self.heads, self.rms_norm_eps, hidden.shape[0]
+        positions = positions.to(torch.int64).contiguous()  # no copy when it already is
+        mlp_out = None
+        for layer_index, layer in enumerate(self.layers):
+            if mlp_out is None:
+                normed = ops.rms_norm(hidden, layer.input_norm, eps)
+            else:
+                normed = ops.add_rms_norm(hidden, mlp_out, layer.input_norm, eps)
+            q_and_k, v = heads.split_qk_and_v(layer.qkv(normed))
+            ops.rotary_(q_and_k, positions, self.cos_table, self.signed_sin_table)
+            q, k = q_and_k.split((heads.num_heads, heads.num_kv_heads), dim=1)
+            attended = attend(layer_index, q, k, v)
+            normed = ops.add_rms_norm(hidden, layer.out(attended.reshape(num_tokens, -1)), layer.post_norm, eps)
+            mlp_out = layer.down(ops.silu_and_mul(layer.gate_up(normed)))
+        return hidden if mlp_out is None else hidden.add_(mlp_out)
 
     @property
     def projection_kernels(self) -> dict[str, str]:
@@ -342,6 +369,8 @@ class Decoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The next token's logits [N, vocab] after each of hidden [N, hidden]."""
+        if self.layer_ops is not None:
+            return self.lm_head(self.layer_ops.rms_norm(hidden.contiguous(), self.final_norm, self.rms_norm_eps))
         return self.lm_head(rms_norm(hidden, self.final_norm, self.rms_norm_eps))
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:

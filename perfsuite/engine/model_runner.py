@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from perfsuite.engine.c_library import Unavailable
 from perfsuite.engine.kv_memory import KVLayout
+from perfsuite.engine.layer_ops import LayerOps, load_layer_ops
 from perfsuite.engine.layers import (
     Attend,
     Decoder,
@@ -42,7 +44,7 @@ from perfsuite.engine.layers import (
     grouped_query_attention,
     tile_mask,
 )
-from perfsuite.engine.paged_attention import PagedAttention, Unavailable, load_paged_attention
+from perfsuite.engine.paged_attention import PagedAttention, load_paged_attention
 from perfsuite.engine.paged_decode import PagedDecodeStep
 from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
@@ -153,7 +155,10 @@ class ModelRunner:
     False keeps only plain ``F.linear``. ``paged_attention`` lets a paged
     decode step attend over the pool's blocks in place, with perfsuite's C
     kernel, where it can be built (``perfsuite.engine.paged_attention``);
-    False, or no C compiler, gathers each row's blocks first.
+    False, or no C compiler, gathers each row's blocks first. ``layer_ops``
+    lets a float32 CPU decoder run each layer's norms, residual adds, rotary
+    embedding and activation fused in C (``perfsuite.engine.layer_ops``);
+    False, or no C compiler, keeps torch's operators.
 
     ``batch_invariant``: a request's tokens (and their log-probabilities) are
     the same bits whatever else is in the batch, however many rows, wherever
@@ -176,6 +181,7 @@ class ModelRunner:
         decode_mode: DecodeMode | str = DecodeMode.PACKED,
         pack_weights: bool = True,
         paged_attention: bool = True,
+        layer_ops: bool = True,
         batch_invariant: bool = False,
         logprobs: bool = False,
     ) -> None:
@@ -188,7 +194,11 @@ class ModelRunner:
             problem = check_batch_invariance(device, dtype, paged_attention)
             if problem is not None:
                 raise ValueError(f"batch-invariant mode is not available here: {problem}")
-        self.decoder = Decoder.from_hf(model, device, dtype, pack_weights=pack_weights, batch_invariant=batch_invariant)
+        decoder = Decoder.from_hf(model, device, dtype, pack_weights=pack_weights, batch_invariant=batch_invariant)
+        self._layer_ops = _layer_ops(decoder, wanted=layer_ops)
+        if isinstance(self._layer_ops, LayerOps):
+            decoder = dataclasses.replace(decoder, layer_ops=self._layer_ops)
+        self.decoder = decoder
         # What the engine counts each step's FLOPs and bytes by (perfsuite.engine.work).
         self.model_shape = ModelShape.from_config(model.config, self.decoder.dtype.itemsize)
         self.num_forward_passes = 0
@@ -231,6 +241,13 @@ class ModelRunner:
         if isinstance(kernel, PagedAttention) or kernel.fix is None:
             return None
         return f"{kernel.reason}; {kernel.fix}"
+
+    @property
+    def layer_ops(self) -> str:
+        """How a layer's norms, rotary embedding and activation run: "fused" (perfsuite's C operators), or
+        "torch: <why not fused>"."""
+        ops = self._layer_ops
+        return "fused" if isinstance(ops, LayerOps) else f"torch: {ops.reason}"
 
     @property
     def kv_layout(self) -> KVLayout:
@@ -673,6 +690,17 @@ def check_batch_invariance(device: torch.device, dtype: torch.dtype, paged_atten
         reason = f"{kernel.reason}; {kernel.fix}" if kernel.fix else kernel.reason
         return f"it attends through perfsuite's in-place C kernel, which could not be built: {reason}"
     return None
+
+
+def _layer_ops(decoder: Decoder, *, wanted: bool) -> LayerOps | Unavailable:
+    """The fused layer operators for ``decoder``, or why it keeps torch's."""
+    if not wanted:
+        return Unavailable("turned off (layer_ops=False)")
+    if not LayerOps.supports(decoder.embed):
+        return Unavailable(
+            f"the fused operators are for float32 on the CPU, not {decoder.dtype} on {decoder.device.type}"
+        )
+    return load_layer_ops()
 
 
 def _check_packed(decode_mode: DecodeMode, knob: str) -> None:

@@ -8,12 +8,9 @@ kernel that takes a block table, so perfsuite brings one
 (``csrc/paged_attention.c``, what vLLM's CPU backend does in C++): each
 row's keys and values are read where they lie.
 
-The source is compiled once per process with the system's C compiler (``$CC``,
-else ``cc``), about a third of a second, into a temporary directory, and
-loaded with ctypes; nothing is cached on disk, so a kernel built with
-``-march=native`` never runs on another machine. Where no compiler works,
-``load_paged_attention`` says why and the runner keeps the gather
-(``ModelRunner.paged_attention`` reports which).
+The source is compiled once per process (``perfsuite.engine.c_library``);
+where no compiler works, ``load_paged_attention`` says why and the runner
+keeps the gather (``ModelRunner.paged_attention`` reports which).
 
 Both paths compute the same attention up to the order of summation; the
 equivalence properties hold the engines on either to unbatched greedy.
@@ -23,44 +20,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import shlex
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
-# Tried in order: with glibc's vector exp (libmvec), then without it, then for a compiler without -march=native.
-FAST = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
-FLAG_SETS = (  # (compile flags, libraries)
-    ((*FAST, "-DPERFSUITE_LIBMVEC"), ("-lmvec", "-lm")),
-    (FAST, ("-lm",)),
-    (("-O3", "-fopenmp"), ("-lm",)),
-)
+from perfsuite.engine.c_library import BUILD_FIX, CSRC, Unavailable, build_library, system_compiler
+
+__all__ = ["BUILD_FIX", "PagedAttention", "Unavailable", "build", "load_paged_attention"]
+
+SOURCE = CSRC / "paged_attention.c"
 _STATUS = {
     1: "a row's key count is below 1 or past its block table",
     2: "a block id is outside the pool",
     3: "out of memory for a row's scores",
 }
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
-BUILD_FIX = "install a C compiler (gcc or clang) or set CC to one that works"
-
-
-@dataclass(frozen=True, slots=True)
-class Unavailable:
-    """Why the in-place kernel is not used: the runner gathers blocks instead.
-
-    ``fix`` is what would give it the kernel, where the kernel was wanted and
-    could not be built (no working C compiler); None where gathering was chosen
-    or the kernel does not apply.
-    """
-
-    reason: str
-    fix: str | None = None
 
 
 class PagedAttention:
@@ -178,39 +151,11 @@ def _check_inputs(
 @functools.cache
 def load_paged_attention() -> PagedAttention | Unavailable:
     """The kernel, compiled for this process on first use; or why it could not be."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return Unavailable("no C compiler: CC is unset and neither cc nor gcc is on PATH", BUILD_FIX)
-    return build(compiler)
+    compiler = system_compiler()
+    return compiler if isinstance(compiler, Unavailable) else build(compiler)
 
 
 def build(compiler: str) -> PagedAttention | Unavailable:
-    """Compile ``SOURCE`` with ``compiler`` (a command line: ``CC="ccache gcc"`` works), trying each of
-    ``FLAG_SETS``, and load it."""
-    try:
-        command_line = shlex.split(compiler)
-    except ValueError as error:  # CC="gcc -DFOO'": an unclosed quote
-        return Unavailable(f"CC={compiler!r} is not a command line: {error}", BUILD_FIX)
-    if not command_line:
-        return Unavailable("CC is blank", BUILD_FIX)
-    errors = []
-    with tempfile.TemporaryDirectory(prefix="perfsuite-paged-attention-") as directory:
-        library = Path(directory) / "paged_attention.so"
-        for compile_flags, libraries in FLAG_SETS:
-            flags = " ".join(compile_flags)
-            command = [*command_line, *compile_flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library), *libraries]
-            try:
-                result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-            except OSError as error:
-                return Unavailable(f"{compiler} could not run: {error}", BUILD_FIX)
-            except subprocess.TimeoutExpired:
-                errors.append(f"{flags}: timed out")
-                continue
-            if result.returncode == 0:
-                try:
-                    return PagedAttention(ctypes.CDLL(str(library)))  # the mapping outlives the file
-                except OSError as error:
-                    errors.append(f"{flags}: {error}")
-                    continue
-            errors.append(f"{flags}: {(result.stderr.strip().splitlines() or [f'exit {result.returncode}'])[-1]}")
-    return Unavailable(f"{compiler} could not build {SOURCE.name}: " + "; ".join(errors), BUILD_FIX)
+    """``SOURCE`` compiled with ``compiler`` (``c_library.build_library``) and loaded."""
+    library = build_library(compiler, SOURCE)
+    return library if isinstance(library, Unavailable) else PagedAttention(library)
