@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"machine: {machine_line()}; command: {' '.join(sys.argv)}", flush=True)
     runner = backend.runner
     print(f"projections: {runner.decoder.projection_kernels}, rows {runner.decoder.projection_rows}; "
-          f"decode attention: {runner.paged_attention}", flush=True)  # fmt: skip
+          f"decode attention: {runner.paged_attention}; layer ops: {runner.layer_ops}", flush=True)  # fmt: skip
     cells = []
     for workload in args.workloads:
         for batch_size in args.batch_sizes:

@@ -50,9 +50,9 @@ def system_compiler() -> str | Unavailable:
     return compiler
 
 
-def build_library(compiler: str, source: Path) -> ctypes.CDLL | Unavailable:
+def build_library(compiler: str, source: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL | Unavailable:
     """``source`` compiled with ``compiler`` (a command line: ``CC="ccache gcc"`` works), trying each of
-    ``FLAG_SETS``, and loaded."""
+    ``FLAG_SETS``, and loaded; ``defines``: macros set for it (``-D``), as a benchmark builds a variant."""
     try:
         command_line = shlex.split(compiler)
     except ValueError as error:  # CC="gcc -DFOO'": an unclosed quote
@@ -64,7 +64,8 @@ def build_library(compiler: str, source: Path) -> ctypes.CDLL | Unavailable:
         library = Path(directory) / f"{source.stem}.so"
         for compile_flags, libraries in FLAG_SETS:
             flags = " ".join(compile_flags)
-            command = [*command_line, *compile_flags, "-shared", "-fPIC", str(source), "-o", str(library), *libraries]
+            command = [*command_line, *compile_flags, *(f"-D{name}" for name in defines), "-shared", "-fPIC",
+                       str(source), "-o", str(library), *libraries]  # fmt: skip
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
             except OSError as error:
