@@ -261,3 +261,77 @@ def test_a_slot_engine_decodes_through_the_kernel_and_equals_unbatched_greedy(ti
     num_kv_heads = runner.decoder.heads.num_kv_heads
     assert calls and all(width == 1 and block == 40 for _, block, width in calls), "a slot's head: one block"
     assert max(rows for rows, _, _ in calls) >= 2 * num_kv_heads, "decode rows batched into one call"
+
+
+@settings(max_examples=30)
+@given(
+    tokens=st.integers(0, 6),
+    num_kv_heads=st.integers(1, 3),
+    head_dim=st.sampled_from([1, 8, 64]),
+    paged=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_store_writes_what_torchs_indexed_store_writes(tokens, num_kv_heads, head_dim, paged, dtype, seed):
+    """A pool's cells or a slot cache's (slot, position), each token's heads from strided rows of a fused projection."""
+    kernel = _kernel_or_skip()
+    generator = torch.Generator().manual_seed(seed)
+    width = 2 * num_kv_heads * head_dim + 3  # k and v split from wider rows, as from the fused QKV
+    fused = torch.randn(tokens, width, generator=generator, dtype=dtype)
+    k = fused[:, : num_kv_heads * head_dim].view(tokens, num_kv_heads, head_dim)
+    v = fused[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(tokens, num_kv_heads, head_dim)
+    if paged:
+        shape, cells = (12, num_kv_heads, head_dim), torch.randperm(12, generator=generator)[:tokens]
+        offsets, head_stride = cells * num_kv_heads * head_dim, head_dim
+    else:
+        slots, max_seq_len = 3, 5
+        shape = (slots, num_kv_heads, max_seq_len, head_dim)
+        cells = torch.randperm(slots * max_seq_len, generator=generator)[:tokens]
+        slot, position = cells // max_seq_len, cells % max_seq_len
+        offsets = (slot * num_kv_heads * max_seq_len + position) * head_dim
+        head_stride = max_seq_len * head_dim
+    k_cache, v_cache = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    if paged:
+        expected_k[cells], expected_v[cells] = k, v
+    else:
+        expected_k[slot, :, position], expected_v[slot, :, position] = k, v
+    kernel.store(k_cache, v_cache, k, v, offsets.contiguous(), head_stride)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+def test_store_refuses_an_offset_outside_the_cache_and_writes_nothing():
+    kernel = _kernel_or_skip()
+    k_cache, v_cache = torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)
+    k = v = torch.ones(2, 2, 8)
+    for bad in (3 * 16 + 1, -16):  # the last cell's second head would end past the cache; before it
+        with pytest.raises(ValueError, match=f"refused offsets \\[0, {bad}\\] \\(head stride 8\\).*nothing was written"):
+            kernel.store(k_cache, v_cache, k, v, torch.tensor([0, bad]), 8)
+        assert not k_cache.any() and not v_cache.any()
+    kernel.store(k_cache, v_cache, k, v, torch.tensor([0, 3 * 16]), 8)  # the last cell exactly: allowed
+    assert k_cache[3].eq(1).all() and k_cache[0].eq(1).all() and not k_cache[1:3].any()
+    with pytest.raises(ValueError, match="storing keys and values needs"):
+        kernel.store(k_cache, v_cache.double(), k, v, torch.tensor([0, 16]), 8)
+    with pytest.raises(ValueError, match="storing keys and values needs"):
+        kernel.store(k_cache, v_cache, k, v, torch.tensor([0, 16], dtype=torch.int32), 8)
+
+
+def test_a_runner_with_the_kernel_stores_every_layers_keys_through_it(tiny, monkeypatch):
+    loaded, runner = tiny
+    _kernel_or_skip()
+    stored = []
+    real_store = PagedAttention.store
+
+    def counting_store(self, k_cache, v_cache, k, v, offsets, head_stride):
+        stored.append(k.shape[0])
+        return real_store(self, k_cache, v_cache, k, v, offsets, head_stride)
+
+    monkeypatch.setattr(PagedAttention, "store", counting_store)
+    request = Request("r", tuple(range(3, 12)), SamplingParams(4, ignore_eos=True))
+    scenario = Scenario((request,), arrival_steps=(0,), batch_size=1, prefill_batch_size=1, max_num_batched_tokens=16)
+    reference = ReferenceDecoder(loaded.model, eos_token_id=None).generate(request).token_ids
+    for kind in ("paged", "inflight"):
+        stored.clear()
+        engine = own_engine(kind, runner, batch_size=1, max_seq_len=32, eos_token_id=None)
+        assert drive(engine, scenario)["r"] == reference, kind
+        assert stored == [9] * len(runner.decoder.layers) + [1] * 3 * len(runner.decoder.layers), kind

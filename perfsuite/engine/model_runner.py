@@ -79,6 +79,10 @@ class _Batch:
     sample_index: torch.Tensor  # [num_sampling_chunks] packed index of each sampled token
     groups: tuple[_AttentionGroup, ...]
     per_token: _PerTokenKeys | None = None  # batch-invariant mode: every token attends alone
+    # Where the in-place kernel stores the step's keys and values (PagedAttention.store), each token's first KV
+    # head's element offset into a layer's cache, and one head's stride; None: torch's indexed stores.
+    store_offsets: torch.Tensor | None = None
+    store_head_stride: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +222,7 @@ class ModelRunner:
 
     @functools.cached_property
     def _paged_attention(self) -> PagedAttention | Unavailable:
-        """Built on the first decode step, not at load (a static engine's prefill never needs it)."""
+        """Built on the first step, not at load (it also stores every step's keys and values, ``_store``)."""
         if not self._wants_paged_attention:
             return Unavailable("turned off (paged_attention=False)")
         if not PagedAttention.supports(self.decoder.embed):
@@ -317,17 +321,26 @@ class ModelRunner:
         self.last_logprobs = tuple(logprobs.tolist())
         return tokens.tolist()
 
-    @staticmethod
     def _store(
-        layer_index: int, k: torch.Tensor, v: torch.Tensor, batch: _Batch, kv_cache: KVCache | PagedKVCache
+        self, layer_index: int, k: torch.Tensor, v: torch.Tensor, batch: _Batch, kv_cache: KVCache | PagedKVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the step's keys and values into the cache; the layer's cache tensors (a paged pool's cells)."""
+        """Write the step's keys and values into the cache; the layer's cache tensors (a paged pool's cells).
+
+        Where the in-place kernel runs and takes the cache's dtype, its ``store`` copies them (two C copies a layer,
+        where torch's indexed stores were two dispatches of about 10 us), at ``batch.store_offsets``.
+        """
         if isinstance(kv_cache, PagedKVCache):
             k_cache, v_cache = kv_cache.token_rows(layer_index)  # [cells, kv_heads, head_dim]
+        else:
+            k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
+        if batch.store_offsets is not None:
+            kernel = self._paged_attention
+            assert isinstance(kernel, PagedAttention), "store offsets are planned only for the kernel"
+            kernel.store(k_cache, v_cache, k, v, batch.store_offsets, batch.store_head_stride)
+        elif isinstance(kv_cache, PagedKVCache):
             k_cache[batch.token_slots] = k
             v_cache[batch.token_slots] = v
         else:
-            k_cache, v_cache = kv_cache.keys[layer_index], kv_cache.values[layer_index]
             k_cache[batch.token_slots, :, batch.positions] = k
             v_cache[batch.token_slots, :, batch.positions] = v
         return k_cache, v_cache
@@ -441,8 +454,9 @@ class ModelRunner:
             (decode_chunks if chunk.num_tokens == 1 else prefill_chunks).append((offset, chunk))
         indices = _HostIndices()
         handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
+        store = self._plan_store(kv_cache, token_slots, positions, indices)
         if self.batch_invariant:  # every token attends alone: no groups, no masks
-            return self._per_token_batch(chunks, positions, indices, handles, block_size)
+            return self._per_token_batch(chunks, positions, indices, handles, block_size, store)
         num_kv_heads = self.decoder.heads.num_kv_heads if isinstance(self._paged_attention, PagedAttention) else None
         plans = [
             self._plan_group(group_chunks, indices, block_size, num_kv_heads)
@@ -451,7 +465,23 @@ class ModelRunner:
         ]
         tensors = indices.upload(self.device)
         groups = tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans)
-        return _batch(tensors, handles, groups)
+        return _batch(tensors, handles, groups, store=store)
+
+    def _plan_store(
+        self, kv_cache: KVCache | PagedKVCache, token_slots: list[int], positions: list[int], indices: _HostIndices
+    ) -> tuple[int, int] | None:
+        """Where the kernel stores the step's keys and values (``PagedAttention.store``): the handle of each token's
+        offset into a layer's cache, and a KV head's stride; None where torch's indexed stores do it."""
+        if not (isinstance(self._paged_attention, PagedAttention) and PagedAttention.supports(kv_cache.keys)):
+            return None
+        heads = self.decoder.heads
+        if isinstance(kv_cache, PagedKVCache):  # [cells, kv_heads, head_dim]
+            cell = heads.num_kv_heads * heads.head_dim
+            return indices.add([slot * cell for slot in token_slots]), heads.head_dim
+        row = kv_cache.max_seq_len * heads.head_dim  # [slots, kv_heads, max_seq_len, head_dim]
+        slot_size = heads.num_kv_heads * row
+        offsets = [slot * slot_size + position * heads.head_dim for slot, position in zip(token_slots, positions)]
+        return indices.add(offsets), row
 
     def _per_token_batch(
         self,
@@ -460,12 +490,13 @@ class ModelRunner:
         indices: _HostIndices,
         handles: list[int],
         block_size: int | None,
+        store: tuple[int, int] | None,
     ) -> _Batch:
         """The batch of ``_attend_alone``: each token's own keys instead of attention groups."""
         width, tables_handle, lengths_handle = self._plan_per_token(chunks, positions, indices, block_size)
         tensors = indices.upload(self.device)
         per_token = _PerTokenKeys(tensors[tables_handle].view(-1, width), tensors[lengths_handle])
-        return _batch(tensors, handles, (), per_token)
+        return _batch(tensors, handles, (), per_token, store)
 
     def _plan_per_token(
         self, chunks: tuple[ScheduledChunk, ...], positions: list[int], indices: _HostIndices, block_size: int | None
@@ -566,10 +597,15 @@ def _batch(
     handles: list[int],
     groups: tuple[_AttentionGroup, ...],
     per_token: _PerTokenKeys | None = None,
+    store: tuple[int, int] | None = None,
 ) -> _Batch:
-    """The step's batch from its uploaded tensors; ``handles`` name its input ids, positions, slots and samples."""
+    """The step's batch from its uploaded tensors; ``handles`` name its input ids, positions, slots and samples,
+    ``store`` its store offsets' handle and head stride (``_plan_store``)."""
     input_ids, positions, token_slots, sample_index = (tensors[handle] for handle in handles)
-    return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token)
+    if store is None:
+        return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token)
+    offsets, head_stride = store
+    return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token, tensors[offsets], head_stride)
 
 
 def _plan_block_tables(

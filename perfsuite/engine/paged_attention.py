@@ -65,6 +65,24 @@ class PagedAttention:
                 ctypes.c_int,
             ]
             self._functions[dtype] = function
+        self._store = library.store_keys_and_values
+        self._store.restype = ctypes.c_int
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        self._store.argtypes = [
+            pointer,
+            pointer,
+            size,
+            pointer,
+            pointer,
+            size,
+            size,
+            pointer,
+            size,
+            size,
+            size,
+            size,
+            size,
+        ]
 
     @staticmethod
     def supports(pool: torch.Tensor) -> bool:
@@ -109,6 +127,53 @@ class PagedAttention:
         if status:
             raise ValueError(_refusal(status, block_tables, lengths, num_blocks))
         return out
+
+    def store(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        offsets: torch.Tensor,
+        head_stride: int,
+    ) -> None:
+        """Token t's keys k[t] [kv_heads, head_dim] (and values) into the caches: head h at element
+        ``offsets[t] + h * head_stride`` of each (``csrc/paged_attention.c``'s ``store_keys_and_values`` says
+        what the offsets are for a pool and for a slot cache).
+
+        The caches are one layer's, contiguous, of k's dtype; k and v [T, kv_heads, head_dim] may have strided rows
+        (splits of the fused query-key-value projection), and within a row their heads are contiguous; ``offsets``
+        [T] contiguous int64. A head that would land outside a cache is refused with
+        ``ValueError``, and nothing is written.
+        """
+        tokens, kv_heads, head_dim = k.shape
+        if (
+            not (k_cache.is_contiguous() and v_cache.is_contiguous())
+            or v_cache.shape != k_cache.shape
+            or not (k_cache.dtype == v_cache.dtype == k.dtype == v.dtype)
+            or not (k_cache.is_cpu and v_cache.is_cpu and k.is_cpu and v.is_cpu)
+            or v.shape != k.shape
+            or k.stride()[1:] != (head_dim, 1)
+            or v.stride()[1:] != (head_dim, 1)
+            or offsets.dtype != torch.int64
+            or offsets.shape != (tokens,)
+            or not offsets.is_contiguous()
+        ):
+            raise ValueError(
+                "storing keys and values needs contiguous CPU caches of one shape and k's dtype, k and v "
+                "[tokens, kv_heads, head_dim] with contiguous heads, and contiguous int64 offsets "
+                f"[tokens]; got caches {tuple(k_cache.shape)} {k_cache.dtype}, k {tuple(k.shape)} {k.dtype} strides "
+                f"{k.stride()}, v strides {v.stride()}, offsets {tuple(offsets.shape)} {offsets.dtype}"
+            )
+        status = self._store(
+            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.numel(), k.data_ptr(), v.data_ptr(), k.stride(0),
+            v.stride(0), offsets.data_ptr(), tokens, kv_heads, head_dim, head_stride, k.element_size(),
+        )  # fmt: skip
+        if status:
+            raise ValueError(
+                f"storing keys and values refused offsets {offsets.tolist()} (head stride {head_stride}): a head "
+                f"would land outside the cache of {k_cache.numel()} elements; nothing was written"
+            )
 
 
 def _refusal(status: int, block_tables: torch.Tensor, lengths: torch.Tensor, num_blocks: int) -> str:

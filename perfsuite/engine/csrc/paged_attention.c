@@ -29,7 +29,7 @@ float expf(float);
 double exp(double);
 #endif
 
-enum { OK = 0, BAD_LENGTH = 1, BAD_BLOCK = 2, NO_MEMORY = 3 };
+enum { OK = 0, BAD_LENGTH = 1, BAD_BLOCK = 2, NO_MEMORY = 3, BAD_OFFSET = 4 };
 
 #define DEFINE_PAGED_DECODE_ATTENTION(T, SUFFIX, EXP, HD)                                                          \
     static int attention_##SUFFIX##_##HD(                                                                       \
@@ -138,3 +138,26 @@ DEFINE_PAGED_DECODE_ATTENTION(double, float64, exp, 64)
 DEFINE_PAGED_DECODE_ATTENTION(double, float64, exp, 128)
 DEFINE_DISPATCH(float, float32, kernel_f32)
 DEFINE_DISPATCH(double, float64, kernel_f64)
+
+/* A step's new keys and values into one layer's cache, before the layer attends: two copies where torch's indexed
+ * stores were two dispatches of about 10 us each, every layer. Token t's KV head h (head_dim elements of
+ * element_size bytes, at k + t * k_row_stride + h * head_dim elements, v likewise) goes offsets[t] + h * head_stride
+ * elements into k_cache (v_cache), each of cache_size elements. A paged pool [cells, kv_heads, head_dim]: offset
+ * cell * kv_heads * head_dim, head_stride head_dim; a slot cache [slots, kv_heads, max_seq_len, head_dim]:
+ * (slot * kv_heads * max_seq_len + position) * head_dim, head_stride max_seq_len * head_dim. Every offset is checked
+ * first: BAD_OFFSET, with nothing written, where a head would land outside the cache. */
+int store_keys_and_values(char *k_cache, char *v_cache, int64_t cache_size, const char *k, const char *v,
+                          int64_t k_row_stride, int64_t v_row_stride, const int64_t *offsets, int64_t tokens,
+                          int64_t kv_heads, int64_t head_dim, int64_t head_stride, int64_t element_size) {
+    const int64_t last_head = (kv_heads - 1) * head_stride + head_dim;
+    for (int64_t t = 0; t < tokens; t++)
+        if (offsets[t] < 0 || offsets[t] > cache_size - last_head) return BAD_OFFSET;
+    const size_t head_bytes = (size_t)(head_dim * element_size);
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t to = (offsets[t] + h * head_stride) * element_size;
+            memcpy(k_cache + to, k + (t * k_row_stride + h * head_dim) * element_size, head_bytes);
+            memcpy(v_cache + to, v + (t * v_row_stride + h * head_dim) * element_size, head_bytes);
+        }
+    return OK;
+}
