@@ -258,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(f"machine: {machine_line()}; command: {' '.join(sys.argv)}", flush=True)
     runner = backend.runner
-    print(f"projections: {runner.decoder.projection_kernels}, rows {runner.decoder.projection_rows}; "
+    print(f"projections: {runner.decoder.projection_kernels}, rows {runner.decoder.projection_rows}, small_gemm "
+          f"rows 1..{runner.decoder.projection_panel_rows}; "
           f"decode attention: {runner.paged_attention}; layer ops: {runner.layer_ops}", flush=True)  # fmt: skip
     cells = []
     for workload in args.workloads:

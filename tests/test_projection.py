@@ -102,7 +102,7 @@ def test_the_chooser_keeps_the_faster_kernel_once_per_shape(slower: Kernel, monk
 
     def spy(candidates, *args):
         winner = fastest(candidates, *args)
-        if None not in candidates:  # between the kernels, not the kernel against the plain call
+        if all(isinstance(key, Kernel) for key in candidates):  # between the kernels, not against plain or panels
             timed.append(winner)
         return winner
 
@@ -153,9 +153,9 @@ def test_choosers_sharing_a_dict_time_each_shape_once_per_thread_count(monkeypat
     timed: list[int] = []
 
     def fastest(self, candidates, in_features, rows):
-        if None not in candidates:  # between the kernels, not against the plain call
+        if all(isinstance(key, Kernel) for key in candidates):  # between the kernels, not against plain or panels
             timed.append(in_features)
-        return Kernel.MKL_TRANSPOSED
+        return next(iter(candidates)) if True in candidates else Kernel.MKL_TRANSPOSED  # panels win where timed
 
     monkeypatch.setattr(KernelChooser, "_fastest", fastest)
     shared: dict = {}
@@ -184,7 +184,7 @@ def test_a_machine_times_a_models_shapes_once_and_keeps_the_choice_on_disk(monke
     real = KernelChooser._fastest
 
     def fastest(self, candidates, *args):
-        if None not in candidates:  # between the kernels, not against the plain call
+        if all(isinstance(key, Kernel) for key in candidates):  # between the kernels, not against plain or panels
             timed.append(1)
         return real(self, candidates, *args)
 
@@ -295,8 +295,9 @@ def test_the_rows_that_take_the_kernel_are_where_it_beat_the_plain_call(plain_is
 
 @pytest.mark.parametrize(
     ("choice", "text"),
-    [(Choice(Kernel.ONEDNN, 1, None), "onednn rows 1.."), (Choice(Kernel.MKL_TRANSPOSED), "mkl-transposed rows 4..128"),
-     (Choice(Kernel.ONEDNN, 4, None), "onednn rows 4..")],
+    [(Choice(Kernel.ONEDNN, 1, None), "onednn rows 1.. panel ..0"),
+     (Choice(Kernel.MKL_TRANSPOSED), "mkl-transposed rows 4..128 panel ..0"),
+     (Choice(Kernel.ONEDNN, 4, None, 8), "onednn rows 4.. panel ..8")],
 )  # fmt: skip
 def test_a_choice_is_written_and_read_back_as_the_same_choice(choice, text) -> None:
     assert str(choice) == text and Choice.parse(text) == choice
@@ -307,6 +308,7 @@ def test_a_choice_written_before_rows_were_chosen_is_timed_again_and_nonsense_is
     old = tmp_path / "old.json"
     old.write_text(json.dumps({KernelChoiceFile(old)._name(key): "onednn"}))
     assert KernelChoiceFile(old).get(key) is None, "a bare kernel: its rows were never timed on this machine"
-    for text in ("onednn", "onednn rows", "onednn rows 1", "onednn rows x..4", "onednn rows 1..y", "cublas rows 1.."):
+    for text in ("onednn", "onednn rows", "onednn rows 1", "onednn rows x..4", "onednn rows 1..y", "cublas rows 1.. panel ..0",
+                 "onednn rows 1..", "onednn rows 1.. panel ..", "onednn rows 1.. panel ..x"):
         with pytest.raises(ValueError):
             Choice.parse(text)

@@ -367,6 +367,12 @@ class Decoder:
             for name, p in projections.items()
         }
 
+    @property
+    def projection_panel_rows(self) -> dict[str, int]:
+        """The rows each projection runs on ``small_gemm`` (1 to this; 0: none), as chosen at load."""
+        projections = {name: getattr(self.layers[0], name) for name in PROJECTIONS} | {"lm_head": self.lm_head}
+        return {name: p.panel_max_rows for name, p in projections.items()}
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The next token's logits [N, vocab] after each of hidden [N, hidden]."""
         if self.layer_ops is not None:

@@ -46,24 +46,8 @@ class PagedAttention:
             function.restype = ctypes.c_int
             scalar = ctypes.c_float if dtype == torch.float32 else ctypes.c_double
             pointer, size = ctypes.c_void_p, ctypes.c_int64
-            function.argtypes = [
-                pointer,
-                size,
-                pointer,
-                pointer,
-                pointer,
-                pointer,
-                pointer,
-                size,
-                size,
-                size,
-                size,
-                size,
-                size,
-                size,
-                scalar,
-                ctypes.c_int,
-            ]
+            # q, its row stride, the pools, tables, lengths, out; rows .. num_blocks; the scale; threads
+            function.argtypes = [pointer, size, *[pointer] * 5, *[size] * 7, scalar, ctypes.c_int]
             self._functions[dtype] = function
         self._store = library.store_keys_and_values
         self._store.restype = ctypes.c_int
@@ -146,25 +130,8 @@ class PagedAttention:
         [T] contiguous int64. A head that would land outside a cache is refused with
         ``ValueError``, and nothing is written.
         """
+        _check_store_inputs(k_cache, v_cache, k, v, offsets)
         tokens, kv_heads, head_dim = k.shape
-        if (
-            not (k_cache.is_contiguous() and v_cache.is_contiguous())
-            or v_cache.shape != k_cache.shape
-            or not (k_cache.dtype == v_cache.dtype == k.dtype == v.dtype)
-            or not (k_cache.is_cpu and v_cache.is_cpu and k.is_cpu and v.is_cpu)
-            or v.shape != k.shape
-            or k.stride()[1:] != (head_dim, 1)
-            or v.stride()[1:] != (head_dim, 1)
-            or offsets.dtype != torch.int64
-            or offsets.shape != (tokens,)
-            or not offsets.is_contiguous()
-        ):
-            raise ValueError(
-                "storing keys and values needs contiguous CPU caches of one shape and k's dtype, k and v "
-                "[tokens, kv_heads, head_dim] with contiguous heads, and contiguous int64 offsets "
-                f"[tokens]; got caches {tuple(k_cache.shape)} {k_cache.dtype}, k {tuple(k.shape)} {k.dtype} strides "
-                f"{k.stride()}, v strides {v.stride()}, offsets {tuple(offsets.shape)} {offsets.dtype}"
-            )
         status = self._store(
             k_cache.data_ptr(), v_cache.data_ptr(), k_cache.numel(), k.data_ptr(), v.data_ptr(), k.stride(0),
             v.stride(0), offsets.data_ptr(), tokens, kv_heads, head_dim, head_stride, k.element_size(),
@@ -183,6 +150,31 @@ def _refusal(status: int, block_tables: torch.Tensor, lengths: torch.Tensor, num
         f"(lengths {lengths.tolist()}, tables of width {block_tables.shape[1]} over {num_blocks} blocks); "
         "the scheduler must give each row the blocks its keys fill"
     )
+
+
+def _check_store_inputs(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor
+) -> None:
+    """Raise unless the inputs of ``PagedAttention.store`` have the shapes, dtypes and layouts the C copy reads."""
+    tokens, _, head_dim = k.shape
+    if (
+        not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or v_cache.shape != k_cache.shape
+        or not (k_cache.dtype == v_cache.dtype == k.dtype == v.dtype)
+        or not (k_cache.is_cpu and v_cache.is_cpu and k.is_cpu and v.is_cpu)
+        or v.shape != k.shape
+        or k.stride()[1:] != (head_dim, 1)
+        or v.stride()[1:] != (head_dim, 1)
+        or offsets.dtype != torch.int64
+        or offsets.shape != (tokens,)
+        or not offsets.is_contiguous()
+    ):
+        raise ValueError(
+            "storing keys and values needs contiguous CPU caches of one shape and k's dtype, k and v "
+            "[tokens, kv_heads, head_dim] with contiguous heads, and contiguous int64 offsets "
+            f"[tokens]; got caches {tuple(k_cache.shape)} {k_cache.dtype}, k {tuple(k.shape)} {k.dtype} strides "
+            f"{k.stride()}, v strides {v.stride()}, offsets {tuple(offsets.shape)} {offsets.dtype}"
+        )
 
 
 def _check_inputs(

@@ -37,6 +37,14 @@ with no upper bound where it wins at many; else only for
 ``PACKED_MIN_ROWS..PACKED_MAX_ROWS`` rows, decode steps and the lm head over
 a step's sampled rows.
 
+A third kernel takes a decode step's fewest rows: ``small_gemm``, perfsuite's
+own C product over a copy of the weight packed into panels, with no call
+overhead to speak of (oneDNN's call through torch rebuilds its primitive,
+about 15 us). It is timed against the chosen kernel at ``PANEL_ROWS`` (1, 4
+and 8 rows) in turn, and takes the rows up to the last where it won
+(``Choice.panel_max_rows``); on the AMD EPYC VM, 1 to 8 on each of SmolLM2's
+shapes. Only a shape that takes it keeps the packed copy.
+
 The fast kernels need float32 on a CPU (oneDNN also a torch built with it);
 elsewhere (CUDA, bfloat16) every product is ``F.linear``. Every kernel
 computes the same product up to float rounding, which the equivalence
@@ -63,6 +71,8 @@ import torch
 import torch.nn.functional as F
 
 from perfsuite.cache_dir import cache_root
+from perfsuite.engine.small_gemm import MAX_ROWS as PANEL_MAX_ROWS
+from perfsuite.engine.small_gemm import SmallGemm, load_small_gemm
 from perfsuite.host import cpu_model
 
 fcntl: ModuleType | None
@@ -83,6 +93,9 @@ TUNING_ROWS = (8, 32)
 SMALL_ROWS = (1, 3)
 LARGE_ROWS = (256,)
 TUNING_ROUNDS = 5
+# Where the panel kernel (perfsuite.engine.small_gemm) is timed against the chosen one, in turn: it takes the rows up
+# to the last of these where it won, and none if it lost at the first.
+PANEL_ROWS = (1, 4, PANEL_MAX_ROWS)
 # A batch-invariant product runs oneDNN at every row count, but never on fewer rows than this: oneDNN gave a lone row
 # other bits than the same row among others for SmolLM2's down projection (1536 inputs; bench/row_invariance.py),
 # and the same from 2 to 2048 rows, so one row is padded to two.
@@ -123,6 +136,10 @@ class Projection:
     batch_invariant: bool = False
     min_rows: int = PACKED_MIN_ROWS  # the rows that take the kernel; the others, F.linear
     max_rows: int | None = PACKED_MAX_ROWS  # None: no bound
+    # Products of 1..panel_max_rows rows run small_gemm over panels, the weight packed for it; 0: none do.
+    small_gemm: SmallGemm | None = None
+    panels: torch.Tensor | None = None
+    panel_max_rows: int = 0
 
     @classmethod
     def of(
@@ -133,9 +150,11 @@ class Projection:
         kernel: Kernel | None = Kernel.ONEDNN,
         min_rows: int = PACKED_MIN_ROWS,
         max_rows: int | None = PACKED_MAX_ROWS,
+        panel_max_rows: int = 0,
     ) -> Projection:
         """A projection over ``weight`` with ``kernel``'s copy of it where ``can_pack`` allows, for products of
-        ``min_rows..max_rows`` rows; None: plain only."""
+        ``min_rows..max_rows`` rows; None: plain only. ``panel_max_rows``: products of 1 to that many rows run
+        ``small_gemm`` over a packed copy, where it builds (else they keep the rest of the choice)."""
         weight = weight.contiguous()
         if kernel is None or not can_pack(weight):
             return cls(weight, bias)
@@ -143,7 +162,17 @@ class Projection:
             fast_weight = weight.t().contiguous()
         else:
             fast_weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_HINT_ROWS)
-        return cls(weight, bias, kernel, fast_weight, min_rows=min_rows, max_rows=max_rows)
+        projection = cls(weight, bias, kernel, fast_weight, min_rows=min_rows, max_rows=max_rows)
+        return projection.with_panels(panel_max_rows) if panel_max_rows else projection
+
+    def with_panels(self, panel_max_rows: int) -> Projection:
+        """This projection with products of 1..``panel_max_rows`` rows on ``small_gemm``; itself where the
+        kernel does not build or take the weight."""
+        gemm = load_small_gemm()
+        if not isinstance(gemm, SmallGemm) or not gemm.supports(self.weight):
+            return self
+        rows = min(panel_max_rows, PANEL_MAX_ROWS)
+        return dataclasses.replace(self, small_gemm=gemm, panels=gemm.pack(self.weight), panel_max_rows=rows)
 
     def takes_kernel(self, rows: int) -> bool:
         """Whether a product of ``rows`` rows runs the kernel."""
@@ -152,6 +181,9 @@ class Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.batch_invariant:
             return self._every_row_alike(x)
+        if x.dim() == 2 and 0 < x.shape[0] <= self.panel_max_rows:
+            assert self.small_gemm is not None and self.panels is not None, "panels come with their kernel"
+            return self.small_gemm(x, self.panels, self.weight.shape[0], self.bias)
         if x.dim() == 2 and self.takes_kernel(x.shape[0]):
             fast_weight = self.fast_weight
             assert fast_weight is not None, "a kernel comes with its copy of the weight (Projection.of)"
@@ -191,27 +223,34 @@ ChoiceKey = tuple[tuple[int, ...], bool, int]  # (weight shape, has a bias, torc
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A shape's kernel and the rows that take it: ``min_rows`` to ``max_rows`` (None: no bound)."""
+    """A shape's kernel and the rows that take it: ``min_rows`` to ``max_rows`` (None: no bound); and the rows
+    up to ``panel_max_rows`` that take ``small_gemm`` before it (0: none)."""
 
     kernel: Kernel
     min_rows: int = PACKED_MIN_ROWS
     max_rows: int | None = PACKED_MAX_ROWS
+    panel_max_rows: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kernel} rows {self.min_rows}..{'' if self.max_rows is None else self.max_rows}"
+        rows = f"{self.min_rows}..{'' if self.max_rows is None else self.max_rows}"
+        return f"{self.kernel} rows {rows} panel ..{self.panel_max_rows}"
 
     @classmethod
     def parse(cls, text: str) -> Choice:
-        """What ``str`` wrote; ``ValueError`` for anything else, a bare kernel name included (a file written
-        before the rows were chosen: that shape is timed again, once)."""
-        kernel, _, rows = text.partition(" rows ")
+        """What ``str`` wrote; ``ValueError`` for anything else, a choice written before the rows or the panels
+        were chosen included (that shape is timed again, once)."""
+        kernel, _, rest = text.partition(" rows ")
+        rows, _, panel = rest.partition(" panel ..")
         low, separator, high = rows.partition("..")
-        if not separator or not low.isdigit() or not (high.isdigit() or high == ""):
+        if not separator or not low.isdigit() or not (high.isdigit() or high == "") or not panel.isdigit():
             raise ValueError(f"not a kernel choice: {text!r}")
-        return cls(Kernel(kernel), int(low), int(high) if high else None)
+        return cls(Kernel(kernel), int(low), int(high) if high else None, int(panel))
 
     def projection(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Projection:
-        return Projection.of(weight, bias, kernel=self.kernel, min_rows=self.min_rows, max_rows=self.max_rows)
+        return Projection.of(
+            weight, bias, kernel=self.kernel, min_rows=self.min_rows, max_rows=self.max_rows,
+            panel_max_rows=self.panel_max_rows,
+        )  # fmt: skip
 
 
 class KernelChoiceFile:
@@ -307,11 +346,13 @@ class KernelChooser:
         chosen: dict[ChoiceKey, Choice] | KernelChoiceFile | None = None,
         small_rows: tuple[int, ...] = SMALL_ROWS,
         large_rows: tuple[int, ...] = LARGE_ROWS,
+        panel_rows: tuple[int, ...] = PANEL_ROWS,
     ) -> None:
         self.rows = rows
         self.rounds = rounds
         self.small_rows = small_rows
         self.large_rows = large_rows
+        self.panel_rows = panel_rows
         self.chosen = {} if chosen is None else chosen
 
     def projections(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> list[Projection]:
@@ -338,8 +379,27 @@ class KernelChooser:
             min_rows=1 if self._fastest(kept, first.shape[1], self.small_rows) is fastest else PACKED_MIN_ROWS,
             max_rows=None if self._fastest(kept, first.shape[1], self.large_rows) is fastest else PACKED_MAX_ROWS,
         )
+        chosen = [dataclasses.replace(p, min_rows=choice.min_rows, max_rows=choice.max_rows) for p in kept[fastest]]
+        kept.clear()
+        chosen, panel_max_rows = self._panels(chosen, first.shape[1])
+        choice = dataclasses.replace(choice, panel_max_rows=panel_max_rows)
         self.chosen[key] = choice
-        return [dataclasses.replace(p, min_rows=choice.min_rows, max_rows=choice.max_rows) for p in kept[fastest]]
+        return chosen
+
+    def _panels(self, chosen: list[Projection], in_features: int) -> tuple[list[Projection], int]:
+        """``chosen`` with ``small_gemm`` for the rows of ``panel_rows`` up to the last where it was the faster,
+        timed in turn (none if it lost at the first); and those rows' bound (0: none)."""
+        candidates = [p.with_panels(PANEL_MAX_ROWS) for p in chosen]
+        if not self.panel_rows or any(p.panel_max_rows == 0 for p in candidates):  # no kernel here
+            return chosen, 0
+        panel_max_rows = 0
+        for rows in sorted(self.panel_rows):
+            if self._fastest({True: candidates, False: chosen}, in_features, (rows,)) is not True:
+                break
+            panel_max_rows = rows
+        if panel_max_rows == 0:
+            return chosen, 0
+        return [dataclasses.replace(p, panel_max_rows=panel_max_rows) for p in candidates], panel_max_rows
 
     def _fastest(self, candidates: dict[Any, list[Projection]], in_features: int, row_counts: tuple[int, ...]) -> Any:
         """The key of ``candidates`` whose pass over its projections took least, summed over ``row_counts``."""
