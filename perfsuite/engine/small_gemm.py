@@ -5,9 +5,10 @@ from memory, and oneDNN's call through torch rebuilds its primitive every
 time (about 15 us; SmolLM2 makes 121 a step). ``SmallGemm``
 (``csrc/small_gemm.c``) multiplies over a copy of the weight packed once into
 panels of 16 outputs, each read once while every row's sums stay in
-registers: on the 2-vCPU AMD EPYC VM a SmolLM2 step's projections took 16%
-less time than oneDNN's at 8 rows and 44% less at 1 (``bench/packed_linear.py``
-has the side-by-side timing). From about 9 rows the product is bound by
+registers: on the 2-vCPU AMD EPYC VM a SmolLM2 step's projections took 14%
+less time than torch's oneDNN at 8 rows and 27% less at 1 (``bench/vllm_gemm.py``,
+"perfsuite chosen" beside "torch oneDNN" and vLLM's own oneDNN handle, which
+they beat by 8% and 23%). From about 9 rows the product is bound by
 arithmetic, and oneDNN's blocking wins; ``projection.KernelChooser`` times the
 two per shape and machine and gives this kernel only the rows where it won.
 
