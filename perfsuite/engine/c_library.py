@@ -15,8 +15,12 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+Kernels = TypeVar("Kernels")
 
 CSRC = Path(__file__).with_name("csrc")
 # Tried in order: with glibc's vector exp (libmvec), then without it, then for a compiler without -march=native.
@@ -81,3 +85,15 @@ def build_library(compiler: str, source: Path, defines: tuple[str, ...] = ()) ->
                     continue
             errors.append(f"{flags}: {(result.stderr.strip().splitlines() or [f'exit {result.returncode}'])[-1]}")
     return Unavailable(f"{compiler} could not build {source.name}: " + "; ".join(errors), BUILD_FIX)
+
+
+def build_kernels(compiler: str, source: Path, wrap: Callable[[ctypes.CDLL], Kernels]) -> Kernels | Unavailable:
+    """``source`` built with ``compiler`` and wrapped (``wrap``: the Python face of its functions), or why not."""
+    library = build_library(compiler, source)
+    return library if isinstance(library, Unavailable) else wrap(library)
+
+
+def load_kernels(source: Path, wrap: Callable[[ctypes.CDLL], Kernels]) -> Kernels | Unavailable:
+    """``build_kernels`` with the system's compiler (``system_compiler``)."""
+    compiler = system_compiler()
+    return compiler if isinstance(compiler, Unavailable) else build_kernels(compiler, source, wrap)

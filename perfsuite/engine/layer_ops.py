@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from perfsuite.engine.c_library import CSRC, Unavailable, build_library, system_compiler
+from perfsuite.engine.c_library import CSRC, Unavailable, build_kernels, load_kernels
 
 SOURCE = CSRC / "layer_ops.c"
 
@@ -141,11 +141,9 @@ def _contiguous_float32(tensor: torch.Tensor) -> bool:
 @functools.cache
 def load_layer_ops() -> LayerOps | Unavailable:
     """The operators, compiled for this process on first use; or why they could not be."""
-    compiler = system_compiler()
-    return compiler if isinstance(compiler, Unavailable) else build(compiler)
+    return load_kernels(SOURCE, LayerOps)
 
 
 def build(compiler: str) -> LayerOps | Unavailable:
     """``SOURCE`` compiled with ``compiler`` (``c_library.build_library``) and loaded."""
-    library = build_library(compiler, SOURCE)
-    return library if isinstance(library, Unavailable) else LayerOps(library)
+    return build_kernels(compiler, SOURCE, LayerOps)

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from perfsuite.engine.c_library import BUILD_FIX, CSRC, Unavailable, build_library, system_compiler
+from perfsuite.engine.c_library import BUILD_FIX, CSRC, Unavailable, build_kernels, load_kernels
 
 __all__ = ["BUILD_FIX", "PagedAttention", "Unavailable", "build", "load_paged_attention"]
 
@@ -208,11 +208,9 @@ def _check_inputs(
 @functools.cache
 def load_paged_attention() -> PagedAttention | Unavailable:
     """The kernel, compiled for this process on first use; or why it could not be."""
-    compiler = system_compiler()
-    return compiler if isinstance(compiler, Unavailable) else build(compiler)
+    return load_kernels(SOURCE, PagedAttention)
 
 
 def build(compiler: str) -> PagedAttention | Unavailable:
     """``SOURCE`` compiled with ``compiler`` (``c_library.build_library``) and loaded."""
-    library = build_library(compiler, SOURCE)
-    return library if isinstance(library, Unavailable) else PagedAttention(library)
+    return build_kernels(compiler, SOURCE, PagedAttention)

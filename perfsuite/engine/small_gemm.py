@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from perfsuite.engine.c_library import CSRC, Unavailable, build_library, system_compiler
+from perfsuite.engine.c_library import CSRC, Unavailable, build_kernels, load_kernels
 
 SOURCE = CSRC / "small_gemm.c"
 PANEL = 16  # outputs per panel, as csrc/small_gemm.c packs them
@@ -86,11 +86,9 @@ class SmallGemm:
 @functools.cache
 def load_small_gemm() -> SmallGemm | Unavailable:
     """The kernel, compiled for this process on first use; or why it could not be."""
-    compiler = system_compiler()
-    return compiler if isinstance(compiler, Unavailable) else build(compiler)
+    return load_kernels(SOURCE, SmallGemm)
 
 
 def build(compiler: str) -> SmallGemm | Unavailable:
     """``SOURCE`` compiled with ``compiler`` (``c_library.build_library``) and loaded."""
-    library = build_library(compiler, SOURCE)
-    return library if isinstance(library, Unavailable) else SmallGemm(library)
+    return build_kernels(compiler, SOURCE, SmallGemm)
