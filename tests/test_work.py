@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from perfsuite.engine import layers
+from perfsuite.engine.layer_ops import LayerOps
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 from perfsuite.engine.work import NORM_FLOPS_PER_ELEMENT, ModelShape, chunk_work, step_work
@@ -123,6 +124,11 @@ def test_the_norm_flops_are_four_per_element_rms_norm_is_called_on(runner, step,
         return real(hidden, weight, eps)
 
     monkeypatch.setattr(layers, "rms_norm", counting)
+    real_fused, real_fused_add = LayerOps.rms_norm, LayerOps.add_rms_norm  # a float32 runner's fused norms
+    monkeypatch.setattr(LayerOps, "rms_norm", lambda self, x, *a: elements.append(x.numel()) or real_fused(self, x, *a))
+    monkeypatch.setattr(
+        LayerOps, "add_rms_norm", lambda self, h, *a: elements.append(h.numel()) or real_fused_add(self, h, *a)
+    )
     runner.execute(SchedulerOutput(STEPS[step], num_waiting=0), runner.new_kv_cache(4, MAX_SEQ_LEN))
     assert step_work(STEPS[step], runner.model_shape).total.norm_flops == NORM_FLOPS_PER_ELEMENT * sum(elements)
 
