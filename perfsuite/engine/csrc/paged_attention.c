@@ -106,8 +106,9 @@ enum { OK = 0, BAD_LENGTH = 1, BAD_BLOCK = 2, NO_MEMORY = 3, BAD_OFFSET = 4 };
     }
 
 /* A kernel for each head_dim most models have (64, 128), where the compiler knows the dot products' length and
- * unrolls them whole: on the 2-vCPU AMD EPYC VM that made a SmolLM2 decode's attention 23-27% faster than the one
- * for any head_dim (HD 0), which the others take (bench/paged_attention.py --against-generic). */
+ * unrolls them whole: on the 2-vCPU AMD EPYC VM a SmolLM2 decode's attention call took 23-27% less time than with
+ * the one for any head_dim (HD 0), which the others take; a whole decode step, 1-3% less
+ * (bench/paged_attention.py --against-generic). */
 typedef int (*kernel_f32)(const float *, int64_t, const float *, const float *, const int64_t *, const int64_t *,
                           float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int);
 typedef int (*kernel_f64)(const double *, int64_t, const double *, const double *, const int64_t *, const int64_t *,
