@@ -181,10 +181,11 @@ class Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.batch_invariant:
             return self._every_row_alike(x)
-        if x.dim() == 2 and 0 < x.shape[0] <= self.panel_max_rows:
+        rows = x.shape[0] if x.dim() == 2 else 0  # a product of another rank takes F.linear
+        if 0 < rows <= self.panel_max_rows:
             assert self.small_gemm is not None and self.panels is not None, "panels come with their kernel"
             return self.small_gemm(x, self.panels, self.weight.shape[0], self.bias)
-        if x.dim() == 2 and self.takes_kernel(x.shape[0]):
+        if rows and self.takes_kernel(rows):
             fast_weight = self.fast_weight
             assert fast_weight is not None, "a kernel comes with its copy of the weight (Projection.of)"
             if self.kernel is Kernel.ONEDNN:
