@@ -92,6 +92,21 @@ def test_tiny_random_float64_engines_equal_reference(tiny):
     assert share >= 0.5, f"only {share:.0%} of the paged runs preempted; shrink the pools in perfsuite.testing.scenarios"
 
 
+def test_prompts_through_sdpa_beside_prompts_read_in_place_equal_the_reference(tiny):
+    """A runner whose prompt budget is 20 keys: a step's prompts go in place or to SDPA by their length and start
+    (a chunk of 5 from position 0 reads 15 keys, one of 5 from 9 reads 60), so both paths, and steps that switch
+    between them as chunks arrive, are held to the reference."""
+    loaded, _, reference = tiny
+    runner = ModelRunner(loaded.model, in_place_prefill_max_keys=20)
+
+    @settings(max_examples=40)
+    @given(scenario=scenarios(vocab_size=320))
+    def engines_equal_reference(scenario):
+        check_scenario(scenario, loaded, runner, reference, TINY_MAX_SEQ_LEN)
+
+    engines_equal_reference()
+
+
 def test_the_paged_engine_preempts_and_recomputes_yet_equals_the_reference(tiny):
     loaded, runner, reference = tiny
     # Four requests of 9-12 prompt tokens and 12-20 new ones in 8 blocks of 4 (32 tokens): they outgrow it
@@ -146,25 +161,43 @@ class _PositionBug(ModelRunner):
 
 
 class _MaskBug(ModelRunner):
+    """Every key visible to SDPA, stale ones too (built with in_place_prefill_max_keys=0, so prompts go to SDPA)."""
+
     def _attention_group(self, *args, **kwargs):
         group = super()._attention_group(*args, **kwargs)
+        if group.mask is None:
+            return group
         leaky = group.mask.clone()
         leaky[..., : group.max_key_len] |= torch.ones_like(leaky)  # every key visible, stale ones too
         return dataclasses.replace(group, mask=leaky)
 
 
-class _SlotBug(ModelRunner):
-    """Reads each row's keys from another row's slot: through the slot index (SDPA) and, where the decode group
-    reads in place, through its one-head blocks (``_slot_decode_tables``)."""
+class _CausalityBug(ModelRunner):
+    """Each token the kernel reads in place sees its whole chunk, not its keys 0..its position (the in-place
+    kernel's open mask)."""
 
     def _attention_group(self, *args, **kwargs):
         group = super()._attention_group(*args, **kwargs)
+        if group.key_lengths is None:
+            return group
+        request = group.block_tables[:, 0]  # a request's first block (a slot cache: its slot's one-head block)
+        longest = torch.zeros(int(request.max()) + 1, dtype=torch.long)
+        longest = longest.scatter_reduce(0, request, group.key_lengths, "amax")
+        return dataclasses.replace(group, key_lengths=longest[request])
+
+
+class _SlotBug(ModelRunner):
+    """Reads each row's keys from another row's slot: through the slot index (SDPA) and, where the kernel reads
+    in place, through its one-head blocks (``_per_token_tables``)."""
+
+    def _attention_group(self, *args, **kwargs):
+        group = super()._attention_group(*args, **kwargs)
+        if group.key_lengths is not None:  # [tokens * kv_heads, 1]: the tokens' order reversed, heads kept in order
+            tables = group.block_tables.view(-1, self.decoder.heads.num_kv_heads).flip(0).reshape(-1, 1)
+            return dataclasses.replace(group, block_tables=tables)
         if isinstance(group.slots, slice) or group.num_rows < 2:
             return group
-        tables = group.block_tables
-        if tables is not None:  # [rows * kv_heads, 1]: the rows' order reversed, each keeping its heads in order
-            tables = tables.view(group.num_rows, -1).flip(0).reshape(-1, 1)
-        return dataclasses.replace(group, slots=group.slots.flip(0), block_tables=tables)
+        return dataclasses.replace(group, slots=group.slots.flip(0))
 
 
 class _BlockTableBug(ModelRunner):
@@ -175,15 +208,20 @@ class _BlockTableBug(ModelRunner):
         return dataclasses.replace(group, block_tables=group.block_tables.flip(1))
 
 
+SDPA_PROMPTS = {"in_place_prefill_max_keys": 0}  # every prompt group through SDPA and its mask
+
+
 @pytest.mark.parametrize(
-    ("mutant", "engine_kind"),
-    [(_PositionBug, "inflight"), (_MaskBug, "inflight"), (_SlotBug, "inflight"),
-     (_MaskBug, "paged"), (_BlockTableBug, "paged")],
-    ids=["positions", "mask", "slot-index", "paged-mask", "paged-block-table"],
+    ("mutant", "engine_kind", "runner_options"),
+    [(_PositionBug, "inflight", {}), (_MaskBug, "inflight", SDPA_PROMPTS), (_CausalityBug, "inflight", {}),
+     (_SlotBug, "inflight", {}), (_SlotBug, "inflight", SDPA_PROMPTS), (_MaskBug, "paged", SDPA_PROMPTS),
+     (_CausalityBug, "paged", {}), (_BlockTableBug, "paged", {}), (_BlockTableBug, "paged", SDPA_PROMPTS)],
+    ids=["positions", "mask", "in-place-causality", "slot-index", "slot-index-sdpa", "paged-mask",
+         "paged-in-place-causality", "paged-block-table", "paged-block-table-sdpa"],
 )  # fmt: skip
-def test_a_runner_bug_breaks_the_property(tiny, mutant, engine_kind):
+def test_a_runner_bug_breaks_the_property(tiny, mutant, engine_kind, runner_options):
     loaded, _, reference = tiny
-    broken = mutant(loaded.model)
+    broken = mutant(loaded.model, **runner_options)
     # Slots 0 and 2 decode while slot 1 is free, so the decode group needs an index, not a slice.
     scenario = _scenario(14, 2, 14, 6, batch_size=3, prefill_batch_size=3, max_num_batched_tokens=64,
                          num_kv_blocks=8, kv_block_size=4)  # fmt: skip

@@ -4,8 +4,10 @@ Mutants it kills: a kernel that reads a row's keys from the wrong block or
 offset, past its length, or with another KV head's keys (grouped-query
 attention); a missing scale or max subtraction; a kernel that ignores q's
 row stride; a bounds check that lets a bad block id or length through (or
-refuses a good one); a runner that builds the kernel but never calls it, or
-calls it for prefill; a build failure that is not reported.
+refuses a good one); a runner that builds the kernel but never calls it, calls
+it for prompts past their key budget or sends those within it to SDPA, or
+splits a step it reads in place into groups; a build failure that is not
+reported.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from perfsuite.engine import Request, SamplingParams
+from perfsuite.engine import Request, SamplingParams, model_runner
 from perfsuite.engine.layers import PagedKVCache, grouped_query_attention
 from perfsuite.engine.model_runner import ModelRunner
 from perfsuite.engine.paged_attention import BUILD_FIX, PagedAttention, Unavailable, build, load_paged_attention
 from perfsuite.engine.reference import ReferenceDecoder
+from perfsuite.engine.types import ScheduledChunk, SchedulerOutput
 from perfsuite.models import load_model
 from perfsuite.testing.drive import drive
 from perfsuite.testing.scenarios import Scenario
@@ -217,6 +220,58 @@ def test_the_paged_engine_decodes_through_the_kernel_and_equals_unbatched_greedy
     layers = len(runner.decoder.layers)
     assert rows_per_call and len(rows_per_call) % layers == 0, "every layer of a decode step"
     assert max(rows_per_call) > 1, "decode rows batched into one call"
+
+
+def _prompt_step(runner, prompt_lens, decode_positions, paged):
+    """One step of prompts of ``prompt_lens`` tokens (from position 0) beside decode tokens at ``decode_positions``,
+    over a fresh cache; its sampled tokens."""
+    chunks, rows = [], len(prompt_lens) + len(decode_positions)
+    pool = runner.new_paged_kv_cache(rows * 4, 8) if paged else runner.new_kv_cache(rows, 32)
+    lengths = [(n, 0) for n in prompt_lens] + [(1, p) for p in decode_positions]
+    for row, (num_tokens, start) in enumerate(lengths):
+        tokens = tuple(3 + (5 * row + j) % 200 for j in range(num_tokens))
+        table = tuple(range(4 * row, 4 * row + 4)) if paged else ()
+        chunks.append(ScheduledChunk(f"r{row}", row, tokens, start, samples=True, is_prefill=start == 0,
+                                     block_table=table))  # fmt: skip
+    return runner.execute(SchedulerOutput(tuple(chunks), num_waiting=0), pool)
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["pool", "slots"])
+@pytest.mark.parametrize(("prompt_lens", "decode_positions"), [((5, 3), ()), ((4, 6, 2), (7, 12)), ((9,), (3,))])
+def test_prompts_within_their_key_budget_are_read_in_place_with_the_decode_tokens(tiny, monkeypatch, paged,
+                                                                                 prompt_lens, decode_positions):
+    """The budget is the keys the prompts' tokens read in all (n (n + 1) / 2 for a prompt of n from position 0).
+    Within it, a step is one kernel call a layer over every token in order; one key past it, the prompts go to SDPA
+    (the decode tokens stay in place); and both give the same tokens."""
+    loaded, _ = tiny
+    _kernel_or_skip()
+    keys_read = sum(n * (n + 1) // 2 for n in prompt_lens)
+    num_tokens, layers = sum(prompt_lens) + len(decode_positions), len(loaded.model.model.layers)
+    kernel_rows, sdpa_calls = [], []
+    real_call = PagedAttention.__call__
+    real_sdpa = model_runner.grouped_query_attention
+    monkeypatch.setattr(PagedAttention, "__call__", lambda self, q, *a: kernel_rows.append(q.shape[0]) or
+                        real_call(self, q, *a))  # fmt: skip
+    monkeypatch.setattr(model_runner, "grouped_query_attention", lambda *a: sdpa_calls.append(1) or real_sdpa(*a))
+    tokens = {}
+    for budget in (keys_read, keys_read - 1, 10**9, 0):
+        kernel_rows.clear(), sdpa_calls.clear()
+        runner = ModelRunner(loaded.model, in_place_prefill_max_keys=budget)
+        heads = runner.decoder.heads
+        rows_per_token = 1 if paged else heads.num_kv_heads
+        tokens[budget] = _prompt_step(runner, prompt_lens, decode_positions, paged)
+        if budget >= keys_read:
+            assert kernel_rows == [num_tokens * rows_per_token] * layers and not sdpa_calls, budget
+        else:
+            assert sdpa_calls == [1] * layers, budget
+            assert kernel_rows == [len(decode_positions) * rows_per_token] * layers * bool(decode_positions), budget
+    assert tokens[keys_read] == tokens[keys_read - 1] == tokens[10**9] == tokens[0]
+
+
+def test_a_negative_prompt_key_budget_is_refused_with_what_zero_means(tiny):
+    loaded, _ = tiny
+    with pytest.raises(ValueError, match=r"in_place_prefill_max_keys must be 0 or more \(0 sends every prompt to SDPA\), got -1"):
+        ModelRunner(loaded.model, in_place_prefill_max_keys=-1)
 
 
 def test_a_runner_told_not_to_gathers_and_says_so(tiny):

@@ -50,6 +50,14 @@ from perfsuite.engine.static_decode import StaticDecodeStep
 from perfsuite.engine.types import DecodeMode, ScheduledChunk, SchedulerOutput
 from perfsuite.engine.work import ModelShape
 
+# A prompt group's tokens attend through the in-place kernel, each a row over its own keys, while they read at most
+# this many keys in all (the sum over its tokens of each one's position + 1); past it, SDPA over the group padded to
+# its longest prompt. SDPA costs about 1 ms a layer however small the group, and its matrix products only pay that
+# back on long prompts: on SmolLM2 (2 AMD EPYC cores, bench/prefill_attention.py) the kernel's whole prompt step was
+# 3-12% faster up to 16,896 keys read, 2% at 32 prompts of 64 (66,560), even at 8 of 128, and 1-8% slower for
+# single prompts of 256 to 1024 tokens (32,896 keys and up).
+IN_PLACE_PREFILL_MAX_KEYS = 32768
+
 
 @dataclass(frozen=True, slots=True)
 class _AttentionGroup:
@@ -66,9 +74,11 @@ class _AttentionGroup:
     max_key_len: int
     query_rows: torch.Tensor | None  # [num_group_tokens] row of each token, None for decode
     query_cols: torch.Tensor | None  # [num_group_tokens] column of each token
-    mask: torch.Tensor  # [rows, 1, max_query_len, max_key_len] bool, True = may attend
-    block_tables: torch.Tensor | None = None  # [rows, max_blocks] paged: each row's blocks, padded with block 0
-    key_lengths: torch.Tensor | None = None  # [rows] paged decode: each row's keys, for the in-place kernel
+    mask: torch.Tensor | None  # [rows, 1, max_query_len, max_key_len] bool, True = may attend; None: read in place
+    # Paged and gathered: [rows, max_blocks], each row's blocks padded with block 0. Read in place by the kernel:
+    # each token's (_per_token_tables), and key_lengths the keys each sees.
+    block_tables: torch.Tensor | None = None
+    key_lengths: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +149,8 @@ class _GroupPlan:
     query_positions: int  # [rows * max_query_len]
     query_rows: int
     query_cols: int
-    block_tables: int | None  # [rows * max_blocks] paged; a slot decode group: [rows * kv_heads], its one-head blocks
-    key_lengths: int | None  # [rows] paged decode groups, [rows * kv_heads] slot ones; None for prefill
+    block_tables: int | None  # [rows * max_blocks] paged and gathered; read in place: _per_token_tables'
+    key_lengths: int | None  # read in place: each kernel row's keys (_per_token_tables); else None
     num_table_columns: int
     tokens_in_order: bool  # the group's tokens are 0, 1, ... of the step: with no other group, no index is needed
 
@@ -159,7 +169,12 @@ class ModelRunner:
     False keeps only plain ``F.linear``. ``paged_attention`` lets a paged
     decode step attend over the pool's blocks in place, with perfsuite's C
     kernel, where it can be built (``perfsuite.engine.paged_attention``);
-    False, or no C compiler, gathers each row's blocks first. ``layer_ops``
+    False, or no C compiler, gathers each row's blocks first. The kernel also
+    takes a prompt group (a slot cache's or a pool's) while its tokens read at
+    most ``in_place_prefill_max_keys`` keys in all, each token a row over its
+    own; a larger one goes to SDPA over the group padded to its longest prompt,
+    whose matrix products win once there is enough work to amortise them.
+    ``layer_ops``
     lets a float32 CPU decoder run each layer's norms, residual adds, rotary
     embedding and activation fused in C (``perfsuite.engine.layer_ops``);
     False, or no C compiler, keeps torch's operators.
@@ -188,6 +203,7 @@ class ModelRunner:
         layer_ops: bool = True,
         batch_invariant: bool = False,
         logprobs: bool = False,
+        in_place_prefill_max_keys: int = IN_PLACE_PREFILL_MAX_KEYS,
     ) -> None:
         decode_mode = DecodeMode.parse(decode_mode)
         device = torch.device(device) if device is not None else model.device
@@ -210,6 +226,12 @@ class ModelRunner:
         self.logprobs = logprobs
         self.last_logprobs: tuple[float, ...] | None = None  # the last step's, under logprobs
         self._wants_paged_attention = paged_attention
+        if in_place_prefill_max_keys < 0:
+            raise ValueError(
+                f"in_place_prefill_max_keys must be 0 or more (0 sends every prompt to SDPA), got "
+                f"{in_place_prefill_max_keys}"
+            )
+        self.in_place_prefill_max_keys = in_place_prefill_max_keys
         self.static_decode = (
             None
             if decode_mode is DecodeMode.PACKED
@@ -233,7 +255,8 @@ class ModelRunner:
 
     @property
     def paged_attention(self) -> str:
-        """How a decode step attends (paged or slot cache): "in place" (perfsuite's kernel), or "gather: <why not in place>"."""
+        """How a decode step, and a prompt group within ``in_place_prefill_max_keys``, attends (paged or slot cache):
+        "in place" (perfsuite's kernel), or "gather: <why not in place>"."""
         kernel = self._paged_attention
         return "in place" if isinstance(kernel, PagedAttention) else f"gather: {kernel.reason}"
 
@@ -375,11 +398,13 @@ class ModelRunner:
         return attend_slots
 
     def _attend_grouped(self, batch: _Batch, kv_cache: KVCache | PagedKVCache) -> Attend:
-        """Each attention group's queries at once over its rows' keys, padded to the group's longest."""
+        """Each attention group's queries over its rows' keys: read in place by the kernel, or by SDPA at once,
+        padded to the group's longest."""
         heads = self.decoder.heads
-        masks = [tile_mask(group.mask, heads.num_heads // heads.num_kv_heads) for group in batch.groups]  # all layers
+        group_size = heads.num_heads // heads.num_kv_heads
+        masks = [None if group.mask is None else tile_mask(group.mask, group_size) for group in batch.groups]
         kernel = self._paged_attention
-        in_place = kernel if isinstance(kernel, PagedAttention) else None  # for the decode group, if any
+        in_place = kernel if isinstance(kernel, PagedAttention) else None  # for the groups planned for it
 
         def attend(layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = self._store(layer_index, k, v, batch, kv_cache)
@@ -397,7 +422,7 @@ class ModelRunner:
     def _attend(
         self,
         group: _AttentionGroup,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         layer_index: int,
         kv_cache: KVCache | PagedKVCache,
         q: torch.Tensor,
@@ -405,17 +430,19 @@ class ModelRunner:
         v_cache: torch.Tensor,
         in_place: PagedAttention | None,
     ) -> torch.Tensor:
-        """``group``'s queries over its rows' keys and values: a slot cache's views; a paged pool's blocks, read
-        in place by ``in_place`` for a decode group where it is given, else gathered (``keys_of_rows``)."""
+        """``group``'s queries over its rows' keys and values: read in place by ``in_place`` where the group was
+        planned for it (``_reads_in_place``), else by SDPA over a slot cache's views or a paged pool's blocks
+        gathered (``keys_of_rows``)."""
         group_q = q if group.token_index is None else q[group.token_index]  # [group_tokens, heads, head_dim]
-        if in_place is not None and group.key_lengths is not None:  # a decode group planned for the kernel
-            assert group.block_tables is not None
+        if group.key_lengths is not None:
+            assert in_place is not None and group.block_tables is not None
             if isinstance(kv_cache, PagedKVCache):
                 keys, values = kv_cache.layer_pools(layer_index)
                 return in_place(group_q, keys, values, group.block_tables, group.key_lengths)
             heads = self.decoder.heads
             return _attend_slots_in_place(in_place, heads, group_q, k_cache, v_cache, group.block_tables,
                                           group.key_lengths)  # fmt: skip
+        assert mask is not None, "a group SDPA reads has its mask"
         keys, values = _group_keys(group, layer_index, kv_cache, k_cache, v_cache)
         if group.query_rows is None:
             queries = group_q.unsqueeze(1)  # [rows, 1, heads, head_dim]
@@ -436,12 +463,13 @@ class ModelRunner:
         positions: list[int] = []
         token_slots: list[int] = []
         sample_index: list[int] = []
+        offset_chunks: list[tuple[int, ScheduledChunk]] = []  # each chunk with its first token's offset in the step
         decode_chunks: list[tuple[int, ScheduledChunk]] = []
         prefill_chunks: list[tuple[int, ScheduledChunk]] = []
         for chunk in chunks:
             _check_fits(chunk, kv_cache)
             offset = len(input_ids)
-            chunk_positions = range(chunk.start_position, chunk.start_position + chunk.num_tokens)
+            chunk_positions = _positions(chunk)
             input_ids.extend(chunk.token_ids)
             positions.extend(chunk_positions)
             if block_size is None:
@@ -451,21 +479,35 @@ class ModelRunner:
                 token_slots.extend(table[p // block_size] * block_size + p % block_size for p in chunk_positions)
             if chunk.samples:
                 sample_index.append(offset + chunk.num_tokens - 1)
+            offset_chunks.append((offset, chunk))
             (decode_chunks if chunk.num_tokens == 1 else prefill_chunks).append((offset, chunk))
         indices = _HostIndices()
         handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
         store = self._plan_store(kv_cache, token_slots, positions, indices)
+        num_kv_heads = self.decoder.heads.num_kv_heads
         if self.batch_invariant:  # every token attends alone: no groups, no masks
-            return self._per_token_batch(chunks, positions, indices, handles, block_size, store)
-        num_kv_heads = self.decoder.heads.num_kv_heads if isinstance(self._paged_attention, PagedAttention) else None
-        plans = [
-            self._plan_group(group_chunks, indices, block_size, num_kv_heads)
-            for group_chunks in (decode_chunks, prefill_chunks)
-            if group_chunks
-        ]
+            tables, lengths, width = _per_token_tables(chunks, indices, block_size, num_kv_heads)
+            tensors = indices.upload(self.device)
+            per_token = _PerTokenKeys(tensors[tables].view(-1, width), tensors[lengths])
+            return _batch(tensors, handles, (), per_token, store)
+        if self._reads_in_place(prefill_chunks):  # one group of every token in order, the kernel's rows
+            plans = [self._plan_group(offset_chunks, indices, block_size, num_kv_heads, True)]
+        else:  # the prompts through SDPA; the decode chunks in place where the kernel is built
+            plans = [
+                self._plan_group(group_chunks, indices, block_size, num_kv_heads, in_place)
+                for group_chunks, in_place in ((decode_chunks, self._reads_in_place([])), (prefill_chunks, False))
+                if group_chunks
+            ]
         tensors = indices.upload(self.device)
         groups = tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans)
         return _batch(tensors, handles, groups, store=store)
+
+    def _reads_in_place(self, prefill_chunks: list[tuple[int, ScheduledChunk]]) -> bool:
+        """Whether the kernel reads the keys of decode chunks and of ``prefill_chunks`` in place: wherever it is
+        built, while the prompts' tokens read at most ``in_place_prefill_max_keys`` keys in all."""
+        if not isinstance(self._paged_attention, PagedAttention):
+            return False
+        return sum(_keys_read(chunk) for _, chunk in prefill_chunks) <= self.in_place_prefill_max_keys
 
     def _plan_store(
         self, kv_cache: KVCache | PagedKVCache, token_slots: list[int], positions: list[int], indices: _HostIndices
@@ -483,51 +525,19 @@ class ModelRunner:
         offsets = [slot * slot_size + position * heads.head_dim for slot, position in zip(token_slots, positions)]
         return indices.add(offsets), row
 
-    def _per_token_batch(
-        self,
-        chunks: tuple[ScheduledChunk, ...],
-        positions: list[int],
-        indices: _HostIndices,
-        handles: list[int],
-        block_size: int | None,
-        store: tuple[int, int] | None,
-    ) -> _Batch:
-        """The batch of ``_attend_alone``: each token's own keys instead of attention groups."""
-        width, tables_handle, lengths_handle = self._plan_per_token(chunks, positions, indices, block_size)
-        tensors = indices.upload(self.device)
-        per_token = _PerTokenKeys(tensors[tables_handle].view(-1, width), tensors[lengths_handle])
-        return _batch(tensors, handles, (), per_token, store)
-
-    def _plan_per_token(
-        self, chunks: tuple[ScheduledChunk, ...], positions: list[int], indices: _HostIndices, block_size: int | None
-    ) -> tuple[int, int, int]:
-        """Each token's keys for ``_attend_alone``: (table width, handle of the tables, handle of the lengths)."""
-        if block_size is None:  # a row per (token, KV head)
-            num_kv_heads = self.decoder.heads.num_kv_heads
-            tables = [
-                chunk.slot * num_kv_heads + kv_head
-                for chunk in chunks
-                for _ in range(chunk.num_tokens)
-                for kv_head in range(num_kv_heads)
-            ]
-            lengths = [position + 1 for position in positions for _ in range(num_kv_heads)]
-            return 1, indices.add(tables), indices.add(lengths)
-        width = max(len(chunk.block_table) for chunk in chunks)
-        tables = []
-        for chunk in chunks:
-            padded = (*chunk.block_table, *[0] * (width - len(chunk.block_table)))  # past its length: never read
-            tables.extend(block for _ in range(chunk.num_tokens) for block in padded)
-        return width, indices.add(tables), indices.add([position + 1 for position in positions])
-
     @staticmethod
     def _plan_group(
         offset_chunks: list[tuple[int, ScheduledChunk]],
         indices: _HostIndices,
         block_size: int | None,
-        num_kv_heads: int | None = None,
+        num_kv_heads: int,
+        in_place: bool,
     ) -> _GroupPlan:
-        """``num_kv_heads``: where the in-place kernel is built, a slot decode group is planned for it (``_plan_tables``)."""
-        offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
+        """``in_place``: the kernel reads the group's keys, each token a row (``_per_token_tables``); else SDPA
+        over its rows padded to the longest, a paged pool's blocks gathered through its rows' block tables, a slot
+        cache's rows in slot order (a slice where they are contiguous)."""
+        if not in_place:
+            offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
         chunks = [chunk for _, chunk in offset_chunks]
         max_query_len = max(chunk.num_tokens for chunk in chunks)
         token_index: list[int] = []
@@ -543,7 +553,12 @@ class ModelRunner:
             query_cols.extend(range(chunk.num_tokens))
             last = chunk.start_position + chunk.num_tokens - 1
             query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
-        tables, lengths, width = _plan_tables(chunks, max_query_len, indices, block_size, num_kv_heads)
+        if in_place:
+            tables, lengths, width = _per_token_tables(chunks, indices, block_size, num_kv_heads)
+        elif block_size is not None:
+            (tables, width), lengths = _padded_block_tables(chunks, indices), None
+        else:
+            tables, lengths, width = None, None, 0
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
@@ -563,21 +578,22 @@ class ModelRunner:
     def _attention_group(
         self, plan: _GroupPlan, tensors: list[torch.Tensor], block_size: int | None, *, alone: bool
     ) -> _AttentionGroup:
-        query_pos = tensors[plan.query_positions].view(plan.num_rows, plan.max_query_len)
-        key_pos = torch.arange(plan.max_key_len, device=self.device)
-        mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
         is_decode = plan.max_query_len == 1
         slots: torch.Tensor | slice | None = None
-        block_tables = key_lengths = None
-        if block_size is None:
-            slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
-            if plan.block_tables is not None and plan.key_lengths is not None:  # read in place (_slot_decode_tables)
-                block_tables = tensors[plan.block_tables].view(-1, plan.num_table_columns)
-                key_lengths = tensors[plan.key_lengths]
+        mask = block_tables = key_lengths = None
+        if plan.key_lengths is not None:  # read in place
+            assert plan.block_tables is not None
+            block_tables = tensors[plan.block_tables].view(-1, plan.num_table_columns)
+            key_lengths = tensors[plan.key_lengths]
         else:
-            assert plan.block_tables is not None, "a paged group's plan has its block tables"
-            block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
-            key_lengths = None if plan.key_lengths is None else tensors[plan.key_lengths]
+            query_pos = tensors[plan.query_positions].view(plan.num_rows, plan.max_query_len)
+            key_pos = torch.arange(plan.max_key_len, device=self.device)
+            mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+            if block_size is None:
+                slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
+            else:
+                assert plan.block_tables is not None, "a paged group's plan has its block tables"
+                block_tables = tensors[plan.block_tables].view(plan.num_rows, plan.num_table_columns)
         return _AttentionGroup(
             token_index=None if alone and plan.tokens_in_order else tensors[plan.token_index],
             slots=slots,
@@ -608,47 +624,53 @@ def _batch(
     return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token, tensors[offsets], head_stride)
 
 
-def _plan_block_tables(
-    chunks: list[ScheduledChunk], max_query_len: int, indices: _HostIndices
-) -> tuple[int, int | None, int]:
-    """A paged group's block tables padded to its widest, and a decode group's key lengths: (tables' handle,
-    lengths' handle or None, table width)."""
-    num_table_columns = max(len(chunk.block_table) for chunk in chunks)
-    padded = [(*chunk.block_table, *[0] * (num_table_columns - len(chunk.block_table))) for chunk in chunks]
-    block_tables = indices.add([block for table in padded for block in table])
-    key_lengths = None
-    if max_query_len == 1:  # a decode group: the in-place kernel reads each row's length
-        key_lengths = indices.add([chunk.start_position + chunk.num_tokens for chunk in chunks])
-    return block_tables, key_lengths, num_table_columns
+def _padded_block_tables(chunks: list[ScheduledChunk], indices: _HostIndices) -> tuple[int, int]:
+    """A gathered paged group's block tables, padded to its widest: (their handle, their width)."""
+    width = max(len(chunk.block_table) for chunk in chunks)
+    return indices.add([block for chunk in chunks for block in _padded(chunk.block_table, width)]), width
 
 
-def _plan_tables(
-    chunks: list[ScheduledChunk],
-    max_query_len: int,
-    indices: _HostIndices,
-    block_size: int | None,
-    num_kv_heads: int | None,
-) -> tuple[int | None, int | None, int]:
-    """A group's tables for reading keys through them: (tables' handle, lengths' handle, table width); a slot
-    cache's prefill group, or its decode group without the kernel (``num_kv_heads`` None), has none."""
-    if block_size is not None:
-        return _plan_block_tables(chunks, max_query_len, indices)
-    if max_query_len == 1 and num_kv_heads is not None:
-        return _slot_decode_tables(chunks, num_kv_heads, indices)
-    return None, None, 0
+def _per_token_tables(
+    chunks: Sequence[ScheduledChunk], indices: _HostIndices, block_size: int | None, num_kv_heads: int
+) -> tuple[int, int, int]:
+    """The in-place kernel's rows for ``chunks``' tokens, each over its own keys 0..its position: (tables' handle,
+    lengths' handle, table width).
 
-
-def _slot_decode_tables(chunks: list[ScheduledChunk], num_kv_heads: int, indices: _HostIndices) -> tuple[int, int, int]:
-    """A slot cache's decode group, for the in-place kernel: (tables' handle, lengths' handle, table width 1).
-
-    The cache [slots, kv_heads, max_seq_len, head_dim] is read as a pool of
-    ``slots * kv_heads`` blocks of ``max_seq_len`` cells of one KV head each,
-    as ``_attend_alone`` reads it: a row per (request, KV head), its one block
-    ``slot * kv_heads + kv_head``, its keys 0..its position.
+    A pool's row is a token, its table its request's blocks padded to the
+    widest (past its length never read). A slot cache [slots, kv_heads,
+    max_seq_len, head_dim] is read as a pool of ``slots * kv_heads`` blocks of
+    ``max_seq_len`` cells of one KV head each: a token is ``kv_heads`` rows,
+    their one block ``slot * kv_heads + kv_head`` (``_attend_slots_in_place``).
     """
-    tables = [chunk.slot * num_kv_heads + kv_head for chunk in chunks for kv_head in range(num_kv_heads)]
-    lengths = [chunk.start_position + 1 for chunk in chunks for _ in range(num_kv_heads)]
-    return indices.add(tables), indices.add(lengths), 1
+    if block_size is None:
+        tables = [
+            chunk.slot * num_kv_heads + kv_head
+            for chunk in chunks
+            for _ in range(chunk.num_tokens)
+            for kv_head in range(num_kv_heads)
+        ]
+        lengths = [position + 1 for chunk in chunks for position in _positions(chunk) for _ in range(num_kv_heads)]
+        return indices.add(tables), indices.add(lengths), 1
+    width = max(len(chunk.block_table) for chunk in chunks)
+    tables = []
+    for chunk in chunks:
+        padded = _padded(chunk.block_table, width)
+        tables.extend(block for _ in range(chunk.num_tokens) for block in padded)
+    lengths = [position + 1 for chunk in chunks for position in _positions(chunk)]
+    return indices.add(tables), indices.add(lengths), width
+
+
+def _positions(chunk: ScheduledChunk) -> range:
+    return range(chunk.start_position, chunk.start_position + chunk.num_tokens)
+
+
+def _padded(block_table: tuple[int, ...], width: int) -> tuple[int, ...]:
+    return (*block_table, *[0] * (width - len(block_table)))
+
+
+def _keys_read(chunk: ScheduledChunk) -> int:
+    """The keys ``chunk``'s tokens read in all, each its request's keys 0..its position."""
+    return chunk.num_tokens * chunk.start_position + chunk.num_tokens * (chunk.num_tokens + 1) // 2
 
 
 def _attend_slots_in_place(
