@@ -11,11 +11,13 @@ reaches through its block table.
 Tokens are packed: the projections and the MLP, which are almost all the
 work, see ``[num_tokens, hidden]`` with no padding whatever the mix of prompt
 and decode lengths. Only attention groups the tokens per request, because
-each query must see its own request's keys up to its own position. A decode
-group reads its keys in place with perfsuite's kernel where it is built
-(``perfsuite.engine.paged_attention``), from a paged pool through block
-tables or from slots, each slot's KV head a block of its own; a prefill
-group, and a decode group without the kernel, runs SDPA over its rows' keys.
+each query must see its own request's keys up to its own position. Where
+perfsuite's kernel is built (``perfsuite.engine.paged_attention``) it reads
+each token's keys in place, from a paged pool through block tables or from
+slots, each slot's KV head a block of its own: every decode token, and the
+prompts while they read at most ``in_place_prefill_max_keys`` keys in all
+(then the whole step is one call a layer). Longer prompts, and every group
+without the kernel, run SDPA over their rows' keys, padded to the longest.
 
 Every index tensor of a step (token ids, positions, where each token's K/V
 is written, block tables, ...) is written into one host buffer, pinned on
@@ -54,8 +56,8 @@ from perfsuite.engine.work import ModelShape
 # this many keys in all (the sum over its tokens of each one's position + 1); past it, SDPA over the group padded to
 # its longest prompt. SDPA costs about 1 ms a layer however small the group, and its matrix products only pay that
 # back on long prompts: on SmolLM2 (2 AMD EPYC cores, bench/prefill_attention.py) the kernel's whole prompt step was
-# 3-12% faster up to 16,896 keys read, 2% at 32 prompts of 64 (66,560), even at 8 of 128, and 1-8% slower for
-# single prompts of 256 to 1024 tokens (32,896 keys and up).
+# 3-14% faster up to 16,896 keys read, 3-4% at about 66,000, and 1.5-7% slower from 131,328; one prompt of 256
+# (32,896) came out within 1% either way in two runs.
 IN_PLACE_PREFILL_MAX_KEYS = 32768
 
 
