@@ -228,17 +228,8 @@ class ModelRunner:
         self.logprobs = logprobs
         self.last_logprobs: tuple[float, ...] | None = None  # the last step's, under logprobs
         self._wants_paged_attention = paged_attention
-        if in_place_prefill_max_keys < 0:
-            raise ValueError(
-                f"in_place_prefill_max_keys must be 0 or more (0 sends every prompt to SDPA), got "
-                f"{in_place_prefill_max_keys}"
-            )
-        self.in_place_prefill_max_keys = in_place_prefill_max_keys
-        self.static_decode = (
-            None
-            if decode_mode is DecodeMode.PACKED
-            else StaticDecodeStep(self.decoder, use_cuda_graph=decode_mode is DecodeMode.CUDA_GRAPH)
-        )
+        self.in_place_prefill_max_keys = _checked_prompt_key_budget(in_place_prefill_max_keys)
+        self.static_decode = _static_decode(self.decoder, decode_mode)
 
     @property
     def device(self) -> torch.device:
@@ -486,23 +477,34 @@ class ModelRunner:
         indices = _HostIndices()
         handles = [indices.add(values) for values in (input_ids, positions, token_slots, sample_index)]
         store = self._plan_store(kv_cache, token_slots, positions, indices)
-        num_kv_heads = self.decoder.heads.num_kv_heads
         if self.batch_invariant:  # every token attends alone: no groups, no masks
-            tables, lengths, width = _per_token_tables(chunks, indices, block_size, num_kv_heads)
+            tables, lengths, width = _per_token_tables(chunks, indices, block_size, self.decoder.heads.num_kv_heads)
             tensors = indices.upload(self.device)
             per_token = _PerTokenKeys(tensors[tables].view(-1, width), tensors[lengths])
             return _batch(tensors, handles, (), per_token, store)
-        if self._reads_in_place(prefill_chunks):  # one group of every token in order, the kernel's rows
-            plans = [self._plan_group(offset_chunks, indices, block_size, num_kv_heads, True)]
-        else:  # the prompts through SDPA; the decode chunks in place where the kernel is built
-            plans = [
-                self._plan_group(group_chunks, indices, block_size, num_kv_heads, in_place)
-                for group_chunks, in_place in ((decode_chunks, self._reads_in_place([])), (prefill_chunks, False))
-                if group_chunks
-            ]
+        plans = self._plan_groups(offset_chunks, decode_chunks, prefill_chunks, indices, block_size)
         tensors = indices.upload(self.device)
         groups = tuple(self._attention_group(plan, tensors, block_size, alone=len(plans) == 1) for plan in plans)
         return _batch(tensors, handles, groups, store=store)
+
+    def _plan_groups(
+        self,
+        offset_chunks: list[tuple[int, ScheduledChunk]],
+        decode_chunks: list[tuple[int, ScheduledChunk]],
+        prefill_chunks: list[tuple[int, ScheduledChunk]],
+        indices: _HostIndices,
+        block_size: int | None,
+    ) -> list[_GroupPlan]:
+        """The step's attention groups: one of every token in step order where the kernel reads them all in place;
+        else the prompts through SDPA, and the decode chunks in place where the kernel is built."""
+        num_kv_heads = self.decoder.heads.num_kv_heads
+        if self._reads_in_place(prefill_chunks):
+            return [self._plan_group(offset_chunks, indices, block_size, num_kv_heads, True)]
+        return [
+            self._plan_group(group_chunks, indices, block_size, num_kv_heads, in_place)
+            for group_chunks, in_place in ((decode_chunks, self._reads_in_place([])), (prefill_chunks, False))
+            if group_chunks
+        ]
 
     def _reads_in_place(self, prefill_chunks: list[tuple[int, ScheduledChunk]]) -> bool:
         """Whether the kernel reads the keys of decode chunks and of ``prefill_chunks`` in place: wherever it is
@@ -542,19 +544,7 @@ class ModelRunner:
             offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
         chunks = [chunk for _, chunk in offset_chunks]
         max_query_len = max(chunk.num_tokens for chunk in chunks)
-        token_index: list[int] = []
-        query_rows: list[int] = []
-        query_cols: list[int] = []
-        # Query (row, col) sits at position start + col; it sees keys 0..that
-        # position of its own request. Padded query columns reuse the row's last
-        # position so no row is ever fully masked (which would give NaN).
-        query_positions: list[int] = []
-        for row, (offset, chunk) in enumerate(offset_chunks):
-            token_index.extend(range(offset, offset + chunk.num_tokens))
-            query_rows.extend([row] * chunk.num_tokens)
-            query_cols.extend(range(chunk.num_tokens))
-            last = chunk.start_position + chunk.num_tokens - 1
-            query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
+        token_index, query_rows, query_cols, query_positions = _query_layout(offset_chunks, max_query_len)
         if in_place:
             tables, lengths, width = _per_token_tables(chunks, indices, block_size, num_kv_heads)
         elif block_size is not None:
@@ -624,6 +614,27 @@ def _batch(
         return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token)
     offsets, head_stride = store
     return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token, tensors[offsets], head_stride)
+
+
+def _query_layout(
+    offset_chunks: list[tuple[int, ScheduledChunk]], max_query_len: int
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A group's tokens as SDPA's padded queries: each token's offset in the step, its (row, column), and every
+    (row, column)'s position, the padded ones included ([rows * max_query_len])."""
+    token_index: list[int] = []
+    query_rows: list[int] = []
+    query_cols: list[int] = []
+    # Query (row, col) sits at position start + col; it sees keys 0..that
+    # position of its own request. Padded query columns reuse the row's last
+    # position so no row is ever fully masked (which would give NaN).
+    query_positions: list[int] = []
+    for row, (offset, chunk) in enumerate(offset_chunks):
+        token_index.extend(range(offset, offset + chunk.num_tokens))
+        query_rows.extend([row] * chunk.num_tokens)
+        query_cols.extend(range(chunk.num_tokens))
+        last = chunk.start_position + chunk.num_tokens - 1
+        query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
+    return token_index, query_rows, query_cols, query_positions
 
 
 def _padded_block_tables(chunks: list[ScheduledChunk], indices: _HostIndices) -> tuple[int, int]:
@@ -761,6 +772,19 @@ def _layer_ops(decoder: Decoder, *, wanted: bool) -> LayerOps | Unavailable:
             f"the fused operators are for float32 on the CPU, not {decoder.dtype} on {decoder.device.type}"
         )
     return load_layer_ops()
+
+
+def _checked_prompt_key_budget(max_keys: int) -> int:
+    if max_keys < 0:
+        raise ValueError(f"in_place_prefill_max_keys must be 0 or more (0 sends every prompt to SDPA), got {max_keys}")
+    return max_keys
+
+
+def _static_decode(decoder: Decoder, decode_mode: DecodeMode) -> StaticDecodeStep | None:
+    """The static-shape decode step of ``static`` and ``cuda-graph``; None under ``packed``."""
+    if decode_mode is DecodeMode.PACKED:
+        return None
+    return StaticDecodeStep(decoder, use_cuda_graph=decode_mode is DecodeMode.CUDA_GRAPH)
 
 
 def _check_packed(decode_mode: DecodeMode, knob: str) -> None:
