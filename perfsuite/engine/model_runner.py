@@ -146,11 +146,11 @@ class _GroupPlan:
     max_query_len: int
     max_key_len: int
     slots: list[int]
-    slot_index: int  # handles into _HostIndices
-    token_index: int
-    query_positions: int  # [rows * max_query_len]
-    query_rows: int
-    query_cols: int
+    token_index: int  # handles into _HostIndices
+    # SDPA's: the handles of each token's query row and column, and of every (row, column)'s position
+    # ([rows * max_query_len], _padded_queries); and a slot cache's slot index. None where the kernel reads in place.
+    padded_queries: tuple[int, int, int] | None
+    slot_index: int | None
     block_tables: int | None  # [rows * max_blocks] paged and gathered; read in place: _per_token_tables'
     key_lengths: int | None  # read in place: each kernel row's keys (_per_token_tables); else None
     num_table_columns: int
@@ -544,23 +544,26 @@ class ModelRunner:
             offset_chunks = sorted(offset_chunks, key=lambda item: item[1].slot)
         chunks = [chunk for _, chunk in offset_chunks]
         max_query_len = max(chunk.num_tokens for chunk in chunks)
-        token_index, query_rows, query_cols, query_positions = _query_layout(offset_chunks, max_query_len)
+        token_index = [offset + i for offset, chunk in offset_chunks for i in range(chunk.num_tokens)]
+        padded_queries = slot_index = lengths = tables = None
+        width = 0
         if in_place:
             tables, lengths, width = _per_token_tables(chunks, indices, block_size, num_kv_heads)
-        elif block_size is not None:
-            (tables, width), lengths = _padded_block_tables(chunks, indices), None
-        else:
-            tables, lengths, width = None, None, 0
+        else:  # SDPA's padded queries, over a slot cache's slots or a pool's blocks gathered
+            rows, cols, positions = _padded_queries(offset_chunks, max_query_len)
+            padded_queries = indices.add(rows), indices.add(cols), indices.add(positions)
+            if block_size is None:
+                slot_index = indices.add([chunk.slot for chunk in chunks])
+            else:
+                tables, width = _padded_block_tables(chunks, indices)
         return _GroupPlan(
             num_rows=len(chunks),
             max_query_len=max_query_len,
             max_key_len=max(chunk.start_position + chunk.num_tokens for chunk in chunks),
             slots=[chunk.slot for chunk in chunks],
-            slot_index=indices.add([chunk.slot for chunk in chunks]),
             token_index=indices.add(token_index),
-            query_positions=indices.add(query_positions),
-            query_rows=indices.add(query_rows),
-            query_cols=indices.add(query_cols),
+            padded_queries=padded_queries,
+            slot_index=slot_index,
             block_tables=tables,
             key_lengths=lengths,
             num_table_columns=width,
@@ -570,18 +573,21 @@ class ModelRunner:
     def _attention_group(
         self, plan: _GroupPlan, tensors: list[torch.Tensor], block_size: int | None, *, alone: bool
     ) -> _AttentionGroup:
-        is_decode = plan.max_query_len == 1
         slots: torch.Tensor | slice | None = None
-        mask = block_tables = key_lengths = None
-        if plan.key_lengths is not None:  # read in place
-            assert plan.block_tables is not None
+        mask = block_tables = key_lengths = query_rows = query_cols = None
+        if plan.padded_queries is None:  # read in place
+            assert plan.block_tables is not None and plan.key_lengths is not None
             block_tables = tensors[plan.block_tables].view(-1, plan.num_table_columns)
             key_lengths = tensors[plan.key_lengths]
         else:
-            query_pos = tensors[plan.query_positions].view(plan.num_rows, plan.max_query_len)
+            rows_handle, cols_handle, positions_handle = plan.padded_queries
+            if plan.max_query_len > 1:  # a decode group's queries are one a row, none padded
+                query_rows, query_cols = tensors[rows_handle], tensors[cols_handle]
+            query_pos = tensors[positions_handle].view(plan.num_rows, plan.max_query_len)
             key_pos = torch.arange(plan.max_key_len, device=self.device)
             mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
             if block_size is None:
+                assert plan.slot_index is not None, "a slot group SDPA reads has its slots"
                 slots = _as_slice_if_contiguous(plan.slots) or tensors[plan.slot_index]
             else:
                 assert plan.block_tables is not None, "a paged group's plan has its block tables"
@@ -592,8 +598,8 @@ class ModelRunner:
             num_rows=plan.num_rows,
             max_query_len=plan.max_query_len,
             max_key_len=plan.max_key_len,
-            query_rows=None if is_decode else tensors[plan.query_rows],
-            query_cols=None if is_decode else tensors[plan.query_cols],
+            query_rows=query_rows,
+            query_cols=query_cols,
             mask=mask,
             block_tables=block_tables,
             key_lengths=key_lengths,
@@ -616,25 +622,23 @@ def _batch(
     return _Batch(input_ids, positions, token_slots, sample_index, groups, per_token, tensors[offsets], head_stride)
 
 
-def _query_layout(
+def _padded_queries(
     offset_chunks: list[tuple[int, ScheduledChunk]], max_query_len: int
-) -> tuple[list[int], list[int], list[int], list[int]]:
-    """A group's tokens as SDPA's padded queries: each token's offset in the step, its (row, column), and every
-    (row, column)'s position, the padded ones included ([rows * max_query_len])."""
-    token_index: list[int] = []
+) -> tuple[list[int], list[int], list[int]]:
+    """A group's tokens as SDPA's padded queries: each token's (row, column), and every (row, column)'s position,
+    the padded ones included ([rows * max_query_len])."""
     query_rows: list[int] = []
     query_cols: list[int] = []
     # Query (row, col) sits at position start + col; it sees keys 0..that
     # position of its own request. Padded query columns reuse the row's last
     # position so no row is ever fully masked (which would give NaN).
     query_positions: list[int] = []
-    for row, (offset, chunk) in enumerate(offset_chunks):
-        token_index.extend(range(offset, offset + chunk.num_tokens))
+    for row, (_, chunk) in enumerate(offset_chunks):
         query_rows.extend([row] * chunk.num_tokens)
         query_cols.extend(range(chunk.num_tokens))
         last = chunk.start_position + chunk.num_tokens - 1
         query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
-    return token_index, query_rows, query_cols, query_positions
+    return query_rows, query_cols, query_positions
 
 
 def _padded_block_tables(chunks: list[ScheduledChunk], indices: _HostIndices) -> tuple[int, int]:
