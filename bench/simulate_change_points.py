@@ -12,9 +12,11 @@ tails); ``outliers``, the normal, and in 5% of runs a slow session besides,
 ``A/A``: ``--sequences`` flat series of ``--runs`` runs; after each run from
 ``min_points`` on, the head is searched over the newest ``window_len`` runs,
 as a session does (``perfsuite.history.head``). Counted under the old rules
-(every run with a change point at its head, any number of runs after it:
-``min_after_runs=1``, per run) and the new (each step once, when new, at
-least ``min_after_runs`` runs holding it: ``HeadStep.is_new``). ``step``: 50
+(every run with a change point at its head, any number of runs after it and
+before it: ``min_after_runs=1``, ``min_before_runs=1``, per run) and the new
+(each step once, when new, held by ``runs_to_hold`` runs, two for a
+regression and three for an improvement, with ``min_before_runs`` before it:
+``HeadStep.is_new``). ``step``: 50
 series of 30 flat runs and then a ``--step`` change; how many runs after the
 step the head search first finds it (within one run of where it is), under
 each rule. ``creep``: 50 series of 40 runs, run i 1.02 ** (i // 3) times
@@ -53,7 +55,7 @@ from perfsuite.history.trend import TrendPolicy, trend_beside_steps  # noqa: E40
 from perfsuite.judge.stats import Direction  # noqa: E402
 
 NEW_RULES = ChangePointPolicy()
-OLD_RULES = replace(NEW_RULES, min_after_runs=1)
+OLD_RULES = replace(NEW_RULES, min_after_runs=1, min_after_runs_improvement=1, min_before_runs=1)
 OLD_HEAD = replace(NEW_RULES, head_runs=5)
 OUTLIER_SHARE = 0.05
 CREEP_EVERY, CREEP_RUNS = 3, 40  # as bench/calibrate_history.py runs it: +2% every 3 sessions, 40 sessions

@@ -132,6 +132,39 @@ def test_min_after_runs_must_fit_within_the_head():
         ChangePointPolicy(head_runs=5, min_after_runs=6)
     with pytest.raises(ValueError, match="min_after_runs=0"):
         ChangePointPolicy(min_after_runs=0)
+    with pytest.raises(ValueError, match="give 1 <= min_after_runs_improvement <= head_runs"):
+        ChangePointPolicy(head_runs=5, min_after_runs_improvement=6)
+    with pytest.raises(ValueError, match="min_before_runs=0: a step needs at least one run before it"):
+        ChangePointPolicy(min_before_runs=0)
+
+
+@pytest.mark.parametrize("num_flat", [5, 6, 7, 8])
+def test_a_fast_first_run_of_a_new_series_is_no_step_down_at_the_head(num_flat):
+    """One fast session and then a flat level: the runs after it are no regression, while fewer than
+    min_before_runs stand before the split. Under a head of 8 runs every series of 6 to 9 runs showed one."""
+    values = [125.0] + step_values(num_flat, 0, step=0.0, noise=0.01, seed=num_flat)
+    split = detect(series_of(values)).change_points
+    assert split and split[-1].index == 1 and split[-1].is_regression, "Otava splits after the fast run"
+    assert head_change(series_of(values), ChangePointPolicy(min_before_runs=1)) is not None, "what it reported"
+    assert head_change(series_of(values)) is None
+
+
+def test_the_runs_before_a_step_are_those_since_the_change_point_before_it():
+    levels = [100.0] * 12 + [80.0] * 3 + [64.0] * 3
+    detection = detect(series_of([level * factor for level, factor in zip(levels, step_values(18, 0, 0.0, 0.01))]))
+    assert [point.index for point in detection.change_points] == [12, 15]
+    assert [detection.runs_before(point) for point in detection.change_points] == [12, 3]
+    assert detection.head is None, "three runs between the two steps are no level to step from"
+    assert dataclasses.replace(detection, policy=ChangePointPolicy(min_before_runs=3)).head is not None
+
+
+def test_an_improvement_waits_for_one_run_more_than_a_regression():
+    """The gate is for regressions: a regression is at the head once two runs hold it, an improvement three."""
+    for step, kind in ((-0.10, "regression"), (0.10, "improvement")):
+        values = step_values(20, 3, step=step, noise=0.01)
+        held = [head_change(series_of(values[: 20 + after])) is not None for after in (1, 2, 3)]
+        assert held == ([False, True, True] if kind == "regression" else [False, False, True]), kind
+        assert head_step(detect(series_of(values))).is_new == (kind == "improvement"), "first at run 2 or at run 3"
 
 
 def _head_step(values):

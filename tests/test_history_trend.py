@@ -44,14 +44,29 @@ def test_a_rising_latency_is_a_regression_and_a_rising_throughput_an_improvement
 
 
 def test_flat_noise_is_flagged_no_more_often_than_the_tests_size():
-    """A/A: of 500 windows of 20 runs of 5% noise, at most max_p_value of them show a trend (the step rule and the
-    least change only take some away; at the defaults about 1.2% do, seeded)."""
+    """A/A: of 500 windows of 20 runs of 5% noise, at most the two one-sided sizes together show a trend (the step
+    rule and the least change only take some away), and regressions no more than max_p_value."""
     policy = TrendPolicy()
-    flagged = sum(
-        find_trend(series_of(step_values(20, 0, step=0.0, noise=0.05, seed=seed)), policy).trend is not None
-        for seed in range(500)
-    )
-    assert flagged <= policy.max_p_value * 500
+    windows = (series_of(step_values(20, 0, step=0.0, noise=0.05, seed=seed)) for seed in range(500))
+    trends = [find_trend(window, policy).trend for window in windows]
+    flagged = [trend for trend in trends if trend is not None]
+    assert len(flagged) <= (policy.max_p_value + policy.max_p_value_improvement) * 500
+    assert sum(trend.is_regression for trend in flagged) <= policy.max_p_value * 500
+
+
+@pytest.mark.parametrize("seed", [0, 6, 20])
+def test_an_improvement_needs_a_smaller_p_value_than_a_regression(seed):
+    """The gate is for regressions: a slope down of one-sided p 0.004-0.015 is a regression trend, the same slope up
+    (the values mirrored about 100: the same ranks and fits) is no improvement until max_p_value_improvement allows."""
+    policy = TrendPolicy()
+    values = creep_values(10, 10, per_run=-0.006, seed=seed)
+    regression = find_trend(series_of(values)).trend
+    assert regression is not None and policy.max_p_value_improvement < regression.p_value <= policy.max_p_value
+    mirrored = [200 - value for value in values]
+    assert find_trend(series_of(mirrored)).trend is None
+    improvement = find_trend(series_of(mirrored), TrendPolicy(max_p_value_improvement=policy.max_p_value)).trend
+    assert improvement is not None and improvement.kind == "improvement"
+    assert improvement.p_value == pytest.approx(regression.p_value)
 
 
 def test_a_staircase_creep_that_one_step_fits_nearly_as_well_is_still_a_trend():
@@ -126,6 +141,7 @@ def test_a_level_at_or_under_zero_is_not_tested():
         ({"min_runs": 3}, "min_runs=3"),
         ({"min_runs": 30}, "min_runs=30"),
         ({"max_p_value": 0}, "max_p_value=0"),
+        ({"max_p_value_improvement": 1.0}, "max_p_value_improvement=1.0: it must lie between 0 and 1"),
         ({"step_margin": 1.0}, "step_margin=1.0"),
         ({"step_margin": -0.1}, "step_margin=-0.1"),
         ({"step_margin": math.nan}, "step_margin=nan"),

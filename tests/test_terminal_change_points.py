@@ -38,7 +38,7 @@ def test_a_head_regression_is_shown_and_fails_only_under_the_option(tmp_path, fa
 
 
 def test_an_improvement_at_the_head_fails_nothing_even_under_the_option(tmp_path):
-    lines, perf_session = summary_of(tmp_path, step_values(20, 2, step=0.12), fail_on_change_point=True)
+    lines, perf_session = summary_of(tmp_path, step_values(20, 3, step=0.12), fail_on_change_point=True)
     (line,) = [text for text, _ in lines if text.startswith(HEAD_WARNING_PREFIX)]
     assert "(improvement)" in line and "fails" not in line
     assert perf_session.failing_change_points == ()

@@ -24,8 +24,8 @@ functions here raise ``ChangePointsUnavailable`` naming that command.
 
 A change point *at the head* is one whose "after" segment is made of the
 newest runs only (``ChangePointPolicy.head_runs`` of them at most, and at
-least ``min_after_runs``): the last few sessions stepped away from the ones
-before. It is a verdict of its own, once: ``head_step`` says whether an
+least ``runs_to_hold`` holding it, with ``min_before_runs`` before it): the
+last few sessions stepped away from the ones before. It is a verdict of its own, once: ``head_step`` says whether an
 earlier session's own search already had the same step at its head
 (``HeadStep.first_reported``). Later, once more runs follow it, it is
 history.
@@ -70,12 +70,20 @@ class ChangePointPolicy:
     sessions of this machine a creep of 2% every three sessions was first
     split 7 runs back, 5 runs after it passed 10% (docs/change-points.md,
     Calibration); with 5 the head verdict found it 18 runs late.
-    ``min_after_runs``: a change point is at the head only once at least this
+    ``min_after_runs``: a regression is at the head only once at least this
     many runs after it hold it (each nearer the level after it than the level
     before). One slow session is an outlier, not a level shift, and the
     per-run verdict already judges it against its baseline; a step that stays
     is still there one run later, well inside the five runs the creep target
-    allows.
+    allows. ``min_after_runs_improvement``: the same for an improvement. The
+    gate is there for regressions, and an improvement reported a run later
+    costs nothing, so it waits for one more run: two fast sessions in a row
+    (a quiet spell of a shared machine) are then no step.
+    ``min_before_runs``: a change point is at the head only with at least
+    this many runs before it, since the series' start or the change point
+    before it. One or two runs at the start of a new series are no level to
+    step from: with a head of 8 runs, a series of 6 to 10 runs whose first
+    run or two were fast otherwise showed the runs after them as a step down.
     """
 
     max_p_value: float = 0.001
@@ -84,13 +92,25 @@ class ChangePointPolicy:
     min_points: int = 6
     head_runs: int = 8
     min_after_runs: int = 2
+    min_after_runs_improvement: int = 3
+    min_before_runs: int = 5
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_after_runs <= self.head_runs:
+        for name in ("min_after_runs", "min_after_runs_improvement"):
+            if not 1 <= getattr(self, name) <= self.head_runs:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} with head_runs={self.head_runs}: a change point at the head "
+                    f"has between {name} and head_runs runs after it; give 1 <= {name} <= head_runs"
+                )
+        if self.min_before_runs < 1:
             raise ValueError(
-                f"min_after_runs={self.min_after_runs} with head_runs={self.head_runs}: a change point at the head "
-                "has between min_after_runs and head_runs runs after it; give 1 <= min_after_runs <= head_runs"
+                f"min_before_runs={self.min_before_runs}: a step needs at least one run before it; give 1 or more"
             )
+
+    def runs_to_hold(self, is_regression: bool) -> int:
+        """How many runs after a change point must hold it before it is at the head: ``min_after_runs`` for a
+        regression, ``min_after_runs_improvement`` for an improvement."""
+        return self.min_after_runs if is_regression else self.min_after_runs_improvement
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +173,15 @@ class Detection:
         after = (point.value for point in self.series.points[change_point.index :] if math.isfinite(point.value))
         return sum(abs(v - change_point.mean_after) < abs(v - change_point.mean_before) for v in after)
 
+    def runs_before(self, change_point: ChangePoint) -> int:
+        """Finite runs from the change point before ``change_point`` (or the series' start) up to it: its level."""
+        start = max((point.index for point in self.change_points if point.index < change_point.index), default=0)
+        return sum(math.isfinite(point.value) for point in self.series.points[start : change_point.index])
+
     @property
     def head(self) -> ChangePoint | None:
-        """The newest change point, when it is at the head and at least ``min_after_runs`` runs after it hold it.
+        """The newest change point, when it is at the head, enough runs after it hold it (``runs_to_hold``) and at
+        least ``min_before_runs`` runs stand before it.
 
         Held: nearer the level after the step than the level before. One
         outlying session, newest or followed by runs back at the old level,
@@ -163,9 +189,9 @@ class Detection:
         """
         if not self.change_points:
             return None
-        newest = self.change_points[-1]
-        at_head = self.runs_after(newest) <= self.policy.head_runs
-        return newest if at_head and self.runs_holding(newest) >= self.policy.min_after_runs else None
+        newest, policy = self.change_points[-1], self.policy
+        at_head = self.runs_after(newest) <= policy.head_runs and self.runs_before(newest) >= policy.min_before_runs
+        return newest if at_head and self.runs_holding(newest) >= policy.runs_to_hold(newest.is_regression) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +235,7 @@ def head_step(detection: Detection) -> HeadStep | None:
     No state is kept between sessions: what an earlier session reported is
     what its own search (the series up to it) had at its head, so each
     session that could have seen the step, from the first with
-    ``min_after_runs`` runs after it on, is searched again; that costs
+    ``runs_to_hold`` runs after it on, is searched again; that costs
     nothing unless the newest search found a head. The same step is one of
     the same kind (regression or not) whose first "after" point is at most
     one run before this one's, or anywhere after it: the runs from this step
@@ -220,7 +246,7 @@ def head_step(detection: Detection) -> HeadStep | None:
     series, policy, head = detection.series, detection.policy, detection.head
     if head is None:
         return None
-    for end in range(head.index + policy.min_after_runs - 1, len(series.points)):
+    for end in range(head.index + policy.runs_to_hold(head.is_regression) - 1, len(series.points)):
         earlier = detect(replace(series, points=series.points[:end]), policy).head
         if earlier is not None and earlier.index >= head.index - 1 and earlier.is_regression == head.is_regression:
             return HeadStep(head, first_reported=series.points[end - 1])

@@ -16,8 +16,12 @@ faster, or a merge that cost 10% at once, is reported as the step it is.
 the slope's. A staircase creep in noise is often fitted as well by one step
 as by a line, by chance; a true step wins by far more.
 
-A trend is flagged only when it is significant (``max_p_value``, two-sided)
-*and* large: its fitted change over the window is at least
+A trend is flagged only when it is significant *and* large. Significant:
+the one-sided Mann-Kendall p the way it goes is at most ``max_p_value`` for
+a regression and ``max_p_value_improvement`` for an improvement. The gate is
+there for regressions, so its false-alarm budget is spent on them; an
+improvement needs stronger evidence, and is reported later or not at all.
+Large: its fitted change over the window is at least
 ``min_total_change``, so a significant but tiny slope is not one. Values are
 taken relative to the window's median, so the slope reads "-0.7% per run".
 "Since when" is where the slope starts: the run after which a flat level and
@@ -45,8 +49,9 @@ class TrendPolicy:
     """The thresholds of the trend test (docs/change-points.md, Trends, says why each).
 
     ``window_runs``: the newest runs tested. ``min_runs``: with fewer
-    finite runs nothing is tested. ``max_p_value``: of the two-sided
-    Mann-Kendall test. ``min_total_change``: the least fitted change over
+    finite runs nothing is tested. ``max_p_value``: the one-sided
+    Mann-Kendall p of a regression; ``max_p_value_improvement``: of an
+    improvement (module docstring: why they differ). ``min_total_change``: the least fitted change over
     the window, relative to its median. ``confidence``: of the slope's
     interval. ``repeat_runs``: how far back a trend the same way is the same.
     ``step_margin``: how much better (a share of the slope fit's squared
@@ -56,6 +61,7 @@ class TrendPolicy:
     window_runs: int = 20
     min_runs: int = 10
     max_p_value: float = 0.02
+    max_p_value_improvement: float = 0.0025
     min_total_change: float = 0.05
     confidence: float = 0.95
     repeat_runs: int = 8
@@ -69,10 +75,9 @@ class TrendPolicy:
             )
         if not 0 <= self.step_margin < 1:
             raise ValueError(f"step_margin={self.step_margin}: a share of the slope fit's squared error, 0 <= it < 1")
-        if not (0 < self.max_p_value < 1 and 0 < self.confidence < 1):
-            raise ValueError(
-                f"max_p_value={self.max_p_value}, confidence={self.confidence}: both must lie between 0 and 1"
-            )
+        for name in ("max_p_value", "max_p_value_improvement", "confidence"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: it must lie between 0 and 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,7 @@ class Trend:
     intercept: float  # the fitted line at the window's first run, relative to ``level``: median of value - slope x run
     slope_low: float  # its confidence interval
     slope_high: float
-    p_value: float  # two-sided Mann-Kendall
+    p_value: float  # one-sided Mann-Kendall, the way the trend goes
     level: float  # the window's median
     direction: Direction
 
@@ -122,7 +127,7 @@ class Trend:
             f"trend {self.slope_per_run:+.2%} per run (95% CI {self.slope_low:+.2%}..{self.slope_high:+.2%}) "
             f"({self.kind}) since {self.start.short_commit} ({self.start.created_at}), "
             f"{self.runs_since_start} runs; {self.total_change:+.1%} fitted over the newest {self.num_runs} runs, "
-            f"p={self.p_value:.2g}"
+            f"p={self.p_value:.2g} (one-sided)"
         )
 
 
@@ -160,11 +165,16 @@ def find_trend(series: Series, policy: TrendPolicy = TrendPolicy()) -> TrendSear
         return TrendSearch(series, policy, not_searched=f"the level is {level:.4g}: a slope relative to it is none")
     values = np.array([point.value / level for _, point in window])
     score, variance, slopes = _kendall(values)
-    p_value = float(2 * norm.sf((abs(score) - 1) / math.sqrt(variance))) if score and variance else 1.0
+    p_value = float(norm.sf((abs(score) - 1) / math.sqrt(variance))) if score and variance else 1.0
+    regression = score < 0 if series.direction is Direction.HIGHER_IS_BETTER else score > 0
     slope = float(np.median(slopes))
     low, high = _slope_interval(slopes, variance, policy.confidence)
-    large = abs(slope) * (len(window) - 1) >= policy.min_total_change
-    if p_value > policy.max_p_value or not large or low <= 0 <= high:
+    large = abs(slope) * (len(window) - 1) >= policy.min_total_change and slope * score > 0
+    if (
+        p_value > (policy.max_p_value if regression else policy.max_p_value_improvement)
+        or not large
+        or low <= 0 <= high
+    ):
         return TrendSearch(series, policy)
     onset, slope_error = _onset(values)
     if _step_error(values) <= slope_error * (1 - policy.step_margin):  # one step explains it clearly better: a step's
