@@ -3,6 +3,7 @@
     .venv/bin/python bench/calibrate_history.py [--sessions N] [--every K] [--save runs.json]
     .venv/bin/python bench/calibrate_history.py --load runs.json            # re-print, no measuring
     .venv/bin/python bench/calibrate_history.py --load runs.json --policy max_p_value=0.01,head_runs=3
+    .venv/bin/python bench/calibrate_history.py --load runs.json --trend-policy max_p_value=0.01
     .venv/bin/python bench/calibrate_history.py --load runs.json --grid     # other thresholds, same data
 
 What it measures. Two series of real ``pytest --perf`` sessions, run as
@@ -166,21 +167,22 @@ def session_environment(base: dict[str, str], slowdown: float, commit: str, repo
     return env
 
 
-def policy_from_text(text: str | None, base: ChangePointPolicy = ChangePointPolicy()) -> ChangePointPolicy:
-    """``max_p_value=0.01,head_runs=3`` over ``base``; a usage error names the fields there are."""
+def policy_from_text(text: str | None, base: Any = ChangePointPolicy(), option: str = "--policy") -> Any:
+    """``max_p_value=0.01,head_runs=3`` over ``base`` (a ``ChangePointPolicy`` or a ``TrendPolicy``); a usage error
+    names ``option`` and the fields there are."""
     if not text:
         return base
-    names = {f.name: f.type for f in fields(ChangePointPolicy)}
+    names = {f.name: f.type for f in fields(type(base))}
     changes: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         name = name.strip()
         if name not in names or not value:
-            raise ValueError(f"--policy {part!r}: give name=value, with a name among {', '.join(names)}")
+            raise ValueError(f"{option} {part!r}: give name=value, with a name among {', '.join(names)}")
         try:
             changes[name] = int(value) if names[name] in ("int", int) else float(value)
         except ValueError:
-            raise ValueError(f"--policy {part!r}: {value!r} is not a number") from None
+            raise ValueError(f"{option} {part!r}: {value!r} is not a number") from None
     return replace(base, **changes)
 
 
@@ -552,9 +554,11 @@ def setup_table(data: dict[str, Any], policy: ChangePointPolicy) -> str:
     return _markdown(["setup", ""], rows)
 
 
-def report(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0) -> str:
+def report(
+    data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0, trend_policy: TrendPolicy = TRENDS
+) -> str:
     analysis = analyse(data, policy, resamples, seed)
-    trends = trends_report(data, policy, resamples, seed)
+    trends = trends_report(data, policy, resamples, seed, trend_policy)
     return "\n\n".join([setup_table(data, policy), figures_table(analysis), verdict_line(analysis), trends])
 
 
@@ -592,25 +596,33 @@ def steps_and_trends(series: Series, policy: ChangePointPolicy, trends: TrendPol
     return Verdicts(tuple(steps), tuple(found), tuple(regressions), searched)
 
 
-def trends_report(data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0) -> str:
+def trends_report(
+    data: dict[str, Any], policy: ChangePointPolicy, resamples: int, seed: int = 0, trends: TrendPolicy = TRENDS
+) -> str:
     """Per metric: the creep found by a new regression, step or trend (runs after it passes 10%, 0 or less: before),
     and the A/A false changes, steps and trends together, measured and resampled."""
     past = first_past(CREEP_TARGET, data["every"])
     creep = {(s.key.test_id, s.key.metric): s for s in build_series(documents_of(data, "creep"))}
-    lines = [f"steps and trends together ({TRENDS}):"]
+    lines = [f"steps and trends together ({trends}):"]
     for aa in build_series(documents_of(data, "aa")):
         key = (aa.key.test_id, aa.key.metric)
-        found = steps_and_trends(creep[key], policy).new_regressions if key in creep else ()
+        found = steps_and_trends(creep[key], policy, trends).new_regressions if key in creep else ()
         runs = next((index - past + 1 for index in found), None)
-        measured = steps_and_trends(aa, policy)
+        measured = steps_and_trends(aa, policy, trends)
         rng = random.Random(f"{seed}-{key[0]}-{key[1]}-trends")
         _, draw = resampler(list(aa.values), rng)
-        false = searched = 0
+        num_steps = num_trends = searched = 0
         for _ in range(resamples):
             points = tuple(replace(p, value=v) for p, v in zip(aa.points, draw(), strict=True))
-            run = steps_and_trends(replace(aa, points=points), policy)
-            false, searched = false + run.num_false, searched + run.num_searched
-        synthetic = f"{100 * false / searched:.2f} per 100 ({false} of {searched})" if searched else "not resampled"
+            run = steps_and_trends(replace(aa, points=points), policy, trends)
+            num_steps, num_trends = num_steps + len(run.new_steps), num_trends + len(run.new_trends)
+            searched += run.num_searched
+        false = num_steps + num_trends
+        synthetic = (
+            f"{100 * false / searched:.2f} per 100 ({false} of {searched}: {num_steps} steps + {num_trends} trends)"
+            if searched
+            else "not resampled"
+        )
         creep_found = "not found" if runs is None else f"found at run {runs} after it passes {CREEP_TARGET:.0%}"
         lines.append(
             f"  {_short(key[0])} {key[1]}: creep {creep_found} (that run is 1; 0 or less: before); A/A measured "
@@ -732,6 +744,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save", type=Path, help="write the raw data (every session) to this JSON file")
     parser.add_argument("--load", type=Path, help="re-print the table of a --save file, without measuring")
     parser.add_argument("--policy", help="thresholds other than the defaults: max_p_value=0.01,head_runs=3")
+    parser.add_argument(
+        "--trend-policy", help="the trend test's thresholds other than the defaults: max_p_value=0.01,window_runs=30"
+    )
     parser.add_argument("--grid", action="store_true", help="with --load: the verdict for a grid of thresholds")
     parser.add_argument(
         "--resamples", type=int, help="synthetic A/A series per test, of output throughput (100; with --grid: 0)"
@@ -751,6 +766,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--grid replays saved data: give --load FILE")
     try:
         args.policy = policy_from_text(args.policy)
+        args.trend_policy = policy_from_text(args.trend_policy, TRENDS, "--trend-policy")
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -767,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.grid:
             print(grid_report(data, args.resamples, args.seed))
         else:
-            print(report(data, args.policy, args.resamples, args.seed))
+            print(report(data, args.policy, args.resamples, args.seed, args.trend_policy))
         return 0
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -811,7 +827,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = {s["series"] for s in data["sessions"]}
         if done == set(SERIES_NAMES):
             data["sessions_per_series"] = min(sum(s["series"] == n for s in data["sessions"]) for n in SERIES_NAMES)
-            print(report(data, args.policy, args.resamples, args.seed))
+            print(report(data, args.policy, args.resamples, args.seed, args.trend_policy))
     return status
 
 

@@ -66,6 +66,16 @@ def test_policy_text():
             calibrate.policy_from_text(bad)
 
 
+def test_trend_policy_text_replays_the_trend_test_under_other_thresholds():
+    """--trend-policy: the old two-sided 0.02 is one-sided 0.01 both ways."""
+    old = calibrate.policy_from_text("max_p_value=0.01,max_p_value_improvement=0.01", calibrate.TRENDS, "--trend-policy")
+    assert (old.max_p_value, old.max_p_value_improvement, old.window_runs) == (0.01, 0.01, calibrate.TRENDS.window_runs)
+    with pytest.raises(ValueError, match="--trend-policy 'head_runs=3': give name=value, with a name among window_runs"):
+        calibrate.policy_from_text("head_runs=3", calibrate.TRENDS, "--trend-policy")
+    args = calibrate.parse_args(["--load", "x.json", "--trend-policy", "window_runs=30"])
+    assert args.trend_policy.window_runs == 30 and args.policy == POLICY
+
+
 def test_replay_finds_a_step_after_it_and_nothing_in_a_flat_series():
     stepped = sessions(step_values(18, 6, step=-0.12, noise=0.01))
     (run,) = calibrate.replay(stepped, POLICY)
@@ -162,7 +172,7 @@ def test_the_table_and_the_verdict_line():
     trends = text.split("steps and trends together (TrendPolicy(")[1].splitlines()
     (headline,) = [line for line in trends if " output_throughput: " in line]
     assert re.search(r"creep (found at run -?\d+ after it passes 10%|not found) \(that run is 1; 0 or less: before\); A/A measured 0 new steps \+ 0 new trends in 11 "
-                     r"runs; resampled \d\.\d\d per 100 \(\d+ of 22\)$", headline)  # fmt: skip
+                     r"runs; resampled \d\.\d\d per 100 \(\d+ of 22: \d+ steps \+ \d+ trends\)$", headline)  # fmt: skip
     grid = calibrate.grid_report(data, resamples=0)
     assert len(grid.splitlines()) == 4 * 3 * 2 * 2
     assert "max_p_value=0.05 min_magnitude=0.05 head_runs=3 min_after_runs=1: " in grid

@@ -25,10 +25,10 @@ functions here raise ``ChangePointsUnavailable`` naming that command.
 A change point *at the head* is one whose "after" segment is made of the
 newest runs only (``ChangePointPolicy.head_runs`` of them at most, and at
 least ``runs_to_hold`` holding it, with ``min_before_runs`` before it): the
-last few sessions stepped away from the ones before. It is a verdict of its own, once: ``head_step`` says whether an
-earlier session's own search already had the same step at its head
-(``HeadStep.first_reported``). Later, once more runs follow it, it is
-history.
+last few sessions stepped away from the ones before. It is a verdict of its
+own, once: ``head_step`` says whether an earlier session's own search
+already had the same step at its head (``HeadStep.first_reported``). Later,
+once more runs follow it, it is history.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ class TrendPolicy:
     ``window_runs``: the newest runs tested. ``min_runs``: with fewer
     finite runs nothing is tested. ``max_p_value``: the one-sided
     Mann-Kendall p of a regression; ``max_p_value_improvement``: of an
-    improvement (module docstring: why they differ). ``min_total_change``: the least fitted change over
-    the window, relative to its median. ``confidence``: of the slope's
+    improvement (module docstring: why they differ). ``min_total_change``:
+    the least fitted change over the window, relative to its median. ``confidence``: of the slope's
     interval. ``repeat_runs``: how far back a trend the same way is the same.
     ``step_margin``: how much better (a share of the slope fit's squared
     error) one step must fit the window to take it from the trend test.
