@@ -626,7 +626,8 @@ def _padded_queries(
     offset_chunks: list[tuple[int, ScheduledChunk]], max_query_len: int
 ) -> tuple[list[int], list[int], list[int]]:
     """A group's tokens as SDPA's padded queries: each token's (row, column), and every (row, column)'s position,
-    the padded ones included ([rows * max_query_len])."""
+    the padded ones included ([rows * max_query_len]). A decode group (one query a row) needs no rows or columns:
+    they stay empty."""
     query_rows: list[int] = []
     query_cols: list[int] = []
     # Query (row, col) sits at position start + col; it sees keys 0..that
@@ -634,8 +635,9 @@ def _padded_queries(
     # position so no row is ever fully masked (which would give NaN).
     query_positions: list[int] = []
     for row, (_, chunk) in enumerate(offset_chunks):
-        query_rows.extend([row] * chunk.num_tokens)
-        query_cols.extend(range(chunk.num_tokens))
+        if max_query_len > 1:
+            query_rows.extend([row] * chunk.num_tokens)
+            query_cols.extend(range(chunk.num_tokens))
         last = chunk.start_position + chunk.num_tokens - 1
         query_positions.extend(min(chunk.start_position + col, last) for col in range(max_query_len))
     return query_rows, query_cols, query_positions

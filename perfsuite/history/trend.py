@@ -169,12 +169,10 @@ def find_trend(series: Series, policy: TrendPolicy = TrendPolicy()) -> TrendSear
     regression = score < 0 if series.direction is Direction.HIGHER_IS_BETTER else score > 0
     slope = float(np.median(slopes))
     low, high = _slope_interval(slopes, variance, policy.confidence)
-    large = abs(slope) * (len(window) - 1) >= policy.min_total_change and slope * score > 0
-    if (
-        p_value > (policy.max_p_value if regression else policy.max_p_value_improvement)
-        or not large
-        or low <= 0 <= high
-    ):
+    max_p_value = policy.max_p_value if regression else policy.max_p_value_improvement
+    large = abs(slope) * (len(window) - 1) >= policy.min_total_change
+    same_way = slope * score > 0  # the p judged is that of the slope's own direction
+    if p_value > max_p_value or not large or not same_way or low <= 0 <= high:
         return TrendSearch(series, policy)
     onset, slope_error = _onset(values)
     if _step_error(values) <= slope_error * (1 - policy.step_margin):  # one step explains it clearly better: a step's
