@@ -1,10 +1,12 @@
-"""The panel kernel computes ``F.linear`` at a decode step's few rows, and the chooser gives it only the rows it won.
+"""The panel kernel computes ``F.linear`` at any rows, and the chooser gives it only the rows it won.
 
 Mutants it kills: a packing that drops or misplaces the last, partial panel;
-a product that skips the bias, or an input; rows past 8 let through; a
-chooser that keeps panels it timed slower, stops timing after a loss too
-late, or keeps the packed copies of a shape that does not take them; a
-projection that has panels and never runs them.
+a product that skips the bias, or an input; a block that drops the rows past
+its last full block of 8, or the panels past the last full group of 3, or sums
+one row's inputs with another's; no rows let through; a chooser that keeps
+panels it timed slower, stops timing after a loss too late, or keeps the
+packed copies of a shape that does not take them; a projection that has
+panels and never runs them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from hypothesis import strategies as st
 
 from perfsuite.engine import projection as projection_module
 from perfsuite.engine.c_library import Unavailable
-from perfsuite.engine.projection import Choice, Kernel, KernelChooser, Projection, can_pack
-from perfsuite.engine.small_gemm import MAX_ROWS, PANEL, SmallGemm, load_small_gemm
+from perfsuite.engine.projection import PANEL_ROWS, Choice, Kernel, KernelChooser, Projection, can_pack
+from perfsuite.engine.small_gemm import PANEL, SmallGemm, load_small_gemm
+
+BLOCK_ROWS, BLOCK_PANELS = 8, 3  # as csrc/small_gemm.c blocks a product
+TOP = max(PANEL_ROWS)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +38,8 @@ def gemm() -> SmallGemm:
 
 @settings(max_examples=40)
 @given(
-    rows=st.integers(1, MAX_ROWS),
-    out_features=st.integers(1, 3 * PANEL + 5),
+    rows=st.integers(1, 3 * BLOCK_ROWS + 3),
+    out_features=st.integers(1, 2 * BLOCK_PANELS * PANEL + 2 * PANEL + 5),
     in_features=st.integers(1, 40),
     with_bias=st.booleans(),
     seed=st.integers(0, 2**16),
@@ -49,11 +54,24 @@ def test_the_product_is_f_linears_up_to_rounding(gemm, rows, out_features, in_fe
     torch.testing.assert_close(gemm(x, packed, out_features, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=20)
+@given(rows=st.integers(2, 3 * BLOCK_ROWS + 3), out_features=st.integers(1, 2 * BLOCK_PANELS * PANEL + 5))
+def test_a_rows_result_has_the_same_bits_whatever_rows_are_multiplied_with_it(gemm, rows, out_features):
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    weight = torch.randn(out_features, 37, generator=generator)
+    packed = gemm.pack(weight)
+    x = torch.randn(rows, 37, generator=generator)
+    together = gemm(x, packed, out_features)
+    for first in range(rows):
+        assert torch.equal(gemm(x[first:].contiguous(), packed, out_features), together[first:]), first
+        assert torch.equal(gemm(x[first : first + 1].contiguous(), packed, out_features)[0], together[first]), first
+
+
 def test_bad_input_is_refused_with_what_was_wrong(gemm):
     weight = torch.randn(20, 6)
     packed = gemm.pack(weight)
-    for x in (torch.randn(0, 6), torch.randn(MAX_ROWS + 1, 6), torch.randn(2, 6).double()):
-        with pytest.raises(ValueError, match=f"small_gemm multiplies float32 x \\[1..{MAX_ROWS} rows, in\\]"):
+    for x in (torch.randn(0, 6), torch.randn(2, 6).double()):
+        with pytest.raises(ValueError, match="small_gemm multiplies float32 x \\[rows >= 1, in\\]"):
             gemm(x, packed, 20)
     with pytest.raises(ValueError, match="packed \\(2, 6, 16\\) for 40 outputs"):
         gemm(torch.randn(2, 6), packed, 40)
@@ -91,7 +109,7 @@ def one_thread():
 
 @needs_onednn
 @pytest.mark.parametrize(
-    ("slowed", "expected"), [("panels", 0), ("others", MAX_ROWS), ("panels from 4 rows", 1)]
+    ("slowed", "expected"), [("panels", 0), ("others", TOP), ("panels from 4 rows", 1)]
 )  # fmt: skip
 def test_the_panels_take_the_rows_up_to_the_last_where_they_won(gemm, slowed, expected, monkeypatch, one_thread):
     if slowed != "panels":
@@ -110,10 +128,10 @@ def test_the_panels_take_the_rows_up_to_the_last_where_they_won(gemm, slowed, ex
     calls = []
     real = SmallGemm.__call__
     monkeypatch.setattr(SmallGemm, "__call__", lambda self, x, *a: calls.append(x.shape[0]) or real(self, x, *a))
-    for rows in (1, 3, MAX_ROWS, MAX_ROWS + 1):
+    for rows in (1, 3, TOP, TOP + 1):
         x = torch.randn(rows, 16, generator=generator)
         torch.testing.assert_close(projections[0](x), F.linear(x, *weights[0]), rtol=1e-5, atol=1e-5)
-    assert calls == [rows for rows in (1, 3, MAX_ROWS) if rows <= expected], "panels run exactly their rows"
+    assert calls == [rows for rows in (1, 3, TOP) if rows <= expected], "panels run exactly their rows"
 
 
 def test_a_choice_with_panels_makes_projections_that_run_them(gemm):

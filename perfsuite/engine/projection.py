@@ -37,13 +37,14 @@ with no upper bound where it wins at many; else only for
 ``PACKED_MIN_ROWS..PACKED_MAX_ROWS`` rows, decode steps and the lm head over
 a step's sampled rows.
 
-A third kernel takes a decode step's fewest rows: ``small_gemm``, perfsuite's
-own C product over a copy of the weight packed into panels, with no call
-overhead to speak of (oneDNN's call through torch rebuilds its primitive,
-about 15 us). It is timed against the chosen kernel at ``PANEL_ROWS`` (1, 4
-and 8 rows) in turn, and takes the rows up to the last where it won
-(``Choice.panel_max_rows``); on the AMD EPYC VM, 1 to 8 on each of SmolLM2's
-shapes. Only a shape that takes it keeps the packed copy.
+A third kernel takes the rows from 1 up to where it stops winning: ``small_gemm``,
+perfsuite's own C product over a copy of the weight packed into panels, with
+no call overhead to speak of (oneDNN's call through torch rebuilds its
+primitive, about 13 us) and its sums blocked in registers. It is timed against
+the chosen kernel at ``PANEL_ROWS`` (1 to 256 rows) in turn, and takes the rows
+up to the last where it won (``Choice.panel_max_rows``); on the AMD EPYC VM,
+1 to 256 on each of SmolLM2's shapes. Only a shape that takes it keeps the
+packed copy.
 
 The fast kernels need float32 on a CPU (oneDNN also a torch built with it);
 elsewhere (CUDA, bfloat16) every product is ``F.linear``. Every kernel
@@ -71,7 +72,6 @@ import torch
 import torch.nn.functional as F
 
 from perfsuite.cache_dir import cache_root
-from perfsuite.engine.small_gemm import MAX_ROWS as PANEL_MAX_ROWS
 from perfsuite.engine.small_gemm import SmallGemm, load_small_gemm
 from perfsuite.host import cpu_model
 
@@ -94,8 +94,8 @@ SMALL_ROWS = (1, 3)
 LARGE_ROWS = (256,)
 TUNING_ROUNDS = 5
 # Where the panel kernel (perfsuite.engine.small_gemm) is timed against the chosen one, in turn: it takes the rows up
-# to the last of these where it won, and none if it lost at the first.
-PANEL_ROWS = (1, 4, PANEL_MAX_ROWS)
+# to the last of these where it won, and none if it lost at the first. From decode steps' rows to a prompt step's.
+PANEL_ROWS = (1, 4, 8, 16, 32, 64, 128, 256)
 # A batch-invariant product runs oneDNN at every row count, but never on fewer rows than this: oneDNN gave a lone row
 # other bits than the same row among others for SmolLM2's down projection (1536 inputs; bench/row_invariance.py),
 # and the same from 2 to 2048 rows, so one row is padded to two.
@@ -171,8 +171,8 @@ class Projection:
         gemm = load_small_gemm()
         if not isinstance(gemm, SmallGemm) or not gemm.supports(self.weight):
             return self
-        rows = min(panel_max_rows, PANEL_MAX_ROWS)
-        return dataclasses.replace(self, small_gemm=gemm, panels=gemm.pack(self.weight), panel_max_rows=rows)
+        packed = gemm.pack(self.weight)
+        return dataclasses.replace(self, small_gemm=gemm, panels=packed, panel_max_rows=panel_max_rows)
 
     def takes_kernel(self, rows: int) -> bool:
         """Whether a product of ``rows`` rows runs the kernel."""
@@ -262,8 +262,8 @@ class KernelChoiceFile:
     and a later run could then measure different kernels. So
     ``Decoder.from_hf``'s choosers share this file,
     ``<cache root>/kernel-choices.json`` (``perfsuite.cache_dir``), whose keys
-    name the CPU model and torch's version beside the shape, bias and thread
-    count. Delete it to time the kernels again. A file that cannot be read
+    name the CPU model, torch's version and ``CHOICES_VERSION`` (perfsuite's
+    kernels as timed) beside the shape, bias and thread count. Delete it to time the kernels again. A file that cannot be read
     counts as empty, and one that cannot be written leaves the choice to this
     process; a write re-reads, adds and replaces the file whole (a rename)
     under a lock, so a reader never sees half of one and processes that
@@ -271,10 +271,12 @@ class KernelChoiceFile:
     """
 
     FILE_NAME = "kernel-choices.json"
+    # Raised when a kernel changes what it would win: choices timed on the old one are then timed again.
+    CHOICES_VERSION = 2  # 2: the panel kernel blocks rows and is timed up to 256 of them
 
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
-        self._machine = f"{cpu_model()} | torch {torch.__version__}"
+        self._machine = f"{cpu_model()} | torch {torch.__version__} | kernels v{self.CHOICES_VERSION}"
 
     @property
     def path(self) -> Path:
@@ -390,7 +392,7 @@ class KernelChooser:
     def _panels(self, chosen: list[Projection], in_features: int) -> tuple[list[Projection], int]:
         """``chosen`` with ``small_gemm`` for the rows of ``panel_rows`` up to the last where it was the faster,
         timed in turn (none if it lost at the first); and those rows' bound (0: none)."""
-        candidates = [p.with_panels(PANEL_MAX_ROWS) for p in chosen]
+        candidates = [p.with_panels(max(self.panel_rows, default=1)) for p in chosen]
         if not self.panel_rows or any(p.panel_max_rows == 0 for p in candidates):  # no kernel here
             return chosen, 0
         panel_max_rows = 0

@@ -1,16 +1,15 @@
-"""A projection of 1 to 8 rows over a weight packed into panels, in C, for float32 on the CPU.
+"""A projection over a weight packed into panels, in C, for float32 on the CPU.
 
-At a decode step's few rows a product is bound by streaming its weight
-from memory, and oneDNN's call through torch rebuilds its primitive every
-time (about 15 us; SmolLM2 makes 121 a step). ``SmallGemm``
-(``csrc/small_gemm.c``) multiplies over a copy of the weight packed once into
-panels of 16 outputs, each read once while every row's sums stay in
-registers: on the 2-vCPU AMD EPYC VM a SmolLM2 step's projections took 14%
-less time than torch's oneDNN at 8 rows and 27% less at 1 (``bench/vllm_gemm.py``,
-"perfsuite chosen" beside "torch oneDNN" and vLLM's own oneDNN handle, which
-they beat by 8% and 23%). From about 9 rows the product is bound by
-arithmetic, and oneDNN's blocking wins; ``projection.KernelChooser`` times the
-two per shape and machine and gives this kernel only the rows where it won.
+oneDNN's call through torch rebuilds its primitive every time (about 13 us;
+SmolLM2 makes 121 a step), and at a decode step's few rows a product is bound
+by streaming its weight from memory. ``SmallGemm`` (``csrc/small_gemm.c``)
+multiplies over a copy of the weight packed once into panels of 16 outputs,
+in blocks of up to 8 rows by 3 panels whose sums stay in registers, each
+block's weight reused down the rows from cache. On the 2-vCPU AMD EPYC VM, a
+SmolLM2 step's four layer projections took 1.2-1.8x less time than torch's
+oneDNN from 1 to 32 rows and 1.07-1.13x less at 64 to 256, and tied from 512
+(``bench/vllm_gemm.py``). ``projection.KernelChooser`` times the two per shape
+and machine and gives this kernel only the rows where it won.
 
 Compiled once per process (``perfsuite.engine.c_library``); where no compiler
 works, ``load_small_gemm`` says why and every projection keeps oneDNN or MKL.
@@ -27,7 +26,6 @@ from perfsuite.engine.c_library import CSRC, Unavailable, build_kernels, load_ke
 
 SOURCE = CSRC / "small_gemm.c"
 PANEL = 16  # outputs per panel, as csrc/small_gemm.c packs them
-MAX_ROWS = 8  # the most rows a product takes here
 
 
 class SmallGemm:
@@ -59,17 +57,17 @@ class SmallGemm:
     def __call__(
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``x @ weight.T + bias`` for x [rows, in] of 1 to ``MAX_ROWS`` rows, over ``pack(weight)``."""
+        """``x @ weight.T + bias`` for x [rows, in] of one row or more, over ``pack(weight)``."""
         rows, in_features = x.shape
         if (
-            not 1 <= rows <= MAX_ROWS
+            rows < 1
             or x.dtype != torch.float32
             or not x.is_cpu
             or packed.shape != (-(-out_features // PANEL), in_features, PANEL)
             or (bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.float32))
         ):
             raise ValueError(
-                f"small_gemm multiplies float32 x [1..{MAX_ROWS} rows, in] by a weight packed for it, with a bias "
+                f"small_gemm multiplies float32 x [rows >= 1, in] by a weight packed for it, with a bias "
                 f"[out] or none; got x {tuple(x.shape)} {x.dtype}, packed {tuple(packed.shape)} for "
                 f"{out_features} outputs, bias {None if bias is None else tuple(bias.shape)}"
             )
