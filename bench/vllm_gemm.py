@@ -10,7 +10,8 @@ This times every projection of a decode step (the model's layers' QKV, out,
 gate-up and down, and the lm head) at --rows rows three ways: torch's oneDNN
 op, vLLM's handle, and the kernels perfsuite's ``KernelChooser`` picks, in
 turn within each round (each first in alternate rounds), and prints the median
-ms of each per shape and in all. Needs vLLM (the peers environment).
+ms of each per shape and in all, and each way's speed over torch's oneDNN (its
+time over theirs, measured side by side). Needs vLLM (the peers environment).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def main() -> None:
         "vLLM onednn_mm": lambda name, x: [vllm_ops.onednn_mm(h, x, None) for h in vllm_handles[name]],
         "perfsuite chosen": lambda name, x: [p(x) for p in weights[name]],
     }  # fmt: skip
-    print(f"{args.model}, {torch.get_num_threads()} threads, kernels chosen: {decoder.projection_kernels}")
+    print(f"{args.model}, {torch.get_num_threads()} threads, kernels chosen: {decoder.projection_kernels}, "
+          f"panel kernel up to rows: {decoder.projection_panel_rows}")  # fmt: skip
     with torch.inference_mode():
         for rows in args.rows:
             inputs = {name: torch.randn(rows, ps[0].weight.shape[1]) for name, ps in weights.items()}
@@ -73,10 +75,11 @@ def main() -> None:
                         ways[way](name, inputs[name])
                         seconds[way, name].append(time.perf_counter() - started)
             print(f"\n{rows} rows (ms, median of {args.rounds} rounds)")
-            print(f"{'':18s}" + "".join(f"{name:>10s}" for name in SHAPES) + f"{'all':>10s}")
-            for way in ways:
-                medians = [1e3 * statistics.median(seconds[way, name]) for name in SHAPES]
-                print(f"{way:18s}" + "".join(f"{ms:10.2f}" for ms in medians) + f"{sum(medians):10.2f}")
+            print(f"{'':18s}" + "".join(f"{name:>10s}" for name in SHAPES) + f"{'all':>10s}{'speed':>8s}")
+            medians = {way: [1e3 * statistics.median(seconds[way, name]) for name in SHAPES] for way in ways}
+            for way, ms in medians.items():
+                speed = sum(medians["torch oneDNN"]) / sum(ms)  # over torch's oneDNN, side by side
+                print(f"{way:18s}" + "".join(f"{t:10.2f}" for t in ms) + f"{sum(ms):10.2f}{speed:7.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ by streaming its weight from memory. ``SmallGemm`` (``csrc/small_gemm.c``)
 multiplies over a copy of the weight packed once into panels of 16 outputs,
 in blocks of up to 8 rows by 3 panels whose sums stay in registers, each
 block's weight reused down the rows from cache. On the 2-vCPU AMD EPYC VM, a
-SmolLM2 step's four layer projections took 1.2-1.8x less time than torch's
-oneDNN from 1 to 32 rows and 1.07-1.13x less at 64 to 256, and tied from 512
+SmolLM2 step's four layer projections ran 1.5-1.8x faster than through torch's
+oneDNN call at 1 to 8 rows, 1.07-1.18x at 12 to 128, and tied at 256
 (``bench/vllm_gemm.py``). ``projection.KernelChooser`` times the two per shape
 and machine and gives this kernel only the rows where it won.
 
