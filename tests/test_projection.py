@@ -312,3 +312,12 @@ def test_a_choice_written_before_rows_were_chosen_is_timed_again_and_nonsense_is
                  "onednn rows 1..", "onednn rows 1.. panel ..", "onednn rows 1.. panel ..x"):
         with pytest.raises(ValueError):
             Choice.parse(text)
+
+
+def test_a_choice_timed_on_an_older_version_of_the_kernels_is_timed_again(tmp_path, monkeypatch) -> None:
+    key = ((12, 8), False, 2)
+    path = tmp_path / "kernel-choices.json"
+    KernelChoiceFile(path)[key] = Choice(Kernel.ONEDNN, 1, None, 8)
+    assert KernelChoiceFile(path).get(key) == Choice(Kernel.ONEDNN, 1, None, 8)
+    monkeypatch.setattr(KernelChoiceFile, "CHOICES_VERSION", KernelChoiceFile.CHOICES_VERSION + 1)
+    assert KernelChoiceFile(path).get(key) is None, "the panel kernel changed what it wins: its rows are timed again"
