@@ -1,16 +1,28 @@
 """perfsuite's C kernels: compiled once per process with the system's C compiler, loaded with ctypes.
 
-Each source in ``csrc/`` is compiled on first use (about a third of a
-second) into a temporary directory, with ``$CC`` if set, else ``cc``; nothing
-is cached on disk, so a library built with ``-march=native`` never runs on
-another machine. Where no compiler works, ``build_library`` says why
+Each source in ``csrc/`` is compiled on first use (0.2-0.7 s each) with
+``$CC`` if set, else ``cc``, and the library is kept under the cache root
+(``<cache root>/kernels``, ``perfsuite.cache_dir``), so that the next process
+loads it instead: a perf session's workers and a test suite's subprocesses
+each paid about 1.5 s for the three. A kept library is named by a hash of
+everything it was built from: the source, the compiler's command line and its
+program's size and time, the macros, the flag sets, and this CPU's model and
+instruction-set flags (``/proc/cpuinfo``), so that a library built with
+``-march=native`` never runs on another kind of CPU. It is written to a
+temporary file and renamed, so a reader never loads half of one; one that
+does not load is built again, and a cache that cannot be written leaves each
+process to build its own. Where no compiler works, ``build_library`` says why
 (``Unavailable``), and the caller keeps its torch path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
+import hashlib
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -19,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from perfsuite.cache_dir import cache_root
+from perfsuite.host import cpu_model
 
 Kernels = TypeVar("Kernels")
 
@@ -56,14 +71,24 @@ def system_compiler() -> str | Unavailable:
 
 def build_library(compiler: str, source: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL | Unavailable:
     """``source`` compiled with ``compiler`` (a command line: ``CC="ccache gcc"`` works), trying each of
-    ``FLAG_SETS``, and loaded; ``defines``: macros set for it (``-D``), as a benchmark builds a variant."""
+    ``FLAG_SETS``, and loaded; ``defines``: macros set for it (``-D``), as a benchmark builds a variant.
+    A library this machine built before from the same inputs is loaded from the cache instead."""
     try:
         command_line = shlex.split(compiler)
     except ValueError as error:  # CC="gcc -DFOO'": an unclosed quote
         return Unavailable(f"CC={compiler!r} is not a command line: {error}", BUILD_FIX)
     if not command_line:
         return Unavailable("CC is blank", BUILD_FIX)
-    errors = []
+    kept = kept_library_path(command_line, source, defines)
+    if kept.is_file():
+        with contextlib.suppress(OSError):  # unreadable or not a library: built again below
+            return ctypes.CDLL(str(kept))
+    return _compile(command_line, source, defines, kept)
+
+
+def _compile(command_line: list[str], source: Path, defines: tuple[str, ...], kept: Path) -> ctypes.CDLL | Unavailable:
+    """``source`` compiled in a temporary directory, loaded, and copied to ``kept`` for later processes."""
+    compiler, errors = " ".join(command_line), []
     with tempfile.TemporaryDirectory(prefix=f"perfsuite-{source.stem.replace('_', '-')}-") as directory:
         library = Path(directory) / f"{source.stem}.so"
         for compile_flags, libraries in FLAG_SETS:
@@ -79,12 +104,54 @@ def build_library(compiler: str, source: Path, defines: tuple[str, ...] = ()) ->
                 continue
             if result.returncode == 0:
                 try:
-                    return ctypes.CDLL(str(library))  # the mapping outlives the file
+                    loaded = ctypes.CDLL(str(library))  # the mapping outlives the file
                 except OSError as error:
                     errors.append(f"{flags}: {error}")
                     continue
+                _keep(library, kept)
+                return loaded
             errors.append(f"{flags}: {(result.stderr.strip().splitlines() or [f'exit {result.returncode}'])[-1]}")
     return Unavailable(f"{compiler} could not build {source.name}: " + "; ".join(errors), BUILD_FIX)
+
+
+def _keep(library: Path, kept: Path) -> None:
+    """``library`` copied to ``kept`` whole (a temporary file renamed), or not at all where it cannot be written."""
+    temporary = None
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=kept.parent, prefix=f".{kept.stem}-", suffix=".so")
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(library.read_bytes())
+        os.chmod(temporary, 0o644)  # as the compiler's own output: mkstemp makes it 0600
+        os.replace(temporary, kept)
+    except OSError:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
+def kept_library_path(command_line: list[str], source: Path, defines: tuple[str, ...] = ()) -> Path:
+    """Where the library built from these inputs on this kind of CPU is kept (``<cache root>/kernels``)."""
+    program = shutil.which(command_line[0]) or command_line[0]
+    try:
+        status = os.stat(program)
+        program_identity = f"{os.path.realpath(program)} {status.st_size} {status.st_mtime_ns}"
+    except OSError:
+        program_identity = program
+    inputs = [source.read_bytes().hex(), repr(command_line), program_identity, repr(defines), repr(FLAG_SETS),
+              cpu_identity()]  # fmt: skip
+    digest = hashlib.sha256("\n".join(inputs).encode()).hexdigest()[:20]
+    return cache_root() / "kernels" / f"{source.stem}-{digest}.so"
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """This CPU's model and instruction-set flags (``/proc/cpuinfo``), what ``-march=native`` compiles for."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() in ("flags", "Features"):  # x86, ARM
+                return f"{cpu_model()} | {line.split(':', 1)[1].strip()}"
+    return f"{cpu_model()} | {platform.machine()}"
 
 
 def build_kernels(compiler: str, source: Path, wrap: Callable[[ctypes.CDLL], Kernels]) -> Kernels | Unavailable:

@@ -6,7 +6,7 @@ about twenty operator calls, each a dispatch, an allocation and a pass over
 memory: on the 2-vCPU AMD EPYC VM, fused they made a SmolLM2 decode step of
 8 rows 4-7% faster and a prefill 17-24% (``bench/layer_ops.py``).
 ``LayerOps`` does them in four calls of a C library
-(``csrc/layer_ops.c``), compiled once per process (``perfsuite.engine.c_library``),
+(``csrc/layer_ops.c``), compiled once per CPU kind (``perfsuite.engine.c_library``),
 one pass each; vLLM's CPU backend fuses the same operators (its custom ops,
 or inductor).
 

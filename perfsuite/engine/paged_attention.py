@@ -8,7 +8,7 @@ kernel that takes a block table, so perfsuite brings one
 (``csrc/paged_attention.c``, what vLLM's CPU backend does in C++): each
 row's keys and values are read where they lie.
 
-The source is compiled once per process (``perfsuite.engine.c_library``);
+The source is compiled once per machine and CPU kind (``perfsuite.engine.c_library``);
 where no compiler works, ``load_paged_attention`` says why and the runner
 keeps the gather (``ModelRunner.paged_attention`` reports which).
 

@@ -11,7 +11,7 @@ oneDNN call at 1 to 8 rows, 1.07-1.18x at 12 to 128, and tied at 256
 (``bench/vllm_gemm.py``). ``projection.KernelChooser`` times the two per shape
 and machine and gives this kernel only the rows where it won.
 
-Compiled once per process (``perfsuite.engine.c_library``); where no compiler
+Compiled once per CPU kind (``perfsuite.engine.c_library``); where no compiler
 works, ``load_small_gemm`` says why and every projection keeps oneDNN or MKL.
 """
 
