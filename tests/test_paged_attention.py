@@ -19,6 +19,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from perfsuite.cache_dir import CACHE_DIR_ENV
 from perfsuite.engine import Request, SamplingParams, model_runner
 from perfsuite.engine.layers import PagedKVCache, grouped_query_attention
 from perfsuite.engine.model_runner import ModelRunner
@@ -182,7 +183,8 @@ def test_a_runner_whose_compiler_fails_gathers_and_says_why_and_the_fix(tiny, mo
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
-def test_a_compiler_given_as_a_command_line_builds(tmp_path):
+def test_a_compiler_given_as_a_command_line_builds(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))  # a wrapper of its own: its build is kept here
     wrapper = tmp_path / "wrap"
     wrapper.write_text('#!/bin/sh\nexec "$@"\n')  # as ccache or distcc would: the real compiler is its argument
     wrapper.chmod(0o755)
