@@ -15,11 +15,23 @@ _BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says of it, else ``"unknown"``."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_features() -> str:
+    """The CPU's instruction-set flags (``/proc/cpuinfo``: ``flags`` on x86, ``Features`` on ARM), else its
+    architecture: what a compiler's ``-march=native`` builds for."""
+    return _cpuinfo("flags", "Features") or platform.machine()
+
+
+def _cpuinfo(*fields: str) -> str | None:
+    """The first CPU's value of the first of ``fields`` that ``/proc/cpuinfo`` lists; None where it lists none."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown"
+            name, _, value = line.partition(":")
+            if name.strip() in fields:
+                return value.strip()
+    return None
 
 
 def format_bytes(num_bytes: float | None) -> str:

@@ -22,7 +22,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -32,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from perfsuite.cache_dir import cache_root
-from perfsuite.host import cpu_model
+from perfsuite.cache_dir import cache_root, write_whole
+from perfsuite.host import cpu_features, cpu_model
 
 Kernels = TypeVar("Kernels")
 
@@ -108,26 +107,11 @@ def _compile(command_line: list[str], source: Path, defines: tuple[str, ...], ke
                 except OSError as error:
                     errors.append(f"{flags}: {error}")
                     continue
-                _keep(library, kept)
+                with contextlib.suppress(OSError):  # unwritable: each process builds its own
+                    write_whole(kept, library.read_bytes())
                 return loaded
             errors.append(f"{flags}: {(result.stderr.strip().splitlines() or [f'exit {result.returncode}'])[-1]}")
     return Unavailable(f"{compiler} could not build {source.name}: " + "; ".join(errors), BUILD_FIX)
-
-
-def _keep(library: Path, kept: Path) -> None:
-    """``library`` copied to ``kept`` whole (a temporary file renamed), or not at all where it cannot be written."""
-    temporary = None
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=kept.parent, prefix=f".{kept.stem}-", suffix=".so")
-        with os.fdopen(descriptor, "wb") as f:
-            f.write(library.read_bytes())
-        os.chmod(temporary, 0o644)  # as the compiler's own output: mkstemp makes it 0600
-        os.replace(temporary, kept)
-    except OSError:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
 
 
 def kept_library_path(command_line: list[str], source: Path, defines: tuple[str, ...] = ()) -> Path:
@@ -138,20 +122,16 @@ def kept_library_path(command_line: list[str], source: Path, defines: tuple[str,
         program_identity = f"{os.path.realpath(program)} {status.st_size} {status.st_mtime_ns}"
     except OSError:
         program_identity = program
-    inputs = [source.read_bytes().hex(), repr(command_line), program_identity, repr(defines), repr(FLAG_SETS),
-              cpu_identity()]  # fmt: skip
-    digest = hashlib.sha256("\n".join(inputs).encode()).hexdigest()[:20]
-    return cache_root() / "kernels" / f"{source.stem}-{digest}.so"
+    digest = hashlib.sha256(source.read_bytes())
+    for part in (repr(command_line), program_identity, repr(defines), repr(FLAG_SETS), cpu_identity()):
+        digest.update(b"\0" + part.encode())
+    return cache_root() / "kernels" / f"{source.stem}-{digest.hexdigest()[:20]}.so"
 
 
 @functools.cache
 def cpu_identity() -> str:
-    """This CPU's model and instruction-set flags (``/proc/cpuinfo``), what ``-march=native`` compiles for."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":", 1)[0].strip() in ("flags", "Features"):  # x86, ARM
-                return f"{cpu_model()} | {line.split(':', 1)[1].strip()}"
-    return f"{cpu_model()} | {platform.machine()}"
+    """This CPU's model and instruction-set flags, what ``-march=native`` compiles for."""
+    return f"{cpu_model()} | {cpu_features()}"
 
 
 def build_kernels(compiler: str, source: Path, wrap: Callable[[ctypes.CDLL], Kernels]) -> Kernels | Unavailable:

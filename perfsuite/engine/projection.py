@@ -57,9 +57,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,7 +69,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from perfsuite.cache_dir import cache_root
+from perfsuite.cache_dir import cache_root, write_whole
 from perfsuite.engine.small_gemm import SmallGemm, load_small_gemm
 from perfsuite.host import cpu_model
 
@@ -301,8 +299,7 @@ class KernelChoiceFile:
 
     def __setitem__(self, key: ChoiceKey, choice: Choice) -> None:
         path = self.path
-        temporary = None
-        try:
+        with contextlib.suppress(OSError):  # unwritable: the choice stays this process's
             path.parent.mkdir(parents=True, exist_ok=True)
             # Read, add and replace under a lock: processes that load at once (pytest-xdist workers) would
             # otherwise each write what they read before the others' choices, and drop them.
@@ -310,14 +307,7 @@ class KernelChoiceFile:
                 if fcntl is not None:
                     fcntl.flock(lock, fcntl.LOCK_EX)
                 choices = {**self._read(), self._name(key): str(choice)}
-                descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kernel-choices-")
-                with os.fdopen(descriptor, "w") as f:
-                    json.dump(choices, f, indent=1, sort_keys=True)
-                os.replace(temporary, path)
-        except OSError:
-            if temporary is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
+                write_whole(path, json.dumps(choices, indent=1, sort_keys=True).encode())
 
 
 SHARED_CHOICES = KernelChoiceFile()  # what Decoder.from_hf's choosers share
@@ -392,8 +382,10 @@ class KernelChooser:
     def _panels(self, chosen: list[Projection], in_features: int) -> tuple[list[Projection], int]:
         """``chosen`` with ``small_gemm`` for the rows of ``panel_rows`` up to the last where it was the faster,
         timed in turn (none if it lost at the first); and those rows' bound (0: none)."""
-        candidates = [p.with_panels(max(self.panel_rows, default=1)) for p in chosen]
-        if not self.panel_rows or any(p.panel_max_rows == 0 for p in candidates):  # no kernel here
+        if not self.panel_rows:
+            return chosen, 0
+        candidates = [p.with_panels(max(self.panel_rows)) for p in chosen]
+        if any(p.panel_max_rows == 0 for p in candidates):  # no kernel here
             return chosen, 0
         panel_max_rows = 0
         for rows in sorted(self.panel_rows):
